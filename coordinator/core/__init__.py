@@ -1,0 +1,14 @@
+"""The pure core: deadlines, the refresh coalescer and admission.
+
+Layering: nothing here does I/O, reads a clock or imports from the rest of the package;
+the shell (store, listener, executors, daemon) passes time in as trio seconds and acts on
+the answers. That is what lets ``tests/unit`` drive it with ``trio.testing.MockClock``.
+"""
+
+from .admission import Admission as Admission
+from .admission import Priority as Priority
+from .admission import Ticket as Ticket
+from .coalescer import RefreshCoalescer as RefreshCoalescer
+from .deadlines import DeadlineSet as DeadlineSet
+
+__all__ = ["Admission", "DeadlineSet", "Priority", "RefreshCoalescer", "Ticket"]

@@ -1,0 +1,268 @@
+"""Due work waiting for a slot.
+
+Once the daemon knows a run is owed (a deadline passed, a manual dispatch arrived), the
+only thing left to wait for is capacity: a global number of concurrent calls and, for
+worker jobs, the capacity the connected workers announced. Promise 4 says such work is
+admitted as soon as a slot frees, without a refresh, so this is kept in memory and
+asked again on every :meth:`Admission.release` or capacity change.
+
+Order is ``interactive`` before ``background``, then the earliest ``due``, then arrival.
+A ticket whose pool is full does not hold back tickets of other pools behind it: each
+pool has its own heap and :meth:`Admission.admit` merges the heads of the pools that
+can take work, so a busy or absent worker type never starves the rest.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from typing import TYPE_CHECKING, Literal
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+Priority = Literal["interactive", "background"]
+_RANK: dict[str, int] = {"interactive": 0, "background": 1}
+
+#: Below this many stale heap entries a rebuild is never worth it.
+_COMPACT_FLOOR = 64
+
+#: The heap key of a waiting ticket: (priority rank, due, arrival seq, job_id).
+_Key = tuple[int, float, int, int]
+
+
+def _check_due(_instance: object, _attribute: object, value: float) -> None:
+    if math.isnan(value):
+        raise ValueError("due must not be NaN")
+
+
+@attrs.frozen(kw_only=True)
+class Ticket:
+    """A job owed one run, waiting for (or holding) a slot."""
+
+    #: The job; at most one ticket per job is outstanding.
+    job_id: int
+    #: ``interactive`` tickets are admitted before ``background`` ones.
+    priority: Priority = attrs.field(validator=attrs.validators.in_(tuple(_RANK)))
+    #: FIFO key within a priority: the deadline served, or when the trigger arrived
+    #: (trio seconds).
+    due: float = attrs.field(validator=_check_due)
+    #: The capacity pool the run needs (a worker type); ``None`` needs only a global slot.
+    pool: str | None = None
+    #: A manual dispatch carries its ``queued`` run; ``None`` for scheduled work.
+    run_id: int | None = None
+    #: Opaque to admission: what the caller needs to claim (e.g. the saved deadline).
+    scheduled_for: object | None = None
+    #: Opaque to admission: anything else the caller wants back.
+    payload: object | None = None
+
+
+def _check_slots(_instance: object, _attribute: object, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"slots must be >= 1, not {value!r}")
+
+
+@attrs.define(eq=False)
+class Admission:
+    """Tickets waiting for a slot, and the ones that hold one until released.
+
+    A ticket may start when fewer than ``slots`` tickets are running and its pool (if
+    any, and if it has a capacity set) runs fewer than its capacity. Pools without a
+    capacity are limited only by ``slots``; capacity ``0`` means unavailable (a worker
+    type with no worker connected): its tickets wait, keeping their place.
+
+    Costs: :meth:`offer` and :meth:`withdraw` O(log n) (withdrawal is lazy; heaps are
+    rebuilt when stale entries outnumber live ones two to one); :meth:`admit` is
+    O(p + k log n) for p pools with waiting work and k tickets admitted, however many
+    tickets wait behind full pools.
+    """
+
+    #: Concurrent runs allowed in total.
+    slots: int = attrs.field(validator=_check_slots)
+
+    #: job_id -> (ticket, key) for every waiting ticket; the key identifies its entry.
+    _waiting: dict[int, tuple[Ticket, _Key]] = attrs.field(factory=dict, init=False)
+    #: pool -> heap of keys; only pools with entries (live or stale) are present.
+    _heaps: dict[str | None, list[_Key]] = attrs.field(factory=dict, init=False)
+    _stale: int = attrs.field(default=0, init=False)
+    _running: dict[int, Ticket] = attrs.field(factory=dict, init=False)
+    _pool_running: dict[str | None, int] = attrs.field(factory=dict, init=False)
+    _capacity: dict[str, int] = attrs.field(factory=dict, init=False)
+    _arrivals: Iterator[int] = attrs.field(factory=itertools.count, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+
+    # -- queueing ---------------------------------------------------------------------
+
+    def offer(self, ticket: Ticket) -> bool:
+        """Queue ``ticket``; ``False`` (and nothing queued) if its job already waits or
+        runs, or once :meth:`close` was called.
+        """
+        job_id = ticket.job_id
+        if self._closed or job_id in self._waiting or job_id in self._running:
+            return False
+        key: _Key = (_RANK[ticket.priority], ticket.due, next(self._arrivals), job_id)
+        self._waiting[job_id] = (ticket, key)
+        heap = self._heaps.get(ticket.pool)
+        if heap is None:
+            self._heaps[ticket.pool] = [key]
+        else:
+            heapq.heappush(heap, key)
+        return True
+
+    def withdraw(self, job_id: int) -> Ticket | None:
+        """Remove the waiting ticket of ``job_id`` and return it (``None`` if none waits).
+
+        For a job that was paused, removed or rescheduled before it got a slot.
+        """
+        entry = self._waiting.pop(job_id, None)
+        if entry is None:
+            return None
+        self._stale += 1
+        if self._stale > _COMPACT_FLOOR and self._stale > 2 * len(self._waiting):
+            self._compact()
+        return entry[0]
+
+    # -- admitting --------------------------------------------------------------------
+
+    def admit(self) -> list[Ticket]:
+        """Pop every ticket that can start now, in the order they should start.
+
+        Each step takes the best (priority, due, arrival) ticket among pools with free
+        capacity while a global slot is free. The returned tickets count as running until
+        :meth:`release`. After :meth:`close`, always ``[]``.
+        """
+        free = self.slots - len(self._running)
+        if self._closed or free <= 0 or not self._waiting:
+            return []
+        # Heads of the pools that can take at least one more ticket.
+        heads: list[tuple[_Key, str | None]] = []
+        for pool in list(self._heaps):
+            if self._pool_free(pool) > 0:
+                key = self._head(pool)
+                if key is not None:
+                    heads.append((key, pool))
+        heapq.heapify(heads)
+        admitted: list[Ticket] = []
+        while heads and free > 0:
+            key, pool = heads[0]
+            heap = self._heaps[pool]
+            heapq.heappop(heap)  # the head is live: _head() dropped stale entries
+            ticket, _ = self._waiting.pop(key[3])
+            self._running[ticket.job_id] = ticket
+            self._pool_running[pool] = self._pool_running.get(pool, 0) + 1
+            admitted.append(ticket)
+            free -= 1
+            nxt = self._head(pool) if self._pool_free(pool) > 0 else None
+            if nxt is None:
+                heapq.heappop(heads)
+            else:
+                heapq.heapreplace(heads, (nxt, pool))
+        return admitted
+
+    def release(self, job_id: int) -> Ticket | None:
+        """The run of ``job_id`` is over (settled): free its slot.
+
+        Returns its ticket, or ``None`` if it was not running (releasing twice is
+        harmless). Call :meth:`admit` afterwards: the freed slot may start waiting work.
+        """
+        ticket = self._running.pop(job_id, None)
+        if ticket is not None:
+            left = self._pool_running[ticket.pool] - 1
+            if left:
+                self._pool_running[ticket.pool] = left
+            else:
+                del self._pool_running[ticket.pool]
+        return ticket
+
+    def set_capacity(self, pool: str, capacity: int | None) -> None:
+        """Limit ``pool`` to ``capacity`` concurrent runs; ``None`` removes the limit.
+
+        ``0`` makes the pool unavailable: its tickets wait. Lowering a capacity below
+        what already runs stops nothing; new tickets wait until the pool drains below it.
+        """
+        if capacity is None:
+            self._capacity.pop(pool, None)
+        elif capacity < 0:
+            raise ValueError(f"capacity of pool {pool!r} must be >= 0, not {capacity!r}")
+        else:
+            self._capacity[pool] = capacity
+
+    def close(self) -> None:
+        """Stop admitting, for good (stop in progress). Waiting tickets stay inspectable
+        and running ones are still released as they finish.
+        """
+        self._closed = True
+
+    # -- inspection -------------------------------------------------------------------
+
+    def capacity(self, pool: str) -> int | None:
+        """The capacity of ``pool``, or ``None`` when only ``slots`` limits it."""
+        return self._capacity.get(pool)
+
+    def is_waiting(self, job_id: int) -> bool:
+        return job_id in self._waiting
+
+    def is_running(self, job_id: int) -> bool:
+        return job_id in self._running
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting_count(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def free_slots(self) -> int:
+        """Global slots not taken by a running ticket (pool limits aside)."""
+        return max(0, self.slots - len(self._running))
+
+    def waiting(self) -> Iterator[Ticket]:
+        """A snapshot of the waiting tickets, in the order they would be admitted if no
+        pool were full.
+        """
+        entries = sorted(self._waiting.values(), key=lambda entry: entry[1])
+        return iter([ticket for ticket, _ in entries])
+
+    def running(self) -> Iterator[Ticket]:
+        """A snapshot of the admitted, not yet released tickets."""
+        return iter(list(self._running.values()))
+
+    # -- internals --------------------------------------------------------------------
+
+    def _pool_free(self, pool: str | None) -> int:
+        capacity = None if pool is None else self._capacity.get(pool)
+        if capacity is None:
+            return self.slots  # only the global limit applies
+        return capacity - self._pool_running.get(pool, 0)
+
+    def _head(self, pool: str | None) -> _Key | None:
+        """The best live key of ``pool`` (dropping stale ones), or ``None`` if empty."""
+        heap = self._heaps[pool]
+        waiting = self._waiting
+        while heap:
+            key = heap[0]
+            entry = waiting.get(key[3])
+            if entry is not None and entry[1][2] == key[2]:  # same arrival: live
+                return key
+            heapq.heappop(heap)
+            self._stale -= 1
+        del self._heaps[pool]
+        return None
+
+    def _compact(self) -> None:
+        heaps: dict[str | None, list[_Key]] = {}
+        for ticket, key in self._waiting.values():
+            heaps.setdefault(ticket.pool, []).append(key)
+        for heap in heaps.values():
+            heapq.heapify(heap)
+        self._heaps = heaps
+        self._stale = 0
