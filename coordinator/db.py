@@ -1,0 +1,138 @@
+"""Opening PostgreSQL connections from trio.
+
+asyncpg is an asyncio library; trio-asyncio runs it inside the trio loop. Every
+connection is opened here, with ``application_name`` set so operators (and the
+benchmarks, and the tests that count statements in the server log) can tell the daemon's
+sessions from the CLI's. The daemon's sessions are also marked
+``coordinator.origin = 'daemon'``: the wake triggers skip them (see migrations/0001).
+
+Calls into asyncpg go through :func:`aio` (``trio_asyncio.aio_as_trio``) and therefore
+need an open trio-asyncio loop (``trio_asyncio.open_loop()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
+
+import asyncpg
+import trio
+import trio_asyncio
+
+from .errors import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from asyncpg import Connection
+
+APP_DAEMON: Final = "coordinator"
+APP_CLI: Final = "coordinator-cli"
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def aio(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Wrap an asyncio coroutine function so trio code can await it."""
+    return trio_asyncio.aio_as_trio(fn)  # type: ignore[no-any-return]
+
+
+def resolve_dsn(dsn: str | None) -> str | None:
+    """The DSN to use: the explicit one, else ``COORDINATOR_DSN``, else ``None``."""
+    return dsn or os.environ.get("COORDINATOR_DSN") or None
+
+
+async def connect(
+    dsn: str,
+    *,
+    application_name: str,
+    daemon: bool = False,
+    connect_timeout: float = 10.0,
+) -> Connection:
+    """Open one asyncpg connection (inside an open trio-asyncio loop).
+
+    ``daemon=True`` marks the session so the wake triggers skip its writes, and turns on
+    TCP keepalive so a dead server is noticed without sending any SQL.
+    """
+    settings = {"application_name": application_name}
+    if daemon:
+        settings["coordinator.origin"] = "daemon"
+    try:
+        conn = await aio(asyncpg.connect)(
+            dsn, server_settings=settings, timeout=connect_timeout, statement_cache_size=256
+        )
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {_one_line(exc)}") from exc
+    if daemon:
+        _enable_keepalive(conn)
+    return conn
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _enable_keepalive(conn: Connection) -> None:
+    """TCP keepalive and TCP_USER_TIMEOUT: zero-SQL liveness for long-lived sessions."""
+    transport = getattr(conn, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    options = [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), 30),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), 10),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 3),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), 60_000),
+    ]
+    for level, name, value in options:
+        if name is None:
+            continue
+        with contextlib.suppress(OSError):  # a platform without the option
+            sock.setsockopt(level, name, value)
+
+
+async def close_quietly(conn: Connection | None, *, within: float = 5.0) -> None:
+    """Close a connection, shielded and bounded; errors of a dead connection are ignored."""
+    if conn is None:
+        return
+    with trio.CancelScope(shield=True), trio.move_on_after(within) as scope:
+        try:
+            await aio(conn.close)()
+        except Exception:
+            conn.terminate()
+    if scope.cancelled_caught:
+        conn.terminate()
+
+
+@asynccontextmanager
+async def connection(
+    dsn: str, *, application_name: str, daemon: bool = False
+) -> AsyncIterator[Connection]:
+    """``async with connection(dsn, ...) as conn``: open, yield, always close."""
+    conn = await connect(dsn, application_name=application_name, daemon=daemon)
+    try:
+        yield conn
+    finally:
+        await close_quietly(conn)
+
+
+@asynccontextmanager
+async def trio_asyncio_loop() -> AsyncIterator[Any]:
+    """Open the trio-asyncio loop that every asyncpg call needs, if none is open yet."""
+    existing = trio_asyncio.current_loop.get()
+    if existing is not None:
+        yield existing
+        return
+    async with trio_asyncio.open_loop() as loop:
+        yield loop
+
+
+def transaction(conn: Connection, **kwargs: Any) -> Any:
+    """``async with transaction(conn):`` from trio (an asyncpg transaction block)."""
+    return trio_asyncio.aio_as_trio(conn.transaction(**kwargs))

@@ -1,0 +1,303 @@
+"""A private PostgreSQL cluster made from the machine's server binaries.
+
+Three users: the CLI's embedded default (no DSN given: a cluster under the state
+directory, reachable only through a Unix socket there), the test suite and the benchmarks
+(throwaway clusters whose server log records every statement with its application name).
+
+``initdb`` and ``pg_ctl`` refuse to run as root, so as root the cluster belongs to an
+unprivileged user (``postgres`` when it exists, else a system user ``coordinator`` made
+for the purpose) and the commands run through ``runuser``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import attrs
+
+from .errors import CoordinatorError
+
+INSTALL_HINT = (
+    "no PostgreSQL server binaries found (initdb, pg_ctl); install them, e.g. "
+    "`apt-get install -y postgresql`, put them on PATH, or give a DSN with --dsn / "
+    "COORDINATOR_DSN"
+)
+
+#: The server log's line prefix: time, pid, application, database. StatementLog parses it.
+LOG_LINE_PREFIX = "%m [%p] app=%a db=%d "
+
+
+class NoServerBinaries(CoordinatorError):
+    """initdb/pg_ctl are not on this machine."""
+
+    exit_code = 2
+
+    def __init__(self) -> None:
+        super().__init__(INSTALL_HINT)
+
+
+class ClusterError(CoordinatorError):
+    """initdb or pg_ctl failed; the message carries their output's tail."""
+
+
+def find_bin_dir() -> Path:
+    """The directory holding ``initdb`` and ``pg_ctl``: PATH first, then the newest
+    ``/usr/lib/postgresql/*/bin``."""
+    on_path = shutil.which("initdb")
+    if on_path and shutil.which("pg_ctl"):
+        return Path(on_path).resolve().parent
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"),
+        key=lambda p: [int(x) for x in re.findall(r"\d+", p)] or [0],
+        reverse=True,
+    )
+    for cand in candidates:
+        if (Path(cand) / "initdb").exists() and (Path(cand) / "pg_ctl").exists():
+            return Path(cand)
+    raise NoServerBinaries()
+
+
+def unprivileged_user() -> str | None:
+    """The user to run the server as when we are root (``None`` when we are not root)."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "coordinator"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "coordinator"],
+        check=True,
+        capture_output=True,
+    )
+    return "coordinator"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@attrs.define(eq=False)
+class Cluster:
+    """One PostgreSQL cluster in ``root`` (data in ``root/data``, socket and log beside it).
+
+    ``port`` ``None`` means Unix socket only (the embedded default); tests and benchmarks
+    also listen on 127.0.0.1 so that TCP-only code paths (keepalive) run.
+    """
+
+    root: Path
+    port: int | None = None
+    settings: Mapping[str, str] = attrs.field(factory=dict)
+    bin_dir: Path = attrs.field(factory=find_bin_dir)
+    user: str | None = attrs.field(factory=unprivileged_user)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.root / "socket"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "server.log"
+
+    @property
+    def socket_port(self) -> int:
+        return self.port or 5432
+
+    def dsn(self, dbname: str = "postgres", *, tcp: bool | None = None) -> str:
+        """A libpq URL; over TCP when the cluster listens on a port (unless ``tcp=False``)."""
+        if tcp is None:
+            tcp = self.port is not None
+        if tcp:
+            return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+        return f"postgresql://postgres@/{dbname}?host={self.socket_dir}&port={self.socket_port}"
+
+    def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bin_dir / args[0]), *args[1:]]
+        if self.user is not None:
+            cmd = ["runuser", "-u", self.user, "--", *cmd]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise ClusterError(f"{args[0]} timed out after {timeout:.0f}s") from exc
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise ClusterError(f"{args[0]} failed: " + " | ".join(tail))
+        return proc
+
+    def _own(self, path: Path) -> None:
+        if self.user is not None:
+            entry = pwd.getpwnam(self.user)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+
+    @property
+    def initialized(self) -> bool:
+        return (self.data_dir / "PG_VERSION").exists()
+
+    def init(self) -> None:
+        """Create the cluster (superuser ``postgres``, trust auth: reachable only by
+        whoever can reach its socket or its loopback port)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.socket_dir.mkdir(exist_ok=True)
+        for path in (self.root, self.socket_dir):
+            self._own(path)
+        if self.user is not None:
+            # The unprivileged user must be able to traverse down to the cluster.
+            for parent in self.root.parents:
+                if str(parent) in ("/", "/tmp"):
+                    break
+                mode = parent.stat().st_mode
+                if not mode & 0o001:
+                    os.chmod(parent, mode | 0o001)
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data_dir),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--no-sync",
+            timeout=300,
+        )
+
+    def server_options(self) -> str:
+        opts: dict[str, str] = {
+            "listen_addresses": "127.0.0.1" if self.port is not None else "''",
+            "port": str(self.socket_port),
+            "unix_socket_directories": f"'{self.socket_dir}'",
+            "log_line_prefix": f"'{LOG_LINE_PREFIX}'",
+        }
+        opts.update(self.settings)
+        return " ".join(f"-c {k}={v}" for k, v in opts.items())
+
+    def start(self, *, timeout: float = 60) -> None:
+        if self.is_running():
+            return
+        if not self.log_path.exists():
+            self.log_path.touch()
+            self._own(self.log_path)
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data_dir),
+            "-l",
+            str(self.log_path),
+            "-o",
+            self.server_options(),
+            "-w",
+            "-t",
+            str(int(timeout)),
+            "start",
+            timeout=timeout + 10,
+        )
+
+    def stop(self, mode: str = "fast", *, timeout: float = 60) -> None:
+        if not self.is_running():
+            return
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data_dir),
+            "-m",
+            mode,
+            "-w",
+            "-t",
+            str(int(timeout)),
+            "stop",
+            timeout=timeout + 10,
+        )
+
+    def is_running(self) -> bool:
+        pidfile = self.data_dir / "postmaster.pid"
+        if not pidfile.exists():
+            return False
+        try:
+            pid = int(pidfile.read_text().split("\n", 1)[0])
+            os.kill(pid, 0)
+        except (ValueError, ProcessLookupError):
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def statement_log(self) -> StatementLog:
+        return StatementLog(self.log_path)
+
+
+_LINE = re.compile(
+    r"^\S+ \S+ \S+ \[(?P<pid>\d+)\] app=(?P<app>\S*) db=(?P<db>\S*) "
+    r"(?P<level>[A-Z]+):\s+(?P<msg>.*)$"
+)
+_STATEMENT = re.compile(r"^(?:statement|execute [^:]*): (?P<sql>.*)$", re.S)
+
+
+@attrs.frozen(kw_only=True)
+class LoggedStatement:
+    """One statement as the server logged it."""
+
+    pid: int
+    app: str
+    db: str
+    sql: str
+
+
+@attrs.define(eq=False)
+class StatementLog:
+    """Counts statements in a server log written with ``log_statement=all`` and
+    :data:`LOG_LINE_PREFIX`: PostgreSQL's own accounting of what clients sent.
+
+    ``mark()`` remembers the current end of the log; ``statements()`` returns what was
+    logged after the mark, optionally filtered by application and database.
+    """
+
+    path: Path
+    offset: int = 0
+
+    def mark(self) -> None:
+        self.offset = self.path.stat().st_size
+
+    def statements(self, *, app: str | None = None, db: str | None = None) -> list[LoggedStatement]:
+        return [
+            s for s in self._read() if (app is None or s.app == app) and (db is None or s.db == db)
+        ]
+
+    def _read(self) -> Iterator[LoggedStatement]:
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read().decode("utf-8", "replace")
+        current: list[str] | None = None
+        for line in data.splitlines():
+            m = _LINE.match(line)
+            if m is None:
+                if current is not None and line.startswith(("\t", " ")):
+                    current[3] += "\n" + line.strip()
+                continue
+            if current is not None:
+                yield from _statement(current)
+                current = None
+            if m["level"] == "LOG":
+                current = [m["pid"], m["app"], m["db"], m["msg"]]
+        if current is not None:
+            yield from _statement(current)
+
+
+def _statement(parts: list[str]) -> Iterator[LoggedStatement]:
+    sm = _STATEMENT.match(parts[3])
+    if sm is not None:
+        yield LoggedStatement(pid=int(parts[0]), app=parts[1], db=parts[2], sql=sm["sql"])

@@ -1,0 +1,75 @@
+"""The one exception hierarchy.
+
+Every failure that crosses a module boundary is a :class:`CoordinatorError`; the CLI turns
+each into one line and an exit code (``exit_code``), so a user never sees a traceback for a
+mistake of theirs. asyncpg errors are wrapped once, where the SQL is sent.
+"""
+
+from __future__ import annotations
+
+
+class CoordinatorError(Exception):
+    """Base of every error this package raises on purpose."""
+
+    #: The CLI's exit status for this error: 2 for bad input, 1 for everything else.
+    exit_code = 1
+
+
+class InvalidInput(CoordinatorError, ValueError):
+    """A value given by a user or an application is not acceptable.
+
+    ``field`` names what was wrong (``--cron``, ``timeout``, ``jobs[3].worker``) so the
+    message can point at it.
+    """
+
+    exit_code = 2
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class InvalidSchedule(InvalidInput):
+    """A schedule expression, timezone or timestamp cannot be used."""
+
+
+class JobNotFound(CoordinatorError, LookupError):
+    """No job has this namespace and name."""
+
+    exit_code = 2
+
+    def __init__(self, namespace: str, name: str) -> None:
+        super().__init__(f"unknown job {namespace}/{name}")
+        self.namespace = namespace
+        self.name = name
+
+
+class RunNotFound(CoordinatorError, LookupError):
+    """No run has this id."""
+
+    exit_code = 2
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__(f"unknown run {run_id}")
+        self.run_id = run_id
+
+
+class Conflict(CoordinatorError):
+    """The request is valid but the current state refuses it (e.g. resolving a finished run)."""
+
+    exit_code = 2
+
+
+class DatabaseUnavailable(CoordinatorError):
+    """PostgreSQL could not be reached or refused the connection."""
+
+
+class DatabaseError(CoordinatorError):
+    """PostgreSQL answered with an error the caller could not have prevented."""
+
+
+class ConfigError(CoordinatorError):
+    """The configuration (file, environment or flags) is incomplete or wrong."""
+
+    exit_code = 2

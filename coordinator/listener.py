@@ -1,0 +1,115 @@
+"""The LISTEN connection: notifications from PostgreSQL become wakes.
+
+A dedicated session (never pooled: releasing a pooled connection runs ``UNLISTEN *``)
+listens on channel ``coordinator``. asyncpg calls our callback on the trio thread (via
+trio-asyncio); the callback only pushes into a bounded channel. When the channel is full
+the payloads are dropped and one full refresh is requested instead: nothing is lost that
+a refresh cannot recover.
+
+Liveness costs no SQL: TCP keepalive on the socket plus asyncpg's termination callback.
+When the session ends, we reconnect with capped backoff, LISTEN again and request one
+full refresh, because notifications sent meanwhile are gone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from .db import APP_DAEMON, aio, close_quietly, connect
+from .errors import DatabaseUnavailable
+from .log import EventLog
+
+if TYPE_CHECKING:
+    from asyncpg import Connection
+
+
+CHANNEL = "coordinator"
+
+
+@attrs.define(eq=False)
+class Listener:
+    """Keeps one LISTEN session open and forwards what it hears.
+
+    ``on_notify(payload)`` gets each notification's decoded payload (a dict; an
+    undecodable payload arrives as ``{}``, an ordinary wake). ``on_lost()`` is called when
+    notifications may have been missed (session lost or queue overflow): the daemon does a
+    full refresh. ``on_state(up)`` reports connectivity for ``degraded`` status.
+    """
+
+    dsn: str
+    log: EventLog
+    on_notify: Callable[[dict[str, Any]], None]
+    on_lost: Callable[[], None]
+    on_state: Callable[[bool], None] = lambda up: None
+    queue_size: int = 10_000
+    max_backoff: float = 30.0
+    _send: trio.MemorySendChannel[dict[str, Any]] = attrs.field(init=False)
+    _receive: trio.MemoryReceiveChannel[dict[str, Any]] = attrs.field(init=False)
+    _overflow: bool = False
+    connected: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        self._send, self._receive = trio.open_memory_channel(self.queue_size)
+
+    def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        try:
+            self._send.send_nowait(data)
+        except trio.WouldBlock:
+            self._overflow = True
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen until cancelled; ``task_status.started()`` once the first LISTEN is on."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._deliver)
+            attempt = 0
+            first = True
+            while True:
+                lost = trio.Event()
+                conn: Connection | None = None
+                try:
+                    conn = await connect(self.dsn, application_name=APP_DAEMON, daemon=True)
+                    conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                    await aio(conn.add_listener)(CHANNEL, self._on_notification)
+                except Exception as exc:  # unreachable or refused: retry with backoff
+                    await close_quietly(conn, within=1.0)
+                    attempt += 1
+                    delay = min(self.max_backoff, 0.25 * 2 ** min(attempt, 10))
+                    message = str(exc) if isinstance(exc, DatabaseUnavailable) else repr(exc)
+                    self.log.warning("listener.retry", error=message, delay_s=delay)
+                    await trio.sleep(delay)
+                    continue
+                attempt = 0
+                self.connected = True
+                self.on_state(True)
+                if first:
+                    first = False
+                    task_status.started()
+                else:
+                    self.log.info("listener.reconnected")
+                    self.on_lost()
+                try:
+                    await lost.wait()
+                finally:
+                    self.connected = False
+                    await close_quietly(conn, within=1.0)
+                self.log.warning("listener.lost")
+                self.on_state(False)
+
+    async def _deliver(self) -> None:
+        async for payload in self._receive:
+            if self._overflow:
+                self._overflow = False
+                self.log.warning("listener.overflow")
+                self.on_lost()
+            self.on_notify(payload)

@@ -1,0 +1,96 @@
+"""One structured line per event, on stderr.
+
+``ts=... level=info event=job.run job=default/backup outcome=succeeded`` (logfmt) by
+default, JSON lines with ``--log-format json``. Under systemd, when ``JOURNAL_STREAM``
+says stderr is the journal, each line gets a ``<N>`` priority prefix so journald files it
+at the right level. Event names are stable: scripts and tests wait for them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal, TextIO
+
+import attrs
+
+Level = Literal["debug", "info", "warning", "error"]
+_LEVELS: dict[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+#: syslog priorities for journald's ``<N>`` prefix.
+_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3}
+
+
+def _stderr_is_journal() -> bool:
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    if not stream:
+        return False
+    try:
+        st = os.fstat(2)
+        dev, ino = stream.split(":", 1)
+        return st.st_dev == int(dev) and st.st_ino == int(ino)
+    except (OSError, ValueError):
+        return False
+
+
+def _logfmt_value(value: Any) -> str:
+    if isinstance(value, datetime):
+        text = value.isoformat()
+    elif isinstance(value, float):
+        text = f"{value:.3f}".rstrip("0").rstrip(".")
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, (dict, list, tuple)):
+        text = json.dumps(value, default=str, separators=(",", ":"))
+    else:
+        text = str(value)
+    if text == "" or any(c in text for c in ' "=\n\t\\'):
+        return json.dumps(text)
+    return text
+
+
+@attrs.define(eq=False)
+class EventLog:
+    """Writes events; the daemon passes one of these to everything that logs."""
+
+    #: ``logfmt`` or ``json``.
+    format: Literal["logfmt", "json"] = "logfmt"
+    #: Events below this level are dropped.
+    level: Level = "info"
+    stream: TextIO | None = None
+    #: Prefix lines with ``<N>`` (journald priority); detected from JOURNAL_STREAM.
+    journal: bool = attrs.field(factory=_stderr_is_journal)
+    #: Called with every record written (tests and the metrics use it).
+    observers: list[Callable[[dict[str, Any]], None]] = attrs.field(factory=list)
+
+    def event(self, name: str, level: Level = "info", **fields: Any) -> None:
+        if _LEVELS[level] < _LEVELS[self.level]:
+            return
+        ts = datetime.now(UTC)
+        record = {"ts": ts.isoformat(timespec="milliseconds"), "level": level, "event": name}
+        record.update({k: v for k, v in fields.items() if v is not None})
+        for observer in self.observers:
+            observer(record)
+        if self.format == "json":
+            line = json.dumps(record, default=str, separators=(",", ":"))
+        else:
+            line = " ".join(f"{k}={_logfmt_value(v)}" for k, v in record.items())
+        if self.journal:
+            line = f"<{_PRIORITY[level]}>{line}"
+        stream = self.stream if self.stream is not None else sys.stderr
+        stream.write(line + "\n")
+        stream.flush()
+
+    def info(self, name: str, **fields: Any) -> None:
+        self.event(name, "info", **fields)
+
+    def warning(self, name: str, **fields: Any) -> None:
+        self.event(name, "warning", **fields)
+
+    def error(self, name: str, **fields: Any) -> None:
+        self.event(name, "error", **fields)
+
+    def debug(self, name: str, **fields: Any) -> None:
+        self.event(name, "debug", **fields)

@@ -1,0 +1,192 @@
+"""Value types shared by the daemon, the CLI and the client.
+
+They mirror the rows of ``coordinator.jobs`` and ``coordinator.runs`` (see
+``migrations/``) and carry no behaviour beyond validation: schedule arithmetic lives in
+:mod:`coordinator.schedule`, SQL in :mod:`coordinator.store` and :mod:`coordinator.client`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+ScheduleKind = Literal["cron", "interval", "once", "manual"]
+SCHEDULE_KINDS: tuple[ScheduleKind, ...] = ("cron", "interval", "once", "manual")
+
+Priority = Literal["interactive", "background"]
+PRIORITIES: tuple[Priority, ...] = ("interactive", "background")
+
+RunStatus = Literal[
+    "queued", "pending", "running", "succeeded", "failed", "timed_out", "cancelled", "unresolved"
+]
+#: A job has at most one run in these states (the partial unique index enforces it).
+OUTSTANDING: frozenset[str] = frozenset({"queued", "pending", "running", "unresolved"})
+TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+
+Trigger = Literal["schedule", "manual", "retry"]
+ErrorCause = Literal["handler", "timeout", "crashed", "lost"]
+
+
+def _frozen_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict(value or {})
+
+
+@attrs.frozen(kw_only=True)
+class Schedule:
+    """When a job is due, as its definition says."""
+
+    #: ``cron`` | ``interval`` | ``once`` | ``manual``.
+    kind: ScheduleKind = attrs.field(validator=attrs.validators.in_(SCHEDULE_KINDS))
+    #: The cron expression, the interval (``90s``, ``5m``, ``1h30m``), the ISO 8601 instant,
+    #: or ``None`` for a manual job.
+    expression: str | None = None
+    #: IANA timezone in which a cron expression is read.
+    timezone: str = "UTC"
+
+
+@attrs.frozen(kw_only=True)
+class Target:
+    """What a run calls: a command (``exec``) or a connected worker serving ``worker_type``."""
+
+    #: ``exec`` or ``worker``.
+    kind: Literal["exec", "worker"] = attrs.field(
+        validator=attrs.validators.in_(("exec", "worker"))
+    )
+    #: The command and its arguments (``exec`` only).
+    argv: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    #: Extra environment for the command (``exec`` only).
+    env: dict[str, str] = attrs.field(factory=dict, converter=_frozen_mapping)
+    #: Working directory for the command (``exec`` only); ``None`` keeps the daemon's.
+    cwd: str | None = None
+    #: The job type a worker must serve (``worker`` only).
+    worker_type: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The shape stored in ``jobs.target``."""
+        if self.kind == "worker":
+            return {"kind": "worker", "type": self.worker_type}
+        out: dict[str, Any] = {"kind": "exec", "argv": list(self.argv)}
+        if self.env:
+            out["env"] = dict(self.env)
+        if self.cwd is not None:
+            out["cwd"] = self.cwd
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Target:
+        """Read ``jobs.target``; raises ``ValueError`` naming what is wrong."""
+        kind = data.get("kind")
+        if kind == "worker":
+            worker_type = data.get("type")
+            if not isinstance(worker_type, str) or not worker_type:
+                raise ValueError("worker target needs a non-empty 'type'")
+            return cls(kind="worker", worker_type=worker_type)
+        if kind == "exec":
+            argv = data.get("argv")
+            if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+                raise ValueError("exec target needs 'argv', a non-empty list of strings")
+            env = data.get("env") or {}
+            if not isinstance(env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+            ):
+                raise ValueError("exec target 'env' must map strings to strings")
+            cwd = data.get("cwd")
+            if cwd is not None and not isinstance(cwd, str):
+                raise ValueError("exec target 'cwd' must be a string")
+            return cls(kind="exec", argv=tuple(argv), env=cast("dict[str, str]", env), cwd=cwd)
+        raise ValueError(f"target kind must be 'exec' or 'worker', not {kind!r}")
+
+    def describe(self) -> str:
+        """One short human line: ``worker:billing`` or the command."""
+        if self.kind == "worker":
+            return f"worker:{self.worker_type}"
+        return " ".join(self.argv)
+
+
+@attrs.frozen(kw_only=True)
+class Job:
+    """A job definition, as stored."""
+
+    #: Primary key.
+    id: int
+    #: Owner of the job (a service or plugin).
+    namespace: str
+    #: Unique within the namespace.
+    name: str
+    #: When it is due.
+    schedule: Schedule
+    #: What it calls.
+    target: Target
+    #: Static parameters handed to every call.
+    params: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+    #: Longest a call may take; ``None`` means no limit.
+    timeout: timedelta | None = None
+    #: ``interactive`` work is admitted before ``background`` work.
+    priority: Priority = "background"
+    #: A run lost to a crash may be repeated once without asking an operator.
+    idempotent: bool = False
+    #: Paused jobs are never dispatched.
+    paused: bool = False
+    #: Set when the schedule cannot be used; such a job is inert.
+    invalid_reason: str | None = None
+    #: The saved deadline, or ``None``.
+    next_run_at: datetime | None = None
+    #: Bumped whenever the schedule changes.
+    schedule_version: int = 1
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``, as logs and messages print it."""
+        return f"{self.namespace}/{self.name}"
+
+
+@attrs.frozen(kw_only=True)
+class Outcome:
+    """The result of one call, exactly as it will be saved.
+
+    Kept whole in memory (and in the spool) until PostgreSQL has acknowledged it, so a
+    failed write is retried with the same values and the executor is never called again.
+    """
+
+    #: ``succeeded`` | ``failed`` | ``timed_out`` | ``cancelled``.
+    status: Literal["succeeded", "failed", "timed_out", "cancelled"]
+    #: When the call started and finished (wall time, aware).
+    started_at: datetime
+    finished_at: datetime
+    #: The primary scalar the job reports (rows swept, files sent, ...).
+    count: int | None = None
+    #: Anything else the job reports, plus the bounded output tail.
+    extra: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+    #: Why it did not succeed: ``handler`` | ``timeout`` | ``crashed`` | ``lost``.
+    error_cause: ErrorCause | None = None
+    #: A human-readable reason.
+    error_message: str | None = None
+
+    @property
+    def elapsed(self) -> timedelta:
+        return self.finished_at - self.started_at
+
+
+@attrs.frozen(kw_only=True)
+class Claim:
+    """A run that the claim boundary granted: what the executor needs, and what settles it."""
+
+    #: The run being executed.
+    run_id: int
+    #: The job, as it was under the row lock.
+    job: Job
+    #: ``schedule`` | ``manual`` | ``retry``.
+    trigger: Trigger
+    #: The deadline this run serves (scheduled runs), else ``None``.
+    scheduled_for: datetime | None
+    #: Dispatch arguments (``force`` and friends).
+    args: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+    #: 1 for a first attempt.
+    attempt: int = 1
+    #: When the claim committed.
+    claimed_at: datetime

@@ -1,0 +1,625 @@
+"""Schedule arithmetic: parsing, validation, normalisation and deadlines.
+
+Pure: no I/O beyond loading timezone data, no wall-clock reads. Every instant is passed in
+as an aware :class:`~datetime.datetime` (a naive one raises :class:`ValueError`) and every
+instant returned is an aware UTC datetime.
+
+Schedule kinds
+--------------
+``cron``
+    A standard 5-field expression (minute hour day-of-month month day-of-week), read in
+    the schedule's IANA timezone, or one of the aliases ``@hourly``, ``@daily``
+    (``@midnight``), ``@weekly``, ``@monthly``, ``@yearly`` (``@annually``). Six- and
+    seven-field forms (seconds, years), ``@reboot`` and croniter's hashed/random ``H`` and
+    ``R`` values are refused. Day-of-month and day-of-week combine as in Vixie cron
+    (either matches when both are restricted). croniter's ``L``, ``W`` and ``#`` work.
+``interval``
+    A duration (:func:`parse_duration`) of at least one second, counted from when the
+    previous run settled.
+``once``
+    An ISO 8601 instant with an explicit offset or ``Z``; stored in UTC.
+``manual``
+    No expression; never due on its own.
+
+Daylight saving time (cron only)
+--------------------------------
+Cron expressions match *local wall time* in the schedule's timezone. Around transitions:
+
+* A wall time skipped by a spring-forward gap fires once, right at the jump: at the first
+  instant after the gap (Berlin, ``30 2 * * *`` on the last Sunday of March fires at
+  03:00 CEST = 01:00 UTC). Several matches inside one gap (``*/15``) collapse into that one
+  firing, which may coincide with a match at the end of the gap (03:00 for ``*/15``).
+* A wall time repeated by a fall-back overlap fires once, at its first occurrence
+  (New York, ``30 1 * * *`` on the first Sunday of November fires at 01:30 EDT, not again
+  at 01:30 EST).
+
+This is what Vixie cron does for daily jobs, and it makes the sequence of deadlines a
+monotonic function of the input that never skips a matching wall time.
+
+croniter 7 with zoneinfo-aware start times does the gap right (it steps minute by minute
+to the first existing wall time) but fires *both* occurrences of a repeated wall time,
+and when started in the second occurrence it continues there. So croniter is only asked
+about naive wall time (pure calendar arithmetic); the conversion to instants, with the
+policy above, is done here (:func:`_to_instant`). croniter is touched in exactly one
+function, :func:`_croniter_next_wall`, which parses with ``croniter.expand`` and, for the
+common expressions (numbers, ranges, steps, lists, names), iterates over the expanded
+fields itself: croniter's own ``get_next`` costs ~60 µs a call, too slow for the daemon's
+startup pass over 100,000 jobs. Expressions using ``L``, ``W`` or ``#`` go through
+``croniter.get_next`` on naive wall time.
+
+Parsed cron expressions, zones, intervals and instants are cached (``functools.lru_cache``)
+so the per-call cost of :func:`initial_deadline` and :func:`following_deadline` is a few
+microseconds.
+"""
+
+from __future__ import annotations
+
+import calendar
+import functools
+import re
+from collections.abc import Callable
+from datetime import UTC, date, datetime, timedelta
+from fractions import Fraction
+from typing import Final, NamedTuple
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadDateError, CroniterError, croniter
+
+from .errors import InvalidInput, InvalidSchedule
+from .model import Schedule, ScheduleKind
+
+__all__ = [
+    "following_deadline",
+    "format_duration",
+    "initial_deadline",
+    "invalid_reason",
+    "normalize",
+    "parse_duration",
+    "validate",
+    "validate_timezone",
+]
+
+# --------------------------------------------------------------------------- durations
+
+_US_PER: Final[dict[str, int]] = {
+    "w": 7 * 86_400_000_000,
+    "d": 86_400_000_000,
+    "h": 3_600_000_000,
+    "m": 60_000_000,
+    "s": 1_000_000,
+    "ms": 1_000,
+}
+_UNIT_RANK: Final[dict[str, int]] = {unit: rank for rank, unit in enumerate(_US_PER)}
+_UNITS_HINT: Final = "use ms, s, m, h, d, w"
+_DURATION_EXAMPLE: Final = "expected e.g. 90s, 5m, 1h30m"
+_DURATION_TOKEN: Final = re.compile(
+    r"\s*(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[^\W\d_]*)"
+)
+_MAX_NUMBER_LEN: Final = 30
+
+
+def parse_duration(text: str, *, field: str = "duration") -> timedelta:
+    """Read a positive duration: ``90``/``90s``, ``500ms``, ``5m``, ``1h30m``, ``1h 30m``,
+    ``1.5h``, ``2d``, ``1w``.
+
+    Units (case-insensitive) are ``ms``, ``s``, ``m`` (minutes), ``h``, ``d`` and ``w``;
+    a bare number means seconds and must stand alone. Components go from the largest unit
+    to the smallest, each at most once. Raises :class:`InvalidInput` ``(field, reason)``.
+    """
+    stripped = text.strip()
+
+    def bad(why: str) -> InvalidInput:
+        return InvalidInput(field, f"{stripped!r}: {why}")
+
+    if not stripped:
+        raise InvalidInput(field, f"empty duration ({_DURATION_EXAMPLE})")
+    if stripped[0] == "-":
+        raise bad("a duration must be positive")
+    total = Fraction(0)
+    last_rank = -1
+    pos = 0
+    while pos < len(stripped):
+        match = _DURATION_TOKEN.match(stripped, pos)
+        if match is None:
+            raise bad(f"unexpected {stripped[pos]!r} ({_DURATION_EXAMPLE})")
+        number, unit_text = match["number"], match["unit"]
+        unit = unit_text.lower()
+        if not unit:
+            if pos != 0 or match.end() != len(stripped):
+                raise bad(f"{number!r} has no unit ({_UNITS_HINT})")
+            unit = "s"
+        elif unit not in _US_PER:
+            raise bad(f"unknown unit {unit_text!r} ({_UNITS_HINT})")
+        rank = _UNIT_RANK[unit]
+        if rank <= last_rank:
+            raise bad("units must go from largest to smallest, each at most once (e.g. 1h30m)")
+        if len(number) > _MAX_NUMBER_LEN:
+            raise bad("too large")
+        last_rank = rank
+        total += Fraction(number) * _US_PER[unit]
+        pos = match.end()
+    if total.denominator != 1:
+        raise bad("finer than a microsecond")
+    if total == 0:
+        raise bad("a duration must be greater than zero")
+    try:
+        return timedelta(microseconds=int(total))
+    except OverflowError:
+        raise bad("too large") from None
+
+
+def format_duration(duration: timedelta) -> str:
+    """The compact canonical form: ``1h30m``, ``1m30s``, ``500ms``, ``2d4h``, ``1.5ms``.
+
+    Days are the largest unit. ``parse_duration(format_duration(d)) == d`` for every
+    positive ``d``; zero gives ``0s``; a negative duration raises :class:`ValueError`.
+    """
+    if duration < timedelta(0):
+        raise ValueError(f"cannot format a negative duration: {duration!r}")
+    rest = (duration.days * 86_400 + duration.seconds) * 1_000_000 + duration.microseconds
+    if rest == 0:
+        return "0s"
+    parts: list[str] = []
+    for unit in ("d", "h", "m", "s"):
+        count, rest = divmod(rest, _US_PER[unit])
+        if count:
+            parts.append(f"{count}{unit}")
+    if rest:
+        millis, micros = divmod(rest, 1_000)
+        if micros:
+            parts.append(f"{millis}.{micros:03d}".rstrip("0") + "ms")
+        else:
+            parts.append(f"{millis}ms")
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------- timezones
+
+
+@functools.lru_cache(maxsize=1024)
+def _zone(name: str) -> ZoneInfo:
+    """The zone called ``name``; raises :class:`InvalidSchedule` on field ``timezone``."""
+    hint = "use an IANA name such as 'Europe/Berlin' or 'UTC'"
+    if name == "localtime":
+        raise InvalidSchedule("timezone", f"'localtime' depends on the host; {hint}")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise InvalidSchedule("timezone", f"unknown timezone {name!r} ({hint})") from None
+
+
+def validate_timezone(name: str, *, field: str = "timezone") -> ZoneInfo:
+    """The IANA zone called ``name``; raises :class:`InvalidSchedule` ``(field, reason)``."""
+    try:
+        return _zone(name)
+    except InvalidSchedule as exc:
+        raise InvalidSchedule(field, exc.reason) from None
+
+
+# --------------------------------------------------------------------------- cron text
+
+#: (name, allowed values) of the five fields, for messages.
+_CRON_FIELDS: Final = (
+    ("minute", "0-59"),
+    ("hour", "0-23"),
+    ("day-of-month", "1-31"),
+    ("month", "1-12 or jan-dec"),
+    ("day-of-week", "0-7 or sun-sat"),
+)
+_CRON_ALIASES: Final = frozenset(
+    {"@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually"}
+)
+_HASHED: Final = re.compile(r"[hr](?:\(|/|$)", re.IGNORECASE)
+
+
+def _cron_text(expression: str) -> str:
+    """The whitespace-collapsed expression, after the checks croniter does not make."""
+    fields = expression.split()
+    if not fields:
+        raise InvalidSchedule("cron", "empty cron expression")
+    if len(fields) == 1 and fields[0].startswith("@"):
+        alias = fields[0].lower()
+        if alias == "@reboot":
+            raise InvalidSchedule(
+                "cron", "'@reboot' is not supported: jobs run on a schedule, not at daemon start"
+            )
+        if alias not in _CRON_ALIASES:
+            raise InvalidSchedule(
+                "cron",
+                f"unknown alias {fields[0]!r} (use @hourly, @daily, @weekly, @monthly, @yearly)",
+            )
+        return alias
+    if len(fields) != len(_CRON_FIELDS):
+        extra = " (seconds and years are not supported)" if len(fields) in (6, 7) else ""
+        raise InvalidSchedule(
+            "cron",
+            f"{' '.join(fields)!r}: expected 5 fields (minute hour day-of-month month "
+            f"day-of-week), got {len(fields)}{extra}",
+        )
+    for (name, _allowed), value in zip(_CRON_FIELDS, fields, strict=True):
+        if any(_HASHED.match(part) for part in value.split(",")):
+            raise InvalidSchedule(
+                "cron", f"{name} field {value!r}: hashed/random values (H, R) are not supported"
+            )
+    return " ".join(fields)
+
+
+# --------------------------------------------------------------------------- croniter
+
+#: ``next_wall(wall)``: the first matching naive wall time strictly after ``wall``.
+_NextWall = Callable[[datetime], datetime]
+
+_MAX_YEARS_BETWEEN_MATCHES: Final = 50
+_MINUTE: Final = timedelta(minutes=1)
+#: Where a new expression is tried once, to refuse one that never fires.
+_PROBE_WALL: Final = datetime(2000, 1, 1)
+_MONTH_DAYS: Final = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+class _CronSyntaxError(Exception):
+    """croniter refused an expression; ``args[0]`` is its message."""
+
+
+class _NeverFires(Exception):
+    """No matching wall time within the search horizon."""
+
+
+@functools.lru_cache(maxsize=32768)
+def _croniter_next_wall(expression: str) -> _NextWall:
+    """Parse a checked expression (see :func:`_cron_text`); the only code touching croniter.
+
+    Returns ``next_wall``, working on naive wall time only: the timezone is applied by the
+    caller. Raises :class:`_CronSyntaxError` (also for an expression that never fires);
+    ``next_wall`` raises :class:`_NeverFires`.
+    """
+    try:
+        expanded, nth_weekday = croniter.expand(expression)
+    except CroniterError as exc:
+        raise _CronSyntaxError(str(exc)) from None
+    day_of_month_text = "" if expression.startswith("@") else expression.split()[2]
+    plain = (
+        not nth_weekday
+        and "w" not in day_of_month_text.lower()
+        and all(isinstance(value, int) or value == "*" for value in expanded[2])
+    )
+    if plain:
+        next_wall = _FieldMatcher.build(expanded).next_wall
+    else:
+
+        def next_wall(wall: datetime) -> datetime:
+            try:
+                result: datetime = croniter(expression, wall).get_next(datetime)
+            except CroniterBadDateError:
+                raise _NeverFires from None
+            return result
+
+    try:
+        next_wall(_PROBE_WALL)
+    except _NeverFires:
+        try:  # strict mode names impossible day/month pairs ("0 0 30 2 *")
+            croniter.expand(expression, strict=True)
+        except CroniterError as exc:
+            raise _CronSyntaxError(str(exc)) from None
+        raise _CronSyntaxError("never fires") from None
+    return next_wall
+
+
+# --------------------------------------------------------------------------- iteration
+
+
+@functools.lru_cache(maxsize=4096)
+def _next_table(allowed: tuple[int, ...], low: int, high: int) -> tuple[int, ...]:
+    """``table[i - low]``: the smallest allowed value ``>= i``, or -1."""
+    table: list[int] = []
+    following = -1
+    for value in range(high, low - 1, -1):
+        if value in allowed:
+            following = value
+        table.append(following)
+    return tuple(reversed(table))
+
+
+def _values(field: list[int | str], low: int, high: int) -> tuple[int, ...]:
+    if field == ["*"]:
+        return tuple(range(low, high + 1))
+    return tuple(sorted({value for value in field if isinstance(value, int)}))
+
+
+class _FieldMatcher(NamedTuple):
+    """A 5-field expression of plain values, iterated without croniter."""
+
+    minutes: tuple[int, ...]  # next-table over 0..59
+    hours: tuple[int, ...]  # next-table over 0..23
+    months: tuple[int, ...]  # next-table over 1..12
+    days: frozenset[int] | None  # day-of-month values, None for '*'
+    weekdays: frozenset[int] | None  # cron weekdays (0 = Sunday), None for '*'
+
+    @classmethod
+    def build(cls, expanded: list[list[int | str]]) -> _FieldMatcher:
+        minute, hour, day, month, weekday = expanded
+        return cls(
+            minutes=_next_table(_values(minute, 0, 59), 0, 59),
+            hours=_next_table(_values(hour, 0, 23), 0, 23),
+            months=_next_table(_values(month, 1, 12), 1, 12),
+            days=None if day == ["*"] else frozenset(_values(day, 1, 31)),
+            weekdays=None if weekday == ["*"] else frozenset(_values(weekday, 0, 6)),
+        )
+
+    def next_wall(self, wall: datetime) -> datetime:
+        start = wall + _MINUTE
+        year, month, day = start.year, start.month, start.day
+        hour, minute = start.hour, start.minute
+        last_year = min(year + _MAX_YEARS_BETWEEN_MATCHES, 9999)
+        minutes, hours, months = self.minutes, self.hours, self.months
+        days, weekdays = self.days, self.weekdays
+        while year <= last_year:
+            next_month = months[month - 1]
+            if next_month < 0:
+                year, month, day, hour, minute = year + 1, 1, 1, 0, 0
+                continue
+            if next_month != month:
+                month, day, hour, minute = next_month, 1, 0, 0
+            month_days = _MONTH_DAYS[month] + (month == 2 and calendar.isleap(year))
+            weekday = (date(year, month, day).weekday() + 1) % 7  # cron numbering: 0 = Sunday
+            while day <= month_days:
+                if weekdays is None:
+                    day_matches = days is None or day in days
+                elif days is None:
+                    day_matches = weekday in weekdays
+                else:  # both restricted: either matches (Vixie cron)
+                    day_matches = day in days or weekday in weekdays
+                if day_matches:
+                    while hour < 24:
+                        next_hour = hours[hour]
+                        if next_hour < 0:
+                            break
+                        if next_hour != hour:
+                            hour, minute = next_hour, 0
+                        next_minute = minutes[minute]
+                        if next_minute >= 0:
+                            return datetime(year, month, day, hour, next_minute)
+                        hour, minute = hour + 1, 0
+                day, hour, minute = day + 1, 0, 0
+                weekday = (weekday + 1) % 7
+            month, day, hour, minute = month + 1, 1, 0, 0
+            if month > 12:
+                year, month = year + 1, 1
+        raise _NeverFires
+
+
+# --------------------------------------------------------------------------- wall → instant
+
+
+def _offset(moment: datetime) -> timedelta:
+    offset = moment.utcoffset()
+    assert offset is not None
+    return offset
+
+
+def _to_instant(wall: datetime, zone: ZoneInfo) -> datetime:
+    """The UTC instant at which the naive local ``wall`` fires, under the DST policy."""
+    local = wall.replace(tzinfo=zone)
+    before = _offset(local)  # fold=0: the offset in force before a transition
+    after = _offset(local.replace(fold=1))
+    if before >= after:  # unambiguous, or repeated by fall-back: the first occurrence
+        return (wall - before).replace(tzinfo=UTC)
+    # Skipped by spring-forward: the transition lies in (wall - after, wall - before].
+    return _transition(zone, wall - after, wall - before, before)
+
+
+def _transition(zone: ZoneInfo, low: datetime, high: datetime, before: timedelta) -> datetime:
+    """The first UTC instant in ``(low, high]`` (naive UTC) whose offset is not ``before``.
+
+    Transitions fall on whole seconds (TZif), so bisecting to one second is exact.
+    """
+    second = timedelta(seconds=1)
+    while high - low > second:
+        middle = low + ((high - low) // second // 2) * second
+        if _offset(middle.replace(tzinfo=UTC).astimezone(zone)) == before:
+            low = middle
+        else:
+            high = middle
+    return high.replace(tzinfo=UTC)
+
+
+class _CronPlan(NamedTuple):
+    next_wall: _NextWall
+    zone: ZoneInfo
+
+
+def _explain(expression: str, message: str) -> str:
+    """croniter's ``message`` about ``expression``, made readable and pinned on a field."""
+    if not expression.startswith("@"):
+        fields = expression.split()
+        for index, ((name, allowed), value) in enumerate(zip(_CRON_FIELDS, fields, strict=True)):
+            probe = " ".join(value if other == index else "*" for other in range(len(fields)))
+            try:
+                _croniter_next_wall(probe)
+            except _CronSyntaxError as exc:
+                return f"{name} field {value!r}: {_clean(str(exc), probe)} (values: {allowed})"
+    return f"{expression!r}: {_clean(message, expression)}"
+
+
+def _clean(message: str, expression: str) -> str:
+    if "Traceback" in message:
+        return "not a valid value"
+    message = message.split("Cron:")[0]
+    message = re.sub(r"\[?" + re.escape(expression) + r"\]?", "", message, flags=re.IGNORECASE)
+    message = re.sub(r"\s*\bin field \d+", "", message)
+    message = re.sub(r"\s+", " ", message).replace("is out of bands", "out of range")
+    message = message.strip(" ,.:").removeprefix("is not acceptable").strip(" ,.:")
+    message = message.removeprefix("day-of-week field ").replace("not acceptable", "not allowed")
+    return message or "not a valid value"
+
+
+@functools.lru_cache(maxsize=32768)
+def _cron_plan(expression: str, timezone: str) -> _CronPlan:
+    """The parsed expression and zone; raises :class:`InvalidSchedule` (unprefixed)."""
+    text = _cron_text(expression)
+    try:
+        next_wall = _croniter_next_wall(text)
+    except _CronSyntaxError as exc:
+        raise InvalidSchedule("cron", _explain(text, str(exc.args[0]))) from None
+    return _CronPlan(next_wall, _zone(timezone))
+
+
+def _next_cron(plan: _CronPlan, after: datetime) -> datetime:
+    """The first firing instant strictly after ``after`` (aware), in UTC."""
+    after = after.astimezone(UTC)
+    zone = plan.zone
+    wall = after.astimezone(zone).replace(tzinfo=None)
+    while True:  # more than once only when ``after`` is in a repeated hour's second pass
+        try:
+            wall = plan.next_wall(wall)
+        except _NeverFires:
+            raise InvalidSchedule("cron", f"no firing time after {after.isoformat()}") from None
+        instant = _to_instant(wall, zone)
+        if instant > after:
+            return instant
+
+
+# --------------------------------------------------------------------------- interval, once
+
+_MIN_INTERVAL: Final = timedelta(seconds=1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _interval(expression: str) -> timedelta:
+    try:
+        interval = parse_duration(expression, field="every")
+    except InvalidInput as exc:
+        raise InvalidSchedule("every", exc.reason) from None
+    if interval < _MIN_INTERVAL:
+        raise InvalidSchedule("every", f"{expression.strip()!r}: an interval must be at least 1s")
+    return interval
+
+
+@functools.lru_cache(maxsize=4096)
+def _instant(expression: str) -> datetime:
+    text = expression.strip()
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidSchedule(
+            "at", f"{text!r}: not an ISO 8601 timestamp (expected e.g. 2026-12-01T10:00:00Z)"
+        ) from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        example = text if ("T" in text or " " in text) else f"{text}T00:00:00"
+        raise InvalidSchedule(
+            "at", f"{text!r} has no UTC offset; add one, e.g. '{example}Z' or '{example}+01:00'"
+        )
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise InvalidSchedule("at", f"{text!r} is out of range") from None
+
+
+# --------------------------------------------------------------------------- schedules
+
+_FIELD: Final[dict[ScheduleKind, str]] = {
+    "cron": "cron",
+    "interval": "every",
+    "once": "at",
+    "manual": "manual",
+}
+
+
+def _expression(schedule: Schedule) -> str:
+    expression = schedule.expression
+    if expression is None or not expression.strip():
+        raise InvalidSchedule(
+            _FIELD[schedule.kind], f"a {schedule.kind} schedule needs an expression"
+        )
+    return expression
+
+
+def _normalized(schedule: Schedule) -> Schedule:
+    """The canonical form; raises :class:`InvalidSchedule` with an unprefixed field."""
+    kind = schedule.kind
+    if kind == "manual":
+        if schedule.expression is not None:
+            raise InvalidSchedule(
+                "manual", f"a manual schedule has no expression, got {schedule.expression!r}"
+            )
+        _zone(schedule.timezone)
+        return schedule
+    expression = _expression(schedule)
+    if kind == "cron":
+        _cron_plan(expression, schedule.timezone)
+        canonical = _cron_text(expression)
+    elif kind == "interval":
+        canonical = format_duration(_interval(expression))
+    else:
+        canonical = _instant(expression).isoformat()
+    _zone(schedule.timezone)
+    return Schedule(kind=kind, expression=canonical, timezone=schedule.timezone)
+
+
+def validate(schedule: Schedule, *, field_prefix: str = "") -> None:
+    """Raise :class:`InvalidSchedule` ``(field, reason)`` if ``schedule`` cannot be used.
+
+    ``field`` is ``cron``, ``every``, ``at``, ``manual`` or ``timezone``, with
+    ``field_prefix`` prepended as is (pass e.g. ``"--"`` or ``"jobs[3]."``).
+    """
+    try:
+        _normalized(schedule)
+    except InvalidSchedule as exc:
+        if field_prefix:
+            raise InvalidSchedule(field_prefix + exc.field, exc.reason) from None
+        raise
+
+
+def invalid_reason(schedule: Schedule) -> str | None:
+    """The reason :func:`validate` would give, or ``None`` if the schedule is usable."""
+    try:
+        _normalized(schedule)
+    except InvalidSchedule as exc:
+        return exc.reason
+    return None
+
+
+def normalize(schedule: Schedule) -> Schedule:
+    """The canonical stored form; raises like :func:`validate` (fields unprefixed).
+
+    cron: whitespace collapsed (aliases lower-cased); interval: :func:`format_duration`;
+    once: UTC ISO 8601 (``2026-12-01T10:00:00+00:00``); manual: unchanged.
+    """
+    return _normalized(schedule)
+
+
+def _aware(moment: datetime, name: str) -> None:
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"{name} must be timezone-aware, got {moment!r}")
+
+
+def initial_deadline(schedule: Schedule, now: datetime) -> datetime | None:
+    """The first deadline of a job that has none saved (UTC), or ``None`` for manual jobs.
+
+    cron: the first firing strictly after ``now``; interval: ``now`` + interval; once:
+    the instant itself, even if past (it is owed). Raises :class:`InvalidSchedule` for an
+    unusable schedule and :class:`ValueError` for a naive ``now``.
+    """
+    _aware(now, "now")
+    kind = schedule.kind
+    if kind == "cron":
+        return _next_cron(_cron_plan(_expression(schedule), schedule.timezone), now)
+    if kind == "interval":
+        return now.astimezone(UTC) + _interval(_expression(schedule))
+    if kind == "once":
+        return _instant(_expression(schedule))
+    return None
+
+
+def following_deadline(schedule: Schedule, completed_at: datetime) -> datetime | None:
+    """The deadline after a run settles (UTC), or ``None`` when there is none.
+
+    cron: the first firing strictly after ``completed_at``; interval: ``completed_at`` +
+    interval; once and manual: ``None``. Raises like :func:`initial_deadline`.
+    """
+    _aware(completed_at, "completed_at")
+    kind = schedule.kind
+    if kind == "cron":
+        return _next_cron(_cron_plan(_expression(schedule), schedule.timezone), completed_at)
+    if kind == "interval":
+        return completed_at.astimezone(UTC) + _interval(_expression(schedule))
+    return None

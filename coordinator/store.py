@@ -1,0 +1,434 @@
+"""Every SQL statement the daemon sends, and nothing else.
+
+The daemon's budget is small and fixed: one statement to read the inventory (plus, only
+when there is something to write, one batched statement to initialise missing deadlines
+and one to mark unusable schedules), one to claim a run, one to settle it. Claim,
+settlement and the crash sweep are SQL functions (``migrations/0002``) so that each is a
+single round trip and a single line in the server's statement log.
+
+All connections are the daemon's (``application_name = coordinator``, marked so the
+wake triggers skip them). asyncpg errors are wrapped here, once: connection trouble
+becomes :class:`StoreUnavailable` (retry later), anything else :class:`DatabaseError`.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final
+
+import asyncpg
+import attrs
+import trio
+from asyncpg import Connection
+
+from .db import APP_DAEMON, aio, close_quietly, connect
+from .errors import DatabaseError, DatabaseUnavailable
+from .model import Claim, Job, Outcome, Schedule, Target
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+    from asyncpg import Record
+
+#: The single-writer advisory lock: pg_advisory_lock(LOCK_CLASS, LOCK_OBJECT).
+LOCK_CLASS: Final = 0x636F6F72  # "coor"
+LOCK_OBJECT: Final = 1
+
+
+class StoreUnavailable(DatabaseUnavailable):
+    """The database could not be reached for this statement; the caller may retry."""
+
+
+_TRANSIENT = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.QueryCanceledError,
+)
+
+
+@attrs.frozen(kw_only=True)
+class JobEntry:
+    """What the daemon keeps in memory about one job that may need a timer or a dispatch.
+
+    Manual-only jobs without a queued run, paused jobs and invalid jobs are not loaded.
+    """
+
+    #: Primary key.
+    id: int
+    #: ``namespace/name``, for logs.
+    key: str
+    #: The schedule as stored (``expression`` unvalidated).
+    schedule: Schedule
+    #: ``interactive`` or ``background``.
+    priority: str
+    #: The worker type for worker targets, ``None`` for commands.
+    worker_type: str | None
+    #: The saved deadline.
+    next_run_at: datetime | None
+    #: As stored; claims are checked against it.
+    schedule_version: int
+    #: The job's outstanding run, if any: id, status, created, claiming instance.
+    run_id: int | None = None
+    run_status: str | None = None
+    run_created_at: datetime | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ClaimResult:
+    """A granted claim (``claim``) or the reason it was refused."""
+
+    claim: Claim | None = None
+    #: ``None`` when granted; see ``coordinator._claim`` for the refusal reasons.
+    reason: str | None = None
+    #: Set when the claim was granted but the stored target cannot be called (the run
+    #: must then fail without calling anything).
+    target_error: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class JobState:
+    """The job's deadline state right after a settlement, so it can be re-armed at once."""
+
+    #: ``saved`` | ``already`` (saved before: a retry or replay) | ``gone`` (job removed).
+    outcome: str
+    job_id: int | None = None
+    paused: bool = False
+    invalid: bool = False
+    schedule_version: int | None = None
+    next_run_at: datetime | None = None
+
+
+@attrs.frozen(kw_only=True)
+class LostRun:
+    """A run found pending/running at startup: a previous daemon died during it."""
+
+    run_id: int
+    job_id: int
+    #: ``unresolved`` or ``retried``.
+    action: str
+
+
+_REFRESH = """
+SELECT j.id, j.namespace, j.name, j.schedule_kind, j.schedule, j.timezone, j.priority,
+       CASE WHEN j.target->>'kind' = 'worker' THEN j.target->>'type' END AS worker_type,
+       j.next_run_at, j.schedule_version,
+       r.id AS run_id, r.status AS run_status, r.created_at AS run_created_at
+  FROM coordinator.jobs j
+  LEFT JOIN coordinator.runs r
+         ON r.job_id = j.id AND r.status IN ('queued', 'pending', 'running', 'unresolved')
+ WHERE NOT j.paused AND j.invalid_reason IS NULL
+   AND (j.schedule_kind IN ('cron', 'interval') OR j.next_run_at IS NOT NULL
+        OR r.id IS NOT NULL)
+"""
+
+# Locks each row it writes, and never overwrites a deadline that a settlement (or an
+# application) wrote meanwhile, nor one for a schedule that has changed since it was read.
+_INIT_DEADLINES = """
+UPDATE coordinator.jobs j
+   SET next_run_at = v.at, updated_at = now()
+  FROM unnest($1::bigint[], $2::timestamptz[], $3::integer[]) AS v(id, at, version)
+ WHERE j.id = v.id AND j.schedule_version = v.version AND j.next_run_at IS NULL
+RETURNING j.id, j.next_run_at
+"""
+
+_MARK_INVALID = """
+UPDATE coordinator.jobs j
+   SET invalid_reason = v.reason, next_run_at = NULL, updated_at = now()
+  FROM unnest($1::bigint[], $2::text[], $3::integer[]) AS v(id, reason, version)
+ WHERE j.id = v.id AND j.schedule_version = v.version AND j.invalid_reason IS NULL
+RETURNING j.id
+"""
+
+_CLAIM = """
+SELECT * FROM coordinator._claim($1, $2, $3, $4, $5, $6, $7, $8, $9)
+"""
+
+_SETTLE = """
+SELECT * FROM coordinator._settle($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10)
+"""
+
+_SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1)"
+
+_TRY_LOCK = "SELECT pg_try_advisory_lock($1, $2)"
+_LOCK = "SELECT pg_advisory_lock($1, $2)"
+
+
+def _wrap(exc: BaseException, what: str) -> Exception:
+    if isinstance(exc, _TRANSIENT):
+        return StoreUnavailable(f"{what}: database unavailable ({type(exc).__name__}: {exc})")
+    return DatabaseError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+@attrs.define(eq=False)
+class ConnectionPool:
+    """A few daemon connections, opened on demand and reused without any reset SQL.
+
+    asyncpg's own pool resets a connection on release (``UNLISTEN *; RESET ALL; ...``),
+    which would add statements to every run; none of that state is used here, so the
+    connections go back as they are. A connection that failed is closed, not returned.
+    """
+
+    dsn: str
+    size: int = 4
+    _free: list[Connection] = attrs.field(factory=list)
+    _slots: trio.Semaphore = attrs.field(init=False)
+    _all: set[Connection] = attrs.field(factory=set)
+
+    def __attrs_post_init__(self) -> None:
+        self._slots = trio.Semaphore(self.size)
+
+    @asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Connection]:
+        async with self._slots:
+            conn = self._free.pop() if self._free else None
+            if conn is not None and conn.is_closed():
+                self._all.discard(conn)
+                conn = None
+            if conn is None:
+                conn = await connect(self.dsn, application_name=APP_DAEMON, daemon=True)
+                self._all.add(conn)
+            ok = False
+            try:
+                yield conn
+                ok = True
+            finally:
+                if ok and not conn.is_closed():
+                    self._free.append(conn)
+                else:
+                    self._all.discard(conn)
+                    await close_quietly(conn, within=1.0)
+
+    async def close(self) -> None:
+        conns, self._all, self._free = list(self._all), set(), []
+        for conn in conns:
+            await close_quietly(conn)
+
+
+@attrs.define(eq=False)
+class Store:
+    """The daemon's SQL. One instance per daemon; safe for concurrent tasks (each call
+    takes its own pooled connection)."""
+
+    pool: ConnectionPool
+    #: Name recorded on the runs this daemon claims.
+    instance: str
+    #: Per-statement bound (seconds); the claim and settlement are short by design.
+    statement_timeout: float = 30.0
+    #: Backend pid of the session holding the single-writer lock (claims are fenced on it).
+    leader_pid: int | None = None
+
+    async def _call(self, what: str, method: str, sql: str, *args: Any) -> Any:
+        try:
+            async with self.pool.acquire() as conn:
+                fn = getattr(conn, method)
+                return await aio(fn)(sql, *args, timeout=self.statement_timeout)
+        except DatabaseUnavailable as exc:
+            raise StoreUnavailable(f"{what}: {exc}") from exc
+        except Exception as exc:
+            raise _wrap(exc, what) from exc
+
+    # -- leadership ---------------------------------------------------------------------
+
+    async def try_lead(self, conn: Connection) -> bool:
+        """Take the single-writer lock on ``conn`` if it is free (one statement)."""
+        try:
+            got: bool = await aio(conn.fetchval)(_TRY_LOCK, LOCK_CLASS, LOCK_OBJECT)
+        except Exception as exc:
+            raise _wrap(exc, "leadership") from exc
+        if got:
+            self.leader_pid = conn.get_server_pid()
+        return got
+
+    async def wait_lead(self, conn: Connection) -> None:
+        """Wait for the single-writer lock: one statement that blocks until the leader's
+        session ends. A standby sends nothing else meanwhile."""
+        try:
+            await aio(conn.fetchval)(_LOCK, LOCK_CLASS, LOCK_OBJECT)
+        except Exception as exc:
+            raise _wrap(exc, "leadership") from exc
+        self.leader_pid = conn.get_server_pid()
+
+    # -- inventory ----------------------------------------------------------------------
+
+    async def refresh(self) -> list[JobEntry]:
+        """Read every job that may need a timer or a dispatch, in one statement."""
+        rows: list[Record] = await self._call("refresh", "fetch", _REFRESH)
+        return [
+            JobEntry(
+                id=r["id"],
+                key=f"{r['namespace']}/{r['name']}",
+                schedule=Schedule(
+                    kind=r["schedule_kind"], expression=r["schedule"], timezone=r["timezone"]
+                ),
+                priority=r["priority"],
+                worker_type=r["worker_type"],
+                next_run_at=r["next_run_at"],
+                schedule_version=r["schedule_version"],
+                run_id=r["run_id"],
+                run_status=r["run_status"],
+                run_created_at=r["run_created_at"],
+            )
+            for r in rows
+        ]
+
+    async def init_deadlines(
+        self, items: Sequence[tuple[int, datetime, int]]
+    ) -> dict[int, datetime]:
+        """Save first deadlines (job id, deadline, schedule version) where none is saved;
+        returns those actually written."""
+        if not items:
+            return {}
+        ids, ats, versions = zip(*items, strict=True)
+        rows = await self._call(
+            "init_deadlines", "fetch", _INIT_DEADLINES, list(ids), list(ats), list(versions)
+        )
+        return {r["id"]: r["next_run_at"] for r in rows}
+
+    async def mark_invalid(self, items: Sequence[tuple[int, str, int]]) -> set[int]:
+        """Make jobs with unusable schedules inert (job id, reason, schedule version)."""
+        if not items:
+            return set()
+        ids, reasons, versions = zip(*items, strict=True)
+        rows = await self._call(
+            "mark_invalid", "fetch", _MARK_INVALID, list(ids), list(reasons), list(versions)
+        )
+        return {r["id"] for r in rows}
+
+    # -- claim and settlement -----------------------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        job_id: int,
+        run_id: int | None,
+        scheduled_for: datetime | None,
+        schedule_version: int | None,
+        workers: Sequence[str],
+    ) -> ClaimResult:
+        """The one claim boundary, for scheduled (``run_id`` None) and manual dispatch."""
+        row: Record = await self._call(
+            "claim",
+            "fetchrow",
+            _CLAIM,
+            job_id,
+            run_id,
+            scheduled_for,
+            schedule_version,
+            self.instance,
+            list(workers),
+            self.leader_pid,
+            LOCK_CLASS,
+            LOCK_OBJECT,
+        )
+        if row["reason"] is not None:
+            return ClaimResult(reason=row["reason"])
+        target_error: str | None = None
+        try:
+            target = Target.from_json(_json(row["target"]))
+        except ValueError as exc:
+            target, target_error = Target(kind="exec"), str(exc)
+        job = Job(
+            id=job_id,
+            namespace=row["namespace"],
+            name=row["name"],
+            schedule=Schedule(
+                kind=row["schedule_kind"], expression=row["schedule"], timezone=row["timezone"]
+            ),
+            target=target,
+            params=_json(row["params"]),
+            timeout=row["timeout"],
+            priority=row["priority"],
+            idempotent=row["idempotent"],
+            next_run_at=row["next_run_at"],
+            schedule_version=row["schedule_version"],
+        )
+        return ClaimResult(
+            claim=Claim(
+                run_id=row["run_id"],
+                job=job,
+                trigger=row["trigger"],
+                scheduled_for=row["scheduled_for"],
+                args=_json(row["args"]),
+                attempt=row["attempt"],
+                claimed_at=row["claimed_at"],
+            ),
+            target_error=target_error,
+        )
+
+    async def settle(
+        self, claim: Claim, outcome: Outcome, next_run_at: datetime | None
+    ) -> JobState:
+        """Save the result and the next deadline in one transaction (one statement)."""
+        return await self.settle_raw(
+            run_id=claim.run_id,
+            schedule_version=claim.job.schedule_version,
+            outcome=outcome,
+            next_run_at=next_run_at,
+        )
+
+    async def settle_raw(
+        self,
+        *,
+        run_id: int,
+        schedule_version: int,
+        outcome: Outcome,
+        next_run_at: datetime | None,
+    ) -> JobState:
+        """:meth:`settle` from plain values: the spool replays results this way."""
+        row: Record = await self._call(
+            "settle",
+            "fetchrow",
+            _SETTLE,
+            run_id,
+            outcome.status,
+            outcome.started_at,
+            outcome.finished_at,
+            outcome.count,
+            json.dumps(outcome.extra, default=str),
+            outcome.error_cause,
+            outcome.error_message,
+            schedule_version,
+            next_run_at,
+        )
+        return JobState(
+            outcome=row["outcome"],
+            job_id=row["job_id"],
+            paused=bool(row["paused"]),
+            invalid=bool(row["invalid"]),
+            schedule_version=row["schedule_version"],
+            next_run_at=row["next_run_at"],
+        )
+
+    async def sweep_lost(self) -> list[LostRun]:
+        """Mark runs left pending/running by a dead daemon (startup only)."""
+        rows = await self._call("sweep_lost", "fetch", _SWEEP_LOST, self.instance)
+        return [LostRun(run_id=r["run_id"], job_id=r["job_id"], action=r["action"]) for r in rows]
+
+
+def _json(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        loaded = json.loads(value)
+        return loaded if isinstance(loaded, dict) else {}
+    return dict(value)
+
+
+__all__ = [
+    "ClaimResult",
+    "ConnectionPool",
+    "JobEntry",
+    "JobState",
+    "LostRun",
+    "Store",
+    "StoreUnavailable",
+]

@@ -1,0 +1,513 @@
+"""The daemon core against a real PostgreSQL (real clock; SQL counted from the server log).
+
+DESIGN.md §1 promises 1-6: idle silence, saved deadlines only, post-commit wakes,
+coalesced refresh, one claim boundary, settlement with the next deadline.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+import pytest
+import trio
+
+from coordinator.db import aio, transaction
+
+from .conftest import StartDaemon, define, refreshes
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from coordinator.embedded import StatementLog
+
+IDLE_WINDOW = 21.0  # seconds of required silence (the benchmark measures 180 s)
+
+
+def daemon_sql(log: StatementLog, db: str) -> list[Any]:
+    return log.statements(app="coordinator", db=db)
+
+
+def counter(tmp_path: Path, name: str = "runs.txt") -> tuple[list[str], Path]:
+    """A command that appends a line per execution to a file."""
+    path = tmp_path / name
+    return ["sh", "-c", f'echo "$COORDINATOR_RUN_ID" >> {path}'], path
+
+
+def executions(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+async def runs_of(conn: asyncpg.Connection, job_id: int) -> list[asyncpg.Record]:
+    return await aio(conn.fetch)(
+        "SELECT * FROM coordinator.runs WHERE job_id = $1 ORDER BY id", job_id
+    )
+
+
+async def wait_for(predicate: Any, timeout: float = 15.0, interval: float = 0.05) -> None:
+    with trio.fail_after(timeout):
+        while not await predicate():
+            await trio.sleep(interval)
+
+
+# -- idle silence --------------------------------------------------------------------------
+
+
+async def _assert_idle_silence(start_daemon: StartDaemon, sql_log: StatementLog, db: str) -> None:
+    harness = await start_daemon()
+    startup = daemon_sql(sql_log, db)
+    assert refreshes(startup) == 1
+    # Let anything in flight land, then count from a fresh mark.
+    await trio.sleep(0.5)
+    sql_log.mark()
+    await trio.sleep(IDLE_WINDOW)
+    assert daemon_sql(sql_log, db) == []
+    assert harness.daemon.refreshes == 1
+
+
+@pytest.mark.slow
+async def test_idle_silence_no_jobs(
+    start_daemon: StartDaemon, sql_log: StatementLog, database_name: str
+) -> None:
+    await _assert_idle_silence(start_daemon, sql_log, database_name)
+
+
+@pytest.mark.slow
+async def test_idle_silence_thousand_far_future_cron_jobs(
+    start_daemon: StartDaemon,
+    sql_log: StatementLog,
+    database_name: str,
+    conn: asyncpg.Connection,
+) -> None:
+    await aio(conn.execute)(
+        "INSERT INTO coordinator.jobs (name, schedule_kind, schedule, target) "
+        "SELECT 'far' || g, 'cron', '0 0 1 1 *', '{\"kind\": \"exec\", \"argv\": [\"true\"]}' "
+        "FROM generate_series(1, 1000) g"
+    )
+    sql_log.mark()
+    await _assert_idle_silence(start_daemon, sql_log, database_name)
+    armed = await aio(conn.fetchval)(
+        "SELECT count(*) FROM coordinator.jobs WHERE next_run_at > now() + interval '1 day'"
+    )
+    assert armed == 1000
+
+
+@pytest.mark.slow
+async def test_idle_silence_manual_paused_invalid_jobs(
+    start_daemon: StartDaemon,
+    sql_log: StatementLog,
+    database_name: str,
+    conn: asyncpg.Connection,
+) -> None:
+    for i in range(50):
+        await define(conn, f"manual{i}")
+        await define(conn, f"paused{i}", schedule_kind="interval", schedule="1s", paused=True)
+        await define(conn, f"invalid{i}", schedule_kind="cron", schedule="61 * * * *")
+    sql_log.mark()
+    await _assert_idle_silence(start_daemon, sql_log, database_name)
+    invalid = await aio(conn.fetch)(
+        "SELECT invalid_reason FROM coordinator.jobs WHERE name LIKE 'invalid%'"
+    )
+    assert len(invalid) == 50
+    assert all(r["invalid_reason"] for r in invalid)
+
+
+# -- coalescing ------------------------------------------------------------------------------
+
+
+async def test_sequential_manual_runs_cause_no_extra_refresh(
+    start_daemon: StartDaemon,
+    sql_log: StatementLog,
+    database_name: str,
+    conn: asyncpg.Connection,
+    tmp_path: Path,
+) -> None:
+    argv, path = counter(tmp_path)
+    for i in range(40):
+        await define(conn, f"m{i}", target={"kind": "exec", "argv": argv})
+    harness = await start_daemon(refresh_spacing=30.0)
+    for i in range(15):
+        run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', $1)", f"m{i}")
+        await harness.wait_event("job.run", run=run_id)
+    await wait_for(lambda: _true(executions(path) == 15))
+    await trio.sleep(0.3)
+    statements = daemon_sql(sql_log, database_name)
+    assert refreshes(statements) <= 2  # the startup read, plus at most one
+    # Per run: one claim and one settlement, nothing else.
+    claims = [s for s in statements if "coordinator._claim" in s.sql]
+    settles = [s for s in statements if "coordinator._settle" in s.sql]
+    assert (len(claims), len(settles)) == (15, 15)
+    assert len(statements) - refreshes(statements) == 30 + _startup_extras(statements)
+
+
+def _startup_extras(statements: list[Any]) -> int:
+    """Statements of the startup sequence other than the refresh (lock, sweep)."""
+    return sum(
+        1
+        for s in statements
+        if "pg_try_advisory_lock" in s.sql or "_sweep_lost" in s.sql or "LISTEN" in s.sql
+    )
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_burst_of_wakes_is_one_refresh(
+    start_daemon: StartDaemon,
+    sql_log: StatementLog,
+    database_name: str,
+    conn: asyncpg.Connection,
+) -> None:
+    harness = await start_daemon(refresh_spacing=3.0)
+    sql_log.mark()
+    for i in range(10):
+        await define(conn, f"w{i}", schedule_kind="interval", schedule="1h")
+    await harness.wait_event("wake", count=10)
+    # Inside the spacing: nothing yet.
+    assert refreshes(daemon_sql(sql_log, database_name)) == 0
+    await harness.wait_event("refresh", count=2, timeout=10)
+    await trio.sleep(4.0)
+    assert refreshes(daemon_sql(sql_log, database_name)) == 1
+    assert len(harness.daemon.deadlines) == 10
+
+
+# -- arming, pause, resume, remove ------------------------------------------------------------
+
+
+async def test_new_job_is_armed_after_refresh_pause_and_resume(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    harness = await start_daemon(refresh_spacing=0.2)
+    job = await define(conn, "cron", schedule_kind="cron", schedule="*/5 * * * *")
+    await harness.wait_event("refresh", count=2)
+    assert job in harness.daemon.deadlines
+    saved = await aio(conn.fetchval)("SELECT next_run_at FROM coordinator.jobs WHERE id = $1", job)
+    assert saved is not None
+    assert saved > datetime.now(UTC)
+    assert harness.daemon.deadlines.get(job) == saved.timestamp()
+
+    await aio(conn.execute)("SELECT coordinator.pause('default', 'cron')")
+    await harness.wait_event("refresh", count=3)
+    assert job not in harness.daemon.deadlines
+
+    await aio(conn.execute)("SELECT coordinator.resume('default', 'cron')")
+    await harness.wait_event("refresh", count=4)
+    assert job in harness.daemon.deadlines
+
+
+async def test_pausing_or_removing_an_armed_job_means_it_never_runs(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    argv, path = counter(tmp_path)
+    soon = datetime.now(UTC) + timedelta(seconds=2)
+    await define(
+        conn,
+        "p",
+        schedule_kind="once",
+        schedule=soon.isoformat(),
+        target={"kind": "exec", "argv": argv},
+    )
+    await define(
+        conn,
+        "r",
+        schedule_kind="once",
+        schedule=soon.isoformat(),
+        target={"kind": "exec", "argv": argv},
+    )
+    harness = await start_daemon(refresh_spacing=0.1)
+    assert len(harness.daemon.deadlines) == 2
+    await aio(conn.execute)("SELECT coordinator.pause('default', 'p')")
+    await aio(conn.execute)("SELECT coordinator.remove('default', 'r')")
+    await trio.sleep(3.5)
+    assert executions(path) == 0
+    assert harness.named("job.run") == []
+
+
+async def test_interval_job_runs_and_next_deadline_follows_completion(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    argv, path = counter(tmp_path)
+    job = await define(
+        conn, "i", schedule_kind="interval", schedule="1s", target={"kind": "exec", "argv": argv}
+    )
+    harness = await start_daemon()
+    events = await harness.wait_event("job.run", count=2, timeout=10)
+    assert all(e["outcome"] == "succeeded" for e in events)
+    runs = await runs_of(conn, job)
+    first = runs[0]
+    # The second deadline is one interval after the first run finished.
+    assert runs[1]["scheduled_for"] - first["finished_at"] == timedelta(seconds=1)
+    assert all(r["trigger"] == "schedule" for r in runs)
+    assert executions(path) >= 2
+
+
+# -- post-commit wakes ---------------------------------------------------------------------
+
+
+async def test_rolled_back_change_causes_no_wake_and_no_sql(
+    start_daemon: StartDaemon,
+    sql_log: StatementLog,
+    database_name: str,
+    conn: asyncpg.Connection,
+) -> None:
+    harness = await start_daemon(refresh_spacing=0.1)
+    sql_log.mark()
+    tx = conn.transaction()
+    await aio(tx.start)()
+    await define(conn, "ghost", schedule_kind="interval", schedule="1s")
+    await aio(tx.rollback)()
+    await trio.sleep(1.0)
+    assert harness.named("wake") == []
+    assert daemon_sql(sql_log, database_name) == []
+
+    async with transaction(conn):
+        await define(conn, "real", schedule_kind="interval", schedule="1h")
+    await harness.wait_event("wake")
+    await harness.wait_event("refresh", count=2)
+    assert refreshes(daemon_sql(sql_log, database_name)) == 1
+
+
+# -- overdue deadlines, edits during a run ------------------------------------------------------
+
+
+async def test_restart_with_overdue_deadline_runs_once(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    argv, path = counter(tmp_path)
+    job = await define(
+        conn, "late", schedule_kind="interval", schedule="1h", target={"kind": "exec", "argv": argv}
+    )
+    overdue = datetime.now(UTC) - timedelta(hours=5)
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = $2 WHERE id = $1", job, overdue
+    )
+    harness = await start_daemon()
+    await harness.wait_event("job.run")
+    await trio.sleep(1.0)
+    assert executions(path) == 1
+    runs = await runs_of(conn, job)
+    assert len(runs) == 1
+    assert runs[0]["scheduled_for"] == overdue
+    next_at = await aio(conn.fetchval)(
+        "SELECT next_run_at FROM coordinator.jobs WHERE id = $1", job
+    )
+    assert next_at == runs[0]["finished_at"] + timedelta(hours=1)
+    assert harness.daemon.deadlines.get(job) == next_at.timestamp()
+
+
+async def test_schedule_changed_during_run_keeps_the_new_deadline(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    marker = tmp_path / "started"
+    job = await define(
+        conn,
+        "edit",
+        schedule_kind="interval",
+        schedule="1h",
+        target={"kind": "exec", "argv": ["sh", "-c", f"touch {marker}; sleep 2"]},
+    )
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = now() - interval '1 minute' WHERE id = $1", job
+    )
+    harness = await start_daemon(refresh_spacing=0.1)
+    await wait_for(lambda: _true(marker.exists()))
+    await define(
+        conn,
+        "edit",
+        schedule_kind="cron",
+        schedule="0 0 1 1 *",
+        target={"kind": "exec", "argv": ["true"]},
+    )
+    await harness.wait_event("job.run")
+    row = await aio(conn.fetchrow)("SELECT * FROM coordinator.jobs WHERE id = $1", job)
+    assert row["schedule_version"] == 2
+    # The new cron's deadline (January 1st), not the old interval's (one hour on).
+    assert row["next_run_at"] is not None
+    assert (row["next_run_at"].month, row["next_run_at"].day) == (1, 1)
+    assert (await runs_of(conn, job))[0]["status"] == "succeeded"
+
+
+# -- the claim boundary ----------------------------------------------------------------------
+
+
+async def test_manual_triggers_racing_a_deadline_make_one_run(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, database: str, tmp_path: Path
+) -> None:
+    argv, path = counter(tmp_path)
+    job = await define(
+        conn,
+        "race",
+        schedule_kind="interval",
+        schedule="1h",
+        target={"kind": "exec", "argv": [*argv[:2], argv[2] + "; sleep 0.5"]},
+    )
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = now() + interval '1.5 seconds' WHERE id = $1",
+        job,
+    )
+    harness = await start_daemon()
+    await trio.sleep(1.4)
+
+    async def trigger() -> None:
+        c = await aio(asyncpg.connect)(database)
+        try:
+            await aio(c.fetchval)("SELECT coordinator.trigger('default', 'race')")
+        finally:
+            await aio(c.close)()
+
+    async with trio.open_nursery() as n:
+        for _ in range(10):
+            n.start_soon(trigger)
+    await harness.wait_event("job.run")
+    await trio.sleep(2.0)
+    runs = await runs_of(conn, job)
+    assert len(runs) == 1
+    assert executions(path) == 1
+
+
+async def test_concurrent_claims_of_one_deadline_grant_one(
+    start_daemon: StartDaemon, conn: asyncpg.Connection
+) -> None:
+    job = await define(conn, "c", schedule_kind="interval", schedule="1h", paused=True)
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = $2, paused = false WHERE id = $1", job, due
+    )
+    harness = await start_daemon(wait_ready=False)
+    store = harness.daemon.store
+    await harness.stop()  # we only borrow its store (and pool) below
+    from coordinator.store import ConnectionPool, Store
+
+    pool = ConnectionPool(store.pool.dsn, size=8)
+    mine = Store(pool=pool, instance="test")
+    results = []
+
+    async def claim() -> None:
+        results.append(
+            await mine.claim(
+                job_id=job, run_id=None, scheduled_for=due, schedule_version=1, workers=[]
+            )
+        )
+
+    try:
+        async with trio.open_nursery() as n:
+            for _ in range(8):
+                n.start_soon(claim)
+    finally:
+        await pool.close()
+    granted = [r for r in results if r.claim is not None]
+    assert len(granted) == 1
+    assert {r.reason for r in results if r.claim is None} <= {"outstanding"}
+    assert len(await runs_of(conn, job)) == 1
+
+
+# -- settlement failure ------------------------------------------------------------------------
+
+
+async def test_failed_settlement_is_retained_and_saved_later_without_rerun(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    # A real write fault: a trigger that refuses to finish runs of job "a" while active.
+    await aio(conn.execute)(
+        """
+        CREATE TABLE public.faults (active boolean NOT NULL);
+        INSERT INTO public.faults VALUES (true);
+        CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF (SELECT active FROM public.faults)
+               AND NEW.status <> 'running'
+               AND (SELECT name FROM coordinator.jobs WHERE id = NEW.job_id) = 'a' THEN
+                RAISE EXCEPTION 'injected settlement fault';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse BEFORE UPDATE ON coordinator.runs
+            FOR EACH ROW EXECUTE FUNCTION public.refuse();
+        """
+    )
+    argv_a, path_a = counter(tmp_path, "a.txt")
+    argv_b, path_b = counter(tmp_path, "b.txt")
+    a = await define(conn, "a", target={"kind": "exec", "argv": argv_a})
+    await define(
+        conn, "b", schedule_kind="interval", schedule="1s", target={"kind": "exec", "argv": argv_b}
+    )
+    harness = await start_daemon(retry_cap=0.5)
+    run_a = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'a')")
+    await harness.wait_event("settle.retained", run=run_a)
+    # Meanwhile the other job keeps running.
+    before = executions(path_b)
+    await wait_for(lambda: _true(executions(path_b) >= before + 2), timeout=10)
+    assert (await runs_of(conn, a))[0]["status"] == "running"
+    # A manual trigger of the blocked job returns the outstanding run, runs nothing.
+    again = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'a')")
+    assert again == run_a
+
+    await aio(conn.execute)("UPDATE public.faults SET active = false")
+    await harness.wait_event("settle.saved", run=run_a)
+    assert (await runs_of(conn, a))[0]["status"] == "succeeded"
+    assert executions(path_a) == 1
+
+
+# -- capacity ----------------------------------------------------------------------------------
+
+
+async def test_two_slots_five_due_jobs_interactive_first(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    log = tmp_path / "order.txt"
+    overdue = datetime.now(UTC) - timedelta(minutes=1)
+    jobs = [
+        ("bg1", "background"),
+        ("bg2", "background"),
+        ("bg3", "background"),
+        ("int1", "interactive"),
+        ("int2", "interactive"),
+    ]
+    for i, (name, priority) in enumerate(jobs):
+        job = await define(
+            conn,
+            name,
+            schedule_kind="interval",
+            schedule="1h",
+            priority=priority,
+            target={"kind": "exec", "argv": ["sh", "-c", f"echo {name} >> {log}; sleep 0.4"]},
+        )
+        await aio(conn.execute)(
+            "UPDATE coordinator.jobs SET next_run_at = $2 WHERE id = $1",
+            job,
+            overdue + timedelta(seconds=i),
+        )
+    harness = await start_daemon(concurrency=2)
+    await harness.wait_event("job.run", count=5, timeout=20)
+    rows = await aio(conn.fetch)(
+        "SELECT j.name, r.started_at, r.finished_at FROM coordinator.runs r "
+        "JOIN coordinator.jobs j ON j.id = r.job_id ORDER BY r.started_at"
+    )
+    names = [r["name"] for r in rows]
+    assert set(names[:2]) == {"int1", "int2"}
+    assert names[2:] == ["bg1", "bg2", "bg3"]
+    # Never more than two at once.
+    edges = sorted(
+        [(r["started_at"], 1) for r in rows] + [(r["finished_at"], -1) for r in rows],
+        key=lambda e: (e[0], e[1]),
+    )
+    level = peak = 0
+    for _, step in edges:
+        level += step
+        peak = max(peak, level)
+    assert peak == 2, [(r["name"], r["started_at"], r["finished_at"]) for r in rows]
+
+
+async def test_bad_target_fails_the_run_without_crashing(
+    start_daemon: StartDaemon, conn: asyncpg.Connection
+) -> None:
+    job = await define(conn, "broken", target=json.dumps({"kind": "exec", "argv": []}))
+    harness = await start_daemon()
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'broken')")
+    await harness.wait_event("job.run", run=run_id)
+    run = (await runs_of(conn, job))[0]
+    assert run["status"] == "failed"
+    assert "bad target" in run["error_message"]

@@ -1,0 +1,278 @@
+"""The schema, the wake triggers and the SQL API, against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+import pytest
+import trio
+
+from coordinator import migrate as migrate_mod
+from coordinator.db import aio, transaction
+
+EXEC = json.dumps({"kind": "exec", "argv": ["true"]})
+
+
+async def _connect(dsn: str, app: str = "tests-app") -> asyncpg.Connection:
+    return await aio(asyncpg.connect)(dsn, server_settings={"application_name": app})
+
+
+class Notifications:
+    """Collects notifications on channel ``coordinator`` from a dedicated connection."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.send, self.receive = trio.open_memory_channel[dict[str, Any]](1000)
+
+    async def __aenter__(self) -> Notifications:
+        await aio(self.conn.add_listener)("coordinator", self._on)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await aio(self.conn.close)()
+
+    def _on(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self.send.send_nowait(json.loads(payload))
+
+    async def collect(self, settle: float = 0.3) -> list[dict[str, Any]]:
+        """Everything delivered within ``settle`` seconds of the last one."""
+        out: list[dict[str, Any]] = []
+        while True:
+            with trio.move_on_after(settle) as scope:
+                out.append(await self.receive.receive())
+            if scope.cancelled_caught:
+                return out
+
+
+async def _define(conn: asyncpg.Connection, name: str, **kw: Any) -> int:
+    args = {"schedule_kind": "manual", "target": EXEC, **kw}
+    named = ", ".join(f"{k} => ${i + 2}" for i, k in enumerate(args))
+    return await aio(conn.fetchval)(
+        f"SELECT coordinator.define_job(name => $1, {named})", name, *args.values()
+    )
+
+
+async def test_migrate_twice_changes_nothing(conn: asyncpg.Connection) -> None:
+    # The template was migrated already: a second run applies nothing.
+    assert await migrate_mod.migrate(conn) == []
+    assert await migrate_mod.migrate(conn) == []
+    names = await aio(conn.fetch)("SELECT name FROM coordinator.schema_migrations")
+    assert [r["name"] for r in names] == [m.name for m in migrate_mod.load_migrations()]
+
+
+async def test_concurrent_migrates_on_empty_database(pg_server: Any, aio_loop: Any) -> None:
+    name = pg_server.new_database_name()
+    admin = await _connect(pg_server.admin_dsn)
+    await aio(admin.execute)(f"CREATE DATABASE {name}")
+    try:
+        results: list[list[str]] = []
+
+        async def one() -> None:
+            c = await _connect(pg_server.dsn(name))
+            try:
+                results.append(await migrate_mod.migrate(c))
+            finally:
+                await aio(c.close)()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(one)
+        all_names = [m.name for m in migrate_mod.load_migrations()]
+        assert sorted(results, key=len) == [[], all_names]
+        c = await _connect(pg_server.dsn(name))
+        count = await aio(c.fetchval)("SELECT count(*) FROM coordinator.schema_migrations")
+        await aio(c.close)()
+        assert count == len(all_names)
+    finally:
+        await aio(admin.execute)(f"DROP DATABASE {name} WITH (FORCE)")
+        await aio(admin.close)()
+
+
+async def test_committed_change_wakes_once(conn: asyncpg.Connection, database: str) -> None:
+    async with Notifications(await _connect(database)) as n:
+        job_id = await _define(conn, "a")
+        assert await n.collect() == [{"job": job_id}]
+        async with transaction(conn):
+            await aio(conn.execute)("SELECT coordinator.pause('default', 'a')")
+            await aio(conn.execute)("UPDATE coordinator.jobs SET priority = 'interactive'")
+        # Both statements raised the same payload; PostgreSQL folded them at commit.
+        assert await n.collect() == [{"job": job_id}]
+
+
+async def test_rolled_back_change_wakes_nothing(conn: asyncpg.Connection, database: str) -> None:
+    async with Notifications(await _connect(database)) as n:
+        tx = conn.transaction()
+        await aio(tx.start)()
+        await _define(conn, "a")
+        await aio(tx.rollback)()
+        assert await n.collect() == []
+
+
+async def test_rolled_back_savepoint_wakes_nothing(conn: asyncpg.Connection, database: str) -> None:
+    async with Notifications(await _connect(database)) as n:
+        async with transaction(conn):
+            kept = await _define(conn, "kept")
+            sp = conn.transaction()
+            await aio(sp.start)()
+            await _define(conn, "dropped")
+            await aio(sp.rollback)()
+        assert await n.collect() == [{"job": kept}]
+
+
+async def test_many_row_update_is_one_wake(conn: asyncpg.Connection, database: str) -> None:
+    await aio(conn.execute)(
+        "INSERT INTO coordinator.jobs (name, schedule_kind, target) "
+        'SELECT \'j\' || g, \'manual\', \'{"kind": "exec", "argv": ["true"]}\' '
+        "FROM generate_series(1, 1000) g"
+    )
+    async with Notifications(await _connect(database)) as n:
+        await aio(conn.execute)("UPDATE coordinator.jobs SET paused = true")
+        assert await n.collect() == [{"jobs": "many"}]
+
+
+async def test_daemon_sessions_raise_no_wake(conn: asyncpg.Connection, database: str) -> None:
+    daemon = await aio(asyncpg.connect)(
+        database,
+        server_settings={"application_name": "coordinator", "coordinator.origin": "daemon"},
+    )
+    try:
+        async with Notifications(await _connect(database)) as n:
+            await _define(daemon, "quiet")
+            await aio(daemon.execute)("UPDATE coordinator.jobs SET paused = true")
+            assert await n.collect() == []
+    finally:
+        await aio(daemon.close)()
+
+
+async def test_trigger_is_idempotent_while_outstanding(conn: asyncpg.Connection) -> None:
+    await _define(conn, "m")
+    first = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'm')")
+    second = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'm', '{}')")
+    assert first == second
+    job_id = await aio(conn.fetchval)("SELECT id FROM coordinator.jobs WHERE name = 'm'")
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await aio(conn.execute)(
+            "INSERT INTO coordinator.runs (job_id, trigger, status) "
+            "VALUES ($1, 'manual', 'running')",
+            job_id,
+        )
+    # Once the run is finished a new trigger makes a new run.
+    await aio(conn.execute)("UPDATE coordinator.runs SET status = 'succeeded'")
+    third = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'm')")
+    assert third != first
+
+
+async def test_trigger_unknown_job_names_it(conn: asyncpg.Connection) -> None:
+    with pytest.raises(asyncpg.NoDataFoundError, match="unknown job default/nope"):
+        await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'nope')")
+
+
+async def test_twenty_concurrent_triggers_make_one_run(
+    conn: asyncpg.Connection, database: str
+) -> None:
+    await _define(conn, "m")
+    ids: list[int] = []
+
+    async def one() -> None:
+        c = await _connect(database)
+        try:
+            ids.append(await aio(c.fetchval)("SELECT coordinator.trigger('default', 'm')"))
+        finally:
+            await aio(c.close)()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(20):
+            nursery.start_soon(one)
+    assert len(set(ids)) == 1
+    assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.runs") == 1
+
+
+async def test_manual_trigger_notifies_dispatch(conn: asyncpg.Connection, database: str) -> None:
+    await _define(conn, "m")
+    async with Notifications(await _connect(database)) as n:
+        run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'm')")
+        job_id = await aio(conn.fetchval)("SELECT id FROM coordinator.jobs WHERE name = 'm'")
+        assert await n.collect() == [
+            {
+                "run": run_id,
+                "dispatch": True,
+                "job": job_id,
+                "priority": "background",
+                "worker": None,
+            }
+        ]
+
+
+async def test_changed_schedule_bumps_version_and_clears_deadline(
+    conn: asyncpg.Connection,
+) -> None:
+    job = await _define(conn, "c", schedule_kind="cron", schedule="0 * * * *")
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = now() + interval '1 hour' WHERE id = $1", job
+    )
+    await _define(conn, "c", schedule_kind="cron", schedule="0 * * * *", priority="interactive")
+    row = await aio(conn.fetchrow)("SELECT * FROM coordinator.jobs WHERE id = $1", job)
+    assert row["schedule_version"] == 1
+    assert row["next_run_at"] is not None
+    await _define(conn, "c", schedule_kind="cron", schedule="*/5 * * * *")
+    row = await aio(conn.fetchrow)("SELECT * FROM coordinator.jobs WHERE id = $1", job)
+    assert row["schedule_version"] == 2
+    assert row["next_run_at"] is None
+
+
+async def test_once_job_deadline_is_its_instant(conn: asyncpg.Connection) -> None:
+    job = await _define(conn, "o", schedule_kind="once", schedule="2030-01-01T00:00:00Z")
+    row = await aio(conn.fetchrow)("SELECT * FROM coordinator.jobs WHERE id = $1", job)
+    assert row["next_run_at"].isoformat() == "2030-01-01T00:00:00+00:00"
+    bad = await _define(conn, "bad", schedule_kind="once", schedule="not a time")
+    row = await aio(conn.fetchrow)("SELECT * FROM coordinator.jobs WHERE id = $1", bad)
+    assert row["invalid_reason"].startswith("at:")
+    assert row["next_run_at"] is None
+
+
+async def test_sync_is_one_transaction_one_wake(conn: asyncpg.Connection, database: str) -> None:
+    await _define(conn, "old", namespace="svc")
+    jobs = [
+        {"name": "a", "schedule_kind": "manual", "target": {"kind": "exec", "argv": ["true"]}},
+        {
+            "name": "b",
+            "schedule_kind": "interval",
+            "schedule": "5m",
+            "target": {"kind": "worker", "type": "t"},
+        },
+    ]
+    async with Notifications(await _connect(database)) as n:
+        row = await aio(conn.fetchrow)(
+            "SELECT * FROM coordinator.sync('svc', $1::jsonb)", json.dumps(jobs)
+        )
+        assert (row["created"], row["updated"], row["paused"]) == (2, 0, 1)
+        assert await n.collect() == [{"sync": "svc"}]
+    paused = await aio(conn.fetchval)(
+        "SELECT paused FROM coordinator.jobs WHERE namespace = 'svc' AND name = 'old'"
+    )
+    assert paused is True
+    # An application's own later change in the same transaction still wakes.
+    origin = await aio(conn.fetchval)("SELECT current_setting('coordinator.origin', true)")
+    assert origin in (None, "")
+
+
+async def test_resolve_only_unresolved(conn: asyncpg.Connection) -> None:
+    job = await _define(conn, "r")
+    run_id = await aio(conn.fetchval)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status) "
+        "VALUES ($1, 'schedule', 'unresolved') RETURNING id",
+        job,
+    )
+    retry = await aio(conn.fetchval)("SELECT coordinator.resolve($1, 'retry')", run_id)
+    assert retry != run_id
+    rows = await aio(conn.fetch)(
+        "SELECT id, status, trigger, attempt FROM coordinator.runs ORDER BY id"
+    )
+    assert [(r["status"], r["trigger"], r["attempt"]) for r in rows] == [
+        ("failed", "schedule", 1),
+        ("queued", "retry", 2),
+    ]
+    with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError):
+        await aio(conn.fetchval)("SELECT coordinator.resolve($1, 'failed')", retry)
