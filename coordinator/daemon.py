@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 import attrs
 import trio
-import trio_asyncio
 from asyncpg import Connection
 
 from . import schedule as schedule_mod
@@ -39,7 +38,7 @@ from .clock import WallClock
 from .core.admission import Admission, Ticket
 from .core.coalescer import RefreshCoalescer
 from .core.deadlines import DeadlineSet
-from .db import APP_DAEMON, close_quietly, connect
+from .db import APP_DAEMON, close_quietly, connect, trio_asyncio_loop
 from .errors import CoordinatorError
 from .executors import Executor
 from .listener import Listener
@@ -230,8 +229,8 @@ class Daemon:
             loop_scope = trio.CancelScope()
             calls.start_soon(self._loop, calls, loop_scope)
             await self._stop_requested.wait()
-            status = await self._stop(calls, loop_scope)
-        return status
+            await self._drain(calls, loop_scope)
+        return await self._flush()
 
     async def _lead(self) -> bool:
         """Take the single-writer lock, waiting silently as a standby if another daemon
@@ -761,9 +760,9 @@ class Daemon:
             # Not the main thread (e.g. an embedding test harness): stop via request_stop().
             await trio.sleep_forever()
 
-    async def _stop(self, calls: trio.Nursery, loop_scope: trio.CancelScope) -> int:
-        """Refuse new admissions, wait for admitted calls (bounded), flush retained
-        results without calling anything again, spool what the database still refuses."""
+    async def _drain(self, calls: trio.Nursery, loop_scope: trio.CancelScope) -> None:
+        """Refuse new admissions and wait for admitted calls, bounded by stop_timeout;
+        past it, abandon them (executors record ``cancelled``) and wait for that."""
         self._stopping = True
         self.state = "stopping"
         self.notify("STOPPING=1")
@@ -784,7 +783,11 @@ class Daemon:
                     self._calls_done = trio.Event()
                     await self._calls_done.wait()
         calls.cancel_scope.cancel()
-        # Flush: each retained result gets a final try (the retry tasks may be sleeping).
+
+    async def _flush(self) -> int:
+        """Save retained results without calling anything again; spool what the database
+        still refuses. Returns the exit status."""
+        # Each retained result gets a final try (its retry task may be sleeping).
         for retained in list(self.retained.values()):
             await self._try_save(retained)
         if self.retained:
@@ -861,7 +864,7 @@ async def serve(config: Config, *, dsn: str, notify: Callable[[str], None] | Non
         executors={"exec": ExecExecutor(clock=clock)},
         notify=notify or (lambda message: None),
     )
-    async with trio_asyncio.open_loop():
+    async with trio_asyncio_loop():
         return await daemon.run()
 
 

@@ -48,6 +48,8 @@ class Listener:
     on_state: Callable[[bool], None] = lambda up: None
     queue_size: int = 10_000
     max_backoff: float = 30.0
+    #: Pause before the first reconnection attempt after the session is lost.
+    first_retry: float = 0.5
     _send: trio.MemorySendChannel[dict[str, Any]] = attrs.field(init=False)
     _receive: trio.MemoryReceiveChannel[dict[str, Any]] = attrs.field(init=False)
     _overflow: bool = False
@@ -103,8 +105,10 @@ class Listener:
                 finally:
                     self.connected = False
                     await close_quietly(conn, within=1.0)
-                self.log.warning("listener.lost")
+                self.log.warning("listener.lost", reconnect_in_s=self.first_retry)
                 self.on_state(False)
+                # A server that just dropped us is often restarting: do not hammer it.
+                await trio.sleep(self.first_retry)
 
     async def _deliver(self) -> None:
         async for payload in self._receive:

@@ -17,12 +17,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Iterator
+from typing import Literal
 
 import attrs
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 Priority = Literal["interactive", "background"]
 _RANK: dict[str, int] = {"interactive": 0, "background": 1}

@@ -30,18 +30,18 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import trio
 
+from coordinator.clock import WallClock
 from coordinator.model import Outcome
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
     from datetime import datetime, timedelta
 
-    from coordinator.clock import WallClock
     from coordinator.model import Claim, ErrorCause, Target
 
 #: Seconds stdout/stderr may stay open after the main process has exited.

@@ -1,0 +1,854 @@
+"""The ``coordinator`` command line.
+
+::
+
+    coordinator [--dsn DSN] COMMAND ...
+      migrate
+      jobs define NAME (--cron EXPR [--timezone TZ] | --every DUR | --at ISO | --manual)
+                       [--timeout DUR] [--priority interactive|background] [--idempotent]
+                       [--paused] [--param KEY=JSON ...] [--namespace NS]
+                       (-- COMMAND [ARG ...] [--env KEY=VALUE ...] [--cwd DIR] | --worker TYPE)
+      jobs list [--namespace NS] [--json]
+      jobs show NAME [--namespace NS] [--json]
+      jobs trigger NAME [--namespace NS] [--force] [--arg KEY=JSON ...]
+                        [--wait [--wait-timeout DUR]] [--json]
+      jobs pause|resume|remove NAME [--namespace NS]
+      runs list [--job NAME] [--namespace NS] [--status S] [--limit N] [--json]
+      runs show ID [--json]
+      runs resolve ID --as failed|succeeded|retry
+      sync MANIFEST.toml [--strict] [--json]
+      run [--migrate] [--config FILE] [--refresh-spacing DUR] [--concurrency N] ...
+      config [--json]
+
+Exit status: 0 on success, 2 for bad usage or input (one line on stderr naming the bad
+field), 1 for anything else (the database unreachable, a ``--wait`` run that did not
+succeed). Errors are one line, ``coordinator: <message>``, never a traceback.
+
+``sync`` without ``--strict`` stores invalid entries inert and exits 0, listing each
+problem; with ``--strict`` a manifest with any problem applies nothing and exits 2.
+
+The commands talk to PostgreSQL through :mod:`coordinator.client` (asyncpg, called from
+trio through :func:`coordinator.db.aio`) on one connection whose ``application_name`` is
+``coordinator-cli``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import attrs
+import trio_asyncio
+
+from . import client, db
+from . import config as config_mod
+from . import manifest as manifests
+from . import migrate as migrations
+from . import schedule as schedules
+from .errors import ConfigError, CoordinatorError, DatabaseUnavailable, InvalidInput
+from .model import PRIORITIES, Schedule, Target
+
+if TYPE_CHECKING:
+    from asyncpg import Connection
+
+PROG = "coordinator"
+NO_DATABASE = "no database: pass --dsn or set COORDINATOR_DSN"
+
+Handler = Callable[[argparse.Namespace, "Context"], Awaitable[int]]
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status (``sys.exit(main())``)."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parse(build_parser(), arguments)
+    except _UsageError as exc:
+        print(exc, file=sys.stderr, flush=True)  # already "coordinator ...: <message>"
+        return 2
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    try:
+        code: int = trio_asyncio.run(_invoke, args)
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    return code
+
+
+async def _invoke(args: argparse.Namespace) -> int:
+    handler: Handler = args.handler
+    try:
+        return await handler(args, Context(args=args))
+    except CoordinatorError as exc:
+        _error(str(exc))
+        return exc.exit_code
+    except BrokenPipeError:  # `coordinator runs list | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _error(message: str) -> None:
+    text = " ".join(message.split()) if "\n" in message else message
+    print(f"{PROG}: {text}", file=sys.stderr, flush=True)
+
+
+def _note(message: str) -> None:
+    print(f"{PROG}: note: {message}", file=sys.stderr, flush=True)
+
+
+def _resolve_database(args: argparse.Namespace) -> str:
+    """The database the command talks to: ``--dsn``, else ``COORDINATOR_DSN``.
+
+    The one place that decides it (the embedded default database will plug in here).
+    """
+    dsn = db.resolve_dsn(getattr(args, "dsn", None))
+    if dsn is None:
+        raise ConfigError(NO_DATABASE)
+    return dsn
+
+
+@attrs.define(eq=False)
+class Context:
+    """What a command handler may use besides its arguments."""
+
+    args: argparse.Namespace
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """One connection (``application_name = coordinator-cli``), closed afterwards."""
+        dsn = _resolve_database(self.args)
+        try:
+            conn = await db.connect(dsn, application_name=db.APP_CLI)
+        except DatabaseUnavailable as exc:
+            if isinstance(exc.__cause__, ValueError):  # asyncpg refused the DSN itself
+                raise InvalidInput("--dsn", str(exc.__cause__).splitlines()[0]) from exc
+            raise
+        except (ValueError, OverflowError) as exc:  # e.g. a port out of range
+            raise InvalidInput("--dsn", str(exc).splitlines()[0]) from exc
+        try:
+            yield conn
+        finally:
+            await db.close_quietly(conn)
+
+
+# --------------------------------------------------------------------------- parser
+
+
+class _UsageError(Exception):
+    """argparse refused the command line; the message is one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors as one line (``<prog>: <message> (see <prog> --help)``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: one ``_add_<group>`` call per command group."""
+    parser = _Parser(
+        prog=PROG,
+        description="An idle-silent deadline coordinator: jobs and runs kept in PostgreSQL.",
+    )
+    parser.add_argument(
+        "--dsn",
+        default=None,
+        help="PostgreSQL connection string (default: $COORDINATOR_DSN)",
+    )
+    parser.add_argument("--json", action="store_true", default=False, help=argparse.SUPPRESS)
+    groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
+    _add_migrate(groups)
+    _add_jobs(groups)
+    _add_runs(groups)
+    _add_sync(groups)
+    _add_run(groups)
+    _add_config(groups)
+    # ---- Later command groups plug in here, one call each, e.g.:
+    # _add_worker(groups)  `coordinator worker`: a worker process (coordinator.executors)
+    # _add_status(groups)  `coordinator status`
+    # A handler is `async def (args, ctx: Context) -> int`, run inside trio-asyncio; it
+    # gets the database from `_resolve_database(args)` (or `ctx.connection()`).
+    return parser
+
+
+_Subparsers = Any  # argparse's _SubParsersAction is private
+
+
+def _common() -> argparse.ArgumentParser:
+    """Options every command accepts after its name too (``jobs list --dsn ...``)."""
+    common = _Parser(add_help=False)
+    common.add_argument("--dsn", default=argparse.SUPPRESS, help="PostgreSQL connection string")
+    return common
+
+
+def _reading() -> argparse.ArgumentParser:
+    reading = _Parser(add_help=False)
+    reading.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
+    )
+    return reading
+
+
+def _namespace(parser: argparse.ArgumentParser, default: str | None = "default") -> None:
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        default=default,
+        metavar="NS",
+        help="the job's namespace (default: default)" if default else "only this namespace",
+    )
+
+
+def _command(
+    subparsers: _Subparsers, name: str, handler: Handler, help_text: str, *, reads: bool = False
+) -> argparse.ArgumentParser:
+    parents = [_common(), _reading()] if reads else [_common()]
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=help_text, description=help_text, parents=parents
+    )
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _add_migrate(groups: _Subparsers) -> None:
+    _command(groups, "migrate", _migrate, "apply pending schema migrations")
+
+
+def _add_jobs(groups: _Subparsers) -> None:
+    jobs = groups.add_parser("jobs", help="define, inspect and trigger jobs")
+    sub = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    define = _command(sub, "define", _jobs_define, "create or replace a job")
+    define.usage = (
+        "%(prog)s NAME (--cron EXPR [--timezone TZ] | --every DURATION | --at ISO8601 | "
+        "--manual) [options] (-- COMMAND [ARG ...] | --worker TYPE)"
+    )
+    define.add_argument("name", metavar="NAME")
+    _namespace(define)
+    when = define.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR", help="5-field cron expression")
+    when.add_argument("--every", metavar="DURATION", help="interval, e.g. 90s, 5m, 1h30m")
+    when.add_argument("--at", metavar="ISO8601", help="one instant, with offset or Z")
+    when.add_argument("--manual", action="store_true", help="only when triggered")
+    define.add_argument("--timezone", metavar="TZ", help="IANA timezone of --cron (default UTC)")
+    define.add_argument("--timeout", metavar="DURATION", help="longest a call may take")
+    define.add_argument("--priority", choices=PRIORITIES, default="background")
+    define.add_argument("--idempotent", action="store_true", help="may be repeated after a crash")
+    define.add_argument("--paused", action="store_true", help="define it paused")
+    define.add_argument(
+        "--param", action="append", metavar="KEY=JSON", help="static parameter (repeatable)"
+    )
+    define.add_argument("--worker", metavar="TYPE", help="run on a worker serving TYPE")
+    define.add_argument(
+        "--env", action="append", metavar="KEY=VALUE", help="command environment (repeatable)"
+    )
+    define.add_argument("--cwd", metavar="DIR", help="command working directory")
+    define.set_defaults(takes_command=True, command_argv=None)
+    define.epilog = "The command to run follows '--': jobs define NAME --manual -- /bin/echo hi"
+
+    listing = _command(sub, "list", _jobs_list, "list jobs", reads=True)
+    _namespace(listing, default=None)
+
+    show = _command(sub, "show", _jobs_show, "show one job", reads=True)
+    show.add_argument("name", metavar="NAME")
+    _namespace(show)
+
+    trigger = _command(
+        sub, "trigger", _jobs_trigger, "queue a run now and print its id", reads=True
+    )
+    trigger.add_argument("name", metavar="NAME")
+    _namespace(trigger)
+    trigger.add_argument("--force", action="store_true", help="pass force=true to the run")
+    trigger.add_argument(
+        "--arg", action="append", metavar="KEY=JSON", help="run argument (repeatable)"
+    )
+    trigger.add_argument(
+        "--wait", action="store_true", help="wait for the run; exit 1 unless it succeeded"
+    )
+    trigger.add_argument(
+        "--wait-timeout", metavar="DURATION", help="give up waiting after this (implies --wait)"
+    )
+
+    for action, handler, text in (
+        ("pause", _jobs_pause, "pause a job"),
+        ("resume", _jobs_resume, "resume a paused job"),
+        ("remove", _jobs_remove, "delete a job and its run history"),
+    ):
+        parser = _command(sub, action, handler, text)
+        parser.add_argument("name", metavar="NAME")
+        _namespace(parser)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _add_runs(groups: _Subparsers) -> None:
+    runs = groups.add_parser("runs", help="inspect and resolve runs")
+    sub = runs.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    listing = _command(sub, "list", _runs_list, "list runs, newest first", reads=True)
+    listing.add_argument("--job", metavar="NAME", help="only this job's runs")
+    _namespace(listing, default=None)
+    listing.add_argument("--status", choices=client.RUN_STATUSES)
+    listing.add_argument("--limit", type=_positive_int, default=50, metavar="N")
+
+    show = _command(sub, "show", _runs_show, "show one run", reads=True)
+    show.add_argument("run_id", type=_positive_int, metavar="ID")
+
+    resolve = _command(sub, "resolve", _runs_resolve, "settle an unresolved run")
+    resolve.add_argument("run_id", type=_positive_int, metavar="ID")
+    resolve.add_argument(
+        "--as", dest="outcome", required=True, choices=client.RESOLUTIONS, help="the outcome"
+    )
+
+
+def _add_sync(groups: _Subparsers) -> None:
+    sync = _command(
+        groups, "sync", _sync, "declare a namespace's complete job set from TOML", reads=True
+    )
+    sync.add_argument("manifest", metavar="MANIFEST")
+    sync.add_argument(
+        "--strict", action="store_true", help="apply nothing (exit 2) if any entry is invalid"
+    )
+
+
+def _daemon_settings(parser: argparse.ArgumentParser) -> None:
+    """Flags of the daemon's settings (the last layer of coordinator.config)."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"TOML file (default: {config_mod.DEFAULT_CONFIG_FILE} when it exists)",
+    )
+    parser.add_argument(
+        "--refresh-spacing",
+        metavar="DUR",
+        help="minimum time between inventory refreshes (default 30s)",
+    )
+    parser.add_argument("--concurrency", metavar="N", help="calls at once (default 16)")
+    parser.add_argument(
+        "--stop-timeout", metavar="DUR", help="longest wait for running calls at stop (default 60s)"
+    )
+    parser.add_argument("--state-dir", metavar="DIR", help="spool and embedded database")
+    parser.add_argument("--log-format", metavar="FORMAT", help="logfmt (default) or json")
+    parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning, error")
+
+
+def _load_config(args: argparse.Namespace) -> config_mod.Config:
+    flags = {
+        "dsn": getattr(args, "dsn", None),
+        "refresh_spacing": args.refresh_spacing,
+        "concurrency": args.concurrency,
+        "stop_timeout": args.stop_timeout,
+        "state_dir": args.state_dir,
+        "log_format": args.log_format,
+        "log_level": args.log_level,
+    }
+    file = args.config or os.environ.get("COORDINATOR_CONFIG")
+    return config_mod.load(file=Path(file) if file else None, flags=flags)
+
+
+def _add_run(groups: _Subparsers) -> None:
+    run = _command(groups, "run", _run, "run the daemon in the foreground (systemd: Type=notify)")
+    _daemon_settings(run)
+    run.add_argument(
+        "--migrate", action="store_true", help="apply pending schema migrations before starting"
+    )
+
+
+def _add_config(groups: _Subparsers) -> None:
+    config = _command(
+        groups,
+        "config",
+        _config,
+        "print the effective configuration (secrets redacted)",
+        reads=True,
+    )
+    _daemon_settings(config)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse, taking everything after the first ``--`` as ``jobs define``'s command.
+
+    (argparse itself cannot: a ``nargs='*'`` positional after ``NAME`` is matched empty
+    too early, and it drops a second ``--`` from the command.)
+    """
+    if "--" not in argv:
+        return parser.parse_args(argv)
+    cut = argv.index("--")
+    head, tail = argv[:cut], argv[cut + 1 :]
+    try:
+        args = parser.parse_args(head)
+    except _UsageError:
+        if "define" in head:
+            raise
+        return parser.parse_args(argv)
+    if getattr(args, "takes_command", False):
+        args.command_argv = tail
+        return args
+    return parser.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _when(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _duration(value: timedelta | None) -> str:
+    return schedules.format_duration(value) if value is not None else "-"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    for row in (headers, *rows):
+        cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=True)]
+        print("  ".join(cells).rstrip())
+
+
+def _fields(pairs: Sequence[tuple[str, str]]) -> None:
+    width = max(len(key) for key, _ in pairs) + 1
+    for key, value in pairs:
+        print(f"{(key + ':').ljust(width)} {value}")
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _describe_schedule(job: client.JobView) -> str:
+    if job.schedule_kind == "manual":
+        return "manual"
+    if job.schedule_kind == "cron":
+        zone = "" if job.timezone == "UTC" else f" ({job.timezone})"
+        return f"cron {job.schedule}{zone}"
+    if job.schedule_kind == "interval":
+        return f"every {job.schedule}"
+    return f"at {job.schedule}"
+
+
+def _describe_target(target: dict[str, Any]) -> str:
+    try:
+        return Target.from_json(target).describe()
+    except ValueError:
+        return json.dumps(target)
+
+
+def _job_state(job: client.JobView) -> str:
+    if job.invalid_reason is not None:
+        return _clip(f"invalid: {job.invalid_reason}", 50)
+    return job.state
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+# --------------------------------------------------------------------------- input
+
+
+def _key_values(items: Sequence[str] | None, flag: str, *, as_json: bool) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; with ``as_json`` a value that parses as JSON is that JSON
+    value, anything else the plain string (so ``--param region=eu`` works unquoted)."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidInput(flag, f"expected KEY={'JSON' if as_json else 'VALUE'}, got {item!r}")
+        if as_json:
+            try:
+                out[key] = json.loads(value)
+            except json.JSONDecodeError:
+                out[key] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _schedule_from(args: argparse.Namespace) -> Schedule:
+    if args.timezone is not None and args.cron is None:
+        raise InvalidInput("--timezone", "only applies to --cron schedules")
+    if args.cron is not None:
+        schedule = Schedule(kind="cron", expression=args.cron, timezone=args.timezone or "UTC")
+    elif args.every is not None:
+        schedule = Schedule(kind="interval", expression=args.every)
+    elif args.at is not None:
+        schedule = Schedule(kind="once", expression=args.at)
+    else:
+        schedule = Schedule(kind="manual")
+    schedules.validate(schedule, field_prefix="--")
+    return schedules.normalize(schedule)
+
+
+def _target_from(args: argparse.Namespace) -> Target:
+    command: list[str] | None = args.command_argv or None
+    if command is not None and args.worker is not None:
+        raise InvalidInput("--worker", "give either a command after '--' or --worker, not both")
+    if args.worker is not None:
+        for flag, value in (("--env", args.env), ("--cwd", args.cwd)):
+            if value is not None:
+                raise InvalidInput(flag, "only applies to a command, not to --worker")
+        if not args.worker.strip():
+            raise InvalidInput("--worker", "must name a job type")
+        return Target(kind="worker", worker_type=args.worker)
+    if command is None:
+        raise InvalidInput(
+            "command",
+            "give the command after '--' (e.g. -- /usr/bin/backup --full) or --worker TYPE",
+        )
+    if not command[0]:
+        raise InvalidInput("command", "the program name is empty")
+    env = _key_values(args.env, "--env", as_json=False)
+    argv: Any = tuple(command)  # attrs types the tuple converter loosely
+    return Target(kind="exec", argv=argv, env=env, cwd=args.cwd)
+
+
+def _duration_arg(text: str | None, flag: str) -> timedelta | None:
+    return schedules.parse_duration(text, field=flag) if text is not None else None
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+async def _run(args: argparse.Namespace, ctx: Context) -> int:
+    from .daemon import serve
+    from .systemd import Notifier
+
+    config = _load_config(args)
+    if config.dsn is None:
+        raise ConfigError(NO_DATABASE)
+    async with db.connection(config.dsn, application_name=db.APP_CLI) as conn:
+        with client.translate_errors():
+            if args.migrate:
+                for name in await migrations.migrate(conn):
+                    _note(f"applied {name}")
+            pending = await migrations.pending(conn)
+    if pending:
+        raise ConfigError(
+            f"the schema lacks {', '.join(pending)}: run `coordinator migrate` "
+            "(or `coordinator run --migrate`)"
+        )
+    notifier = Notifier.from_environment()
+    try:
+        return await serve(config, dsn=config.dsn, notify=notifier)
+    finally:
+        notifier.close()
+
+
+async def _config(args: argparse.Namespace, ctx: Context) -> int:
+    config = _load_config(args)
+    values = config.redacted()
+    if getattr(args, "json", False):
+        _print_json(values)
+    else:
+        _fields([(k, "" if v is None else str(v)) for k, v in values.items()])
+    return 0
+
+
+async def _migrate(args: argparse.Namespace, ctx: Context) -> int:
+    async with ctx.connection() as conn:
+        with client.translate_errors():
+            applied = await migrations.migrate(conn)
+    for name in applied:
+        print(f"applied {name}")
+    if not applied:
+        print("schema is up to date")
+    return 0
+
+
+async def _jobs_define(args: argparse.Namespace, ctx: Context) -> int:
+    schedule = _schedule_from(args)
+    target = _target_from(args)
+    timeout = _duration_arg(args.timeout, "--timeout")
+    params = _key_values(args.param, "--param", as_json=True)
+    async with ctx.connection() as conn:
+        job_id = await db.aio(client.define_job)(
+            conn,
+            name=args.name,
+            namespace=args.namespace,
+            schedule=schedule,
+            target=target,
+            params=params,
+            timeout=timeout,
+            priority=args.priority,
+            idempotent=args.idempotent,
+            paused=args.paused,
+        )
+    print(f"defined {args.namespace}/{args.name} (job {job_id})")
+    return 0
+
+
+async def _jobs_list(args: argparse.Namespace, ctx: Context) -> int:
+    async with ctx.connection() as conn:
+        jobs = await db.aio(client.list_jobs)(conn, namespace=args.namespace)
+    if args.json:
+        _print_json([job.to_json() for job in jobs])
+        return 0
+    if not jobs:
+        print("no jobs")
+        return 0
+    _table(
+        ("NAMESPACE", "NAME", "SCHEDULE", "TARGET", "NEXT RUN", "LAST", "STATE"),
+        [
+            (
+                job.namespace,
+                job.name,
+                _describe_schedule(job),
+                _clip(_describe_target(job.target), 40),
+                _when(job.next_run_at),
+                job.last_status or "-",
+                _job_state(job),
+            )
+            for job in jobs
+        ],
+    )
+    return 0
+
+
+async def _jobs_show(args: argparse.Namespace, ctx: Context) -> int:
+    async with ctx.connection() as conn:
+        job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
+    if args.json:
+        _print_json(job.to_json())
+        return 0
+    target = job.target
+    pairs = [
+        ("job", job.key),
+        ("id", str(job.id)),
+        ("state", job.state),
+        ("schedule", _describe_schedule(job)),
+        ("target", _describe_target(target)),
+    ]
+    if target.get("env"):
+        pairs.append(("env", " ".join(f"{k}={v}" for k, v in target["env"].items())))
+    if target.get("cwd"):
+        pairs.append(("cwd", str(target["cwd"])))
+    pairs += [
+        ("params", json.dumps(job.params, ensure_ascii=False)),
+        ("timeout", _duration(job.timeout)),
+        ("priority", job.priority),
+        ("idempotent", _yes(job.idempotent)),
+        ("paused", _yes(job.paused)),
+        ("invalid", job.invalid_reason or "-"),
+        ("next run", _when(job.next_run_at)),
+        ("last run", f"{job.last_run} ({job.last_status})" if job.last_run else "-"),
+        (
+            "outstanding",
+            f"{job.outstanding_run} ({job.outstanding_status})" if job.outstanding_run else "-",
+        ),
+    ]
+    if job.blocked_by is not None:
+        pairs.append(
+            (
+                "blocked by",
+                f"run {job.blocked_by}: resolve it with "
+                f"`coordinator runs resolve {job.blocked_by} --as failed|succeeded|retry`",
+            )
+        )
+    pairs += [
+        ("schedule version", str(job.schedule_version)),
+        ("created", _when(job.created_at)),
+        ("updated", _when(job.updated_at)),
+    ]
+    _fields(pairs)
+    return 0
+
+
+async def _jobs_trigger(args: argparse.Namespace, ctx: Context) -> int:
+    run_args = _key_values(args.arg, "--arg", as_json=True)
+    if args.force:
+        run_args["force"] = True
+    wait = args.wait or args.wait_timeout is not None
+    wait_timeout = _duration_arg(args.wait_timeout, "--wait-timeout")
+    async with ctx.connection() as conn:
+        job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
+        run_id = await db.aio(client.trigger)(
+            conn, args.name, namespace=args.namespace, args=run_args
+        )
+        if not args.json:
+            print(run_id, flush=True)
+        if run_id == job.outstanding_run:
+            _note(f"{job.key} already has run {run_id} outstanding ({job.outstanding_status})")
+        if job.invalid_reason is not None:
+            _note(
+                f"{job.key} is invalid ({job.invalid_reason}); run {run_id} stays queued "
+                "until its definition is fixed"
+            )
+        elif job.paused:
+            _note(
+                f"{job.key} is paused; run {run_id} stays queued until "
+                f"`coordinator jobs resume {job.name}`"
+            )
+        if not wait:
+            if args.json:
+                _print_json((await db.aio(client.get_run)(conn, run_id)).to_json())
+            return 0
+        timeout = wait_timeout.total_seconds() if wait_timeout is not None else None
+        run = await db.aio(client.wait_for_run)(conn, run_id, max_wait=timeout)
+    if args.json:
+        _print_json(run.to_json())
+    else:
+        print(run.status)
+    if run.status == "succeeded":
+        return 0
+    detail = f" ({run.error_cause})" if run.error_cause else ""
+    message = f": {run.error_message}" if run.error_message else ""
+    _error(f"run {run.id} {run.status}{detail}{message}")
+    return 1
+
+
+async def _jobs_pause(args: argparse.Namespace, ctx: Context) -> int:
+    async with ctx.connection() as conn:
+        await db.aio(client.pause)(conn, args.name, namespace=args.namespace)
+    print(f"paused {args.namespace}/{args.name}")
+    return 0
+
+
+async def _jobs_resume(args: argparse.Namespace, ctx: Context) -> int:
+    async with ctx.connection() as conn:
+        await db.aio(client.resume)(conn, args.name, namespace=args.namespace)
+    print(f"resumed {args.namespace}/{args.name}")
+    return 0
+
+
+async def _jobs_remove(args: argparse.Namespace, ctx: Context) -> int:
+    async with ctx.connection() as conn:
+        await db.aio(client.remove)(conn, args.name, namespace=args.namespace)
+    print(f"removed {args.namespace}/{args.name}")
+    return 0
+
+
+async def _runs_list(args: argparse.Namespace, ctx: Context) -> int:
+    async with ctx.connection() as conn:
+        runs = await db.aio(client.list_runs)(
+            conn, namespace=args.namespace, job=args.job, status=args.status, limit=args.limit
+        )
+    if args.json:
+        _print_json([run.to_json() for run in runs])
+        return 0
+    if not runs:
+        print("no runs")
+        return 0
+    _table(
+        ("ID", "JOB", "TRIGGER", "STATUS", "SCHEDULED", "STARTED", "FINISHED", "COUNT", "ERROR"),
+        [
+            (
+                str(run.id),
+                run.job_key,
+                run.trigger,
+                run.status,
+                _when(run.scheduled_for),
+                _when(run.started_at),
+                _when(run.finished_at),
+                str(run.count) if run.count is not None else "-",
+                _clip(": ".join(filter(None, (run.error_cause, run.error_message))), 40) or "-",
+            )
+            for run in runs
+        ],
+    )
+    return 0
+
+
+async def _runs_show(args: argparse.Namespace, ctx: Context) -> int:
+    async with ctx.connection() as conn:
+        run = await db.aio(client.get_run)(conn, args.run_id)
+    if args.json:
+        _print_json(run.to_json())
+        return 0
+    _fields(
+        [
+            ("run", str(run.id)),
+            ("job", run.job_key),
+            ("status", run.status),
+            ("trigger", run.trigger),
+            ("attempt", str(run.attempt)),
+            ("args", json.dumps(run.args, ensure_ascii=False)),
+            ("scheduled for", _when(run.scheduled_for)),
+            ("created", _when(run.created_at)),
+            ("claimed", _when(run.claimed_at)),
+            ("started", _when(run.started_at)),
+            ("finished", _when(run.finished_at)),
+            ("instance", run.instance or "-"),
+            ("count", str(run.count) if run.count is not None else "-"),
+            ("extra", json.dumps(run.extra, ensure_ascii=False) if run.extra else "-"),
+            ("error cause", run.error_cause or "-"),
+            ("error", run.error_message or "-"),
+        ]
+    )
+    return 0
+
+
+async def _runs_resolve(args: argparse.Namespace, ctx: Context) -> int:
+    async with ctx.connection() as conn:
+        result = await db.aio(client.resolve)(conn, args.run_id, args.outcome)
+    if args.outcome == "retry":
+        print(f"run {args.run_id} resolved as failed; queued retry run {result}")
+    else:
+        print(f"run {args.run_id} resolved as {args.outcome}")
+    return 0
+
+
+async def _sync(args: argparse.Namespace, ctx: Context) -> int:
+    manifest = manifests.load(args.manifest)
+    problems = [{"job": p.job, "field": p.field, "reason": p.reason} for p in manifest.problems]
+    if args.strict and manifest.problems:
+        if args.json:
+            _print_json({"namespace": manifest.namespace, "applied": False, "problems": problems})
+        else:
+            for problem in manifest.problems:
+                print(str(problem), file=sys.stderr)
+        raise manifests.ManifestRejected(manifest)
+    async with ctx.connection() as conn:
+        result = await db.aio(client.sync_manifest)(conn, manifest, strict=args.strict)
+    if args.json:
+        _print_json(
+            {
+                **result.to_json(),
+                "applied": True,
+                "invalid": list(manifest.invalid),
+                "problems": problems,
+            }
+        )
+        return 0
+    print(
+        f"synced namespace {result.namespace}: {result.created} created, "
+        f"{result.updated} updated, {result.paused} paused"
+    )
+    if manifest.problems:
+        count = len(manifest.problems)
+        print(f"{count} problem{'s' if count != 1 else ''} (those jobs are stored inert):")
+        for problem in manifest.problems:
+            print(f"  {problem}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

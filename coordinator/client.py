@@ -1,0 +1,858 @@
+"""The Python client: the SQL API for asyncpg users, and the CLI's reads.
+
+Every function takes an :class:`asyncpg.Connection` and is a plain asyncio coroutine, so an
+application can call it inside its own transaction; the change wakes the daemon when (and
+only if) that transaction commits. From trio, wrap the calls with
+:func:`coordinator.db.aio`, as the CLI does::
+
+    async with conn.transaction():
+        await client.define_job(conn, name="backup", schedule=Schedule(kind="cron",
+                                expression="0 3 * * *"), target=Target(kind="exec",
+                                argv=("backup.sh",)))
+        await client.trigger(conn, "backup")
+
+All SQL that is not the daemon's lives here (the daemon's is in :mod:`coordinator.store`).
+asyncpg errors are translated once, in :func:`translate_errors`, into :mod:`coordinator.errors`.
+
+JSON values are sent as text and cast in SQL (``$1::text::jsonb``) and read back as text
+(``target::text``), so the functions work whatever jsonb codec the application has set on
+its connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final, Literal, get_args
+
+import asyncpg
+import attrs
+
+from . import schedule as schedules
+from .errors import (
+    Conflict,
+    CoordinatorError,
+    DatabaseError,
+    DatabaseUnavailable,
+    InvalidInput,
+    JobNotFound,
+    RunNotFound,
+)
+from .model import OUTSTANDING, PRIORITIES, TERMINAL, RunStatus, Schedule, Target
+
+if TYPE_CHECKING:
+    from asyncpg import Connection
+
+    from .manifest import Manifest
+
+__all__ = [
+    "RESOLUTIONS",
+    "RUN_STATUSES",
+    "JobView",
+    "RunView",
+    "SyncResult",
+    "WaitTimeout",
+    "define_job",
+    "get_job",
+    "get_run",
+    "job_entry",
+    "list_jobs",
+    "list_runs",
+    "pause",
+    "remove",
+    "resolve",
+    "resume",
+    "sync",
+    "sync_manifest",
+    "translate_errors",
+    "trigger",
+    "wait_for_run",
+]
+
+RUN_STATUSES: Final[tuple[str, ...]] = get_args(RunStatus)
+Resolution = Literal["failed", "succeeded", "retry"]
+RESOLUTIONS: Final[tuple[str, ...]] = get_args(Resolution)
+
+#: Statuses at which :func:`wait_for_run` stops: terminal ones, and ``unresolved`` (which
+#: waits for an operator, not for time).
+_WAIT_ENDS: Final = TERMINAL | {"unresolved"}
+
+
+class WaitTimeout(CoordinatorError):
+    """:func:`wait_for_run` gave up before the run finished; ``run`` is its last state."""
+
+    def __init__(self, run: RunView, timeout: float) -> None:
+        super().__init__(
+            f"run {run.id} is still {run.status} after "
+            f"{schedules.format_duration(timedelta(seconds=timeout))}"
+        )
+        self.run = run
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _json_field(text: str | None) -> Any:
+    return json.loads(text) if text is not None else None
+
+
+@attrs.frozen(kw_only=True)
+class JobView:
+    """A job as ``jobs list`` / ``jobs show`` present it: the row, plus its runs' state."""
+
+    #: Primary key.
+    id: int
+    #: Owner of the job.
+    namespace: str
+    #: Unique within the namespace.
+    name: str
+    #: ``cron`` | ``interval`` | ``once`` | ``manual``.
+    schedule_kind: str
+    #: The expression (``None`` for manual jobs).
+    schedule: str | None
+    #: IANA timezone of a cron expression.
+    timezone: str
+    #: What a run calls, as stored (``{"kind": "exec", "argv": [...]}`` or a worker).
+    target: dict[str, Any]
+    #: Static parameters handed to every call.
+    params: dict[str, Any]
+    #: Longest a call may take, or ``None``.
+    timeout: timedelta | None
+    #: ``interactive`` | ``background``.
+    priority: str
+    #: A run lost to a crash may be repeated once.
+    idempotent: bool
+    #: Paused jobs are never dispatched.
+    paused: bool
+    #: Why the job is inert, or ``None``.
+    invalid_reason: str | None
+    #: The saved deadline, or ``None``.
+    next_run_at: datetime | None
+    #: Bumped whenever the schedule changes.
+    schedule_version: int
+    #: Row timestamps.
+    created_at: datetime
+    updated_at: datetime
+    #: The latest run (by id) and its status, or ``None`` when it never ran.
+    last_run: int | None = None
+    last_status: str | None = None
+    #: The run currently outstanding (queued, pending, running or unresolved), if any.
+    outstanding_run: int | None = None
+    outstanding_status: str | None = None
+    #: The unresolved run that blocks the job until an operator resolves it, if any.
+    blocked_by: int | None = None
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def state(self) -> str:
+        """One word (or a short phrase) for humans: why the job will or will not run."""
+        if self.invalid_reason is not None:
+            return "invalid"
+        if self.paused:
+            return "paused"
+        if self.blocked_by is not None:
+            return f"blocked by run {self.blocked_by}"
+        if self.outstanding_status is not None:
+            return self.outstanding_status
+        return "active"
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``jobs list --json`` / ``jobs show --json`` shape (timeout in seconds)."""
+        return {
+            "id": self.id,
+            "namespace": self.namespace,
+            "name": self.name,
+            "schedule_kind": self.schedule_kind,
+            "schedule": self.schedule,
+            "timezone": self.timezone,
+            "target": self.target,
+            "params": self.params,
+            "timeout": self.timeout.total_seconds() if self.timeout is not None else None,
+            "priority": self.priority,
+            "idempotent": self.idempotent,
+            "paused": self.paused,
+            "invalid_reason": self.invalid_reason,
+            "next_run_at": _iso(self.next_run_at),
+            "schedule_version": self.schedule_version,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "last_run": self.last_run,
+            "last_status": self.last_status,
+            "outstanding_run": self.outstanding_run,
+            "outstanding_status": self.outstanding_status,
+            "blocked_by": self.blocked_by,
+        }
+
+
+@attrs.frozen(kw_only=True)
+class RunView:
+    """A run as ``runs list`` / ``runs show`` present it, with its job's name."""
+
+    #: Primary key.
+    id: int
+    #: The job's id, namespace and name.
+    job_id: int
+    namespace: str
+    job: str
+    #: ``schedule`` | ``manual`` | ``retry``.
+    trigger: str
+    #: ``queued`` ... ``unresolved``.
+    status: str
+    #: The deadline this run serves (scheduled and retried runs).
+    scheduled_for: datetime | None
+    #: Lifecycle timestamps.
+    claimed_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    created_at: datetime
+    #: The schedule version it was claimed under, and by which daemon.
+    schedule_version: int | None
+    instance: str | None
+    #: Dispatch arguments (``force`` and friends).
+    args: dict[str, Any]
+    #: What the call reported.
+    count: int | None
+    extra: dict[str, Any] | None
+    #: Why it did not succeed.
+    error_cause: str | None
+    error_message: str | None
+    #: 1 for a first attempt.
+    attempt: int
+    #: The latest progress report of a running call.
+    progress: Any = None
+
+    @property
+    def job_key(self) -> str:
+        """``namespace/name`` of the run's job."""
+        return f"{self.namespace}/{self.job}"
+
+    @property
+    def outstanding(self) -> bool:
+        return self.status in OUTSTANDING
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``runs list --json`` / ``runs show --json`` shape."""
+        return {
+            "id": self.id,
+            "job_id": self.job_id,
+            "job": self.job,
+            "namespace": self.namespace,
+            "status": self.status,
+            "trigger": self.trigger,
+            "scheduled_for": _iso(self.scheduled_for),
+            "claimed_at": _iso(self.claimed_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "created_at": _iso(self.created_at),
+            "schedule_version": self.schedule_version,
+            "instance": self.instance,
+            "args": self.args,
+            "count": self.count,
+            "extra": self.extra,
+            "error_cause": self.error_cause,
+            "error_message": self.error_message,
+            "attempt": self.attempt,
+            "progress": self.progress,
+        }
+
+
+@attrs.frozen(kw_only=True)
+class SyncResult:
+    """What a sync changed."""
+
+    #: Namespace synced.
+    namespace: str
+    #: Jobs created, updated (every listed job that existed) and paused (missing ones).
+    created: int
+    updated: int
+    paused: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "created": self.created,
+            "updated": self.updated,
+            "paused": self.paused,
+        }
+
+
+# --------------------------------------------------------------------------- errors
+
+#: SQLSTATEs (and classes) that mean the server or the session is gone.
+_UNAVAILABLE_CLASSES: Final = ("08", "57")
+_SCHEMA_MISSING: Final = frozenset({"3F000", "42P01", "42883"})
+_RETRYABLE: Final = frozenset({"40001", "40P01"})
+
+
+@contextmanager
+def translate_errors(
+    *,
+    namespace: str | None = None,
+    name: str | None = None,
+    run_id: int | None = None,
+    field: str = "value",
+) -> Iterator[None]:
+    """Turn asyncpg's errors into :mod:`coordinator.errors`, ``raise ... from exc``.
+
+    ``namespace``/``name``/``run_id`` are what the statement was about (for the lookup
+    errors); ``field`` names the argument a data error most likely concerns.
+    """
+    try:
+        yield
+    except CoordinatorError:
+        raise
+    except asyncpg.PostgresError as exc:
+        raise _from_postgres(exc, namespace, name, run_id, field) from exc
+    except asyncpg.InterfaceError as exc:
+        if isinstance(exc, asyncpg.ConnectionDoesNotExistError) or "closed" in str(exc):
+            raise DatabaseUnavailable(f"connection lost: {_one_line(exc)}") from exc
+        raise DatabaseError(_one_line(exc)) from exc
+    except (OSError, ConnectionError) as exc:  # TimeoutError included
+        raise DatabaseUnavailable(f"database unreachable: {_one_line(exc)}") from exc
+
+
+def _from_postgres(
+    exc: asyncpg.PostgresError,
+    namespace: str | None,
+    name: str | None,
+    run_id: int | None,
+    field: str,
+) -> CoordinatorError:
+    state: str = getattr(exc, "sqlstate", None) or ""
+    hint: str = getattr(exc, "hint", None) or ""
+    message = _one_line(exc)
+    if hint == "coordinator.job_not_found":
+        return JobNotFound(namespace or "?", name or "?")
+    if hint == "coordinator.run_not_found":
+        return RunNotFound(run_id if run_id is not None else -1)
+    if state == "55000":  # object_not_in_prerequisite_state
+        return Conflict(message)
+    if state == "23514":  # check_violation: the constraint names the column
+        constraint: str = getattr(exc, "constraint_name", None) or ""
+        column = constraint.removeprefix("jobs_").removeprefix("runs_").removesuffix("_check")
+        return InvalidInput(column or field, message)
+    if state == "23502":  # not_null_violation
+        return InvalidInput(getattr(exc, "column_name", None) or field, "required")
+    if state.startswith("22"):  # data exceptions, invalid_parameter_value among them
+        return InvalidInput(field, message)
+    if state in _SCHEMA_MISSING:
+        return DatabaseError(
+            f"{message} (is the schema missing or out of date? run `coordinator migrate`)"
+        )
+    if state in _RETRYABLE:
+        return DatabaseError(f"{message} (retry)")
+    if state[:2] in _UNAVAILABLE_CLASSES:
+        return DatabaseUnavailable(message)
+    return DatabaseError(message)
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _require_text(value: object, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(field, "must be a non-empty string")
+    return value
+
+
+def _to_json_text(value: object, field: str) -> str:
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(field, f"not representable as JSON: {exc}") from None
+
+
+def _object(value: Mapping[str, Any] | None, field: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInput(field, "must be a mapping (a JSON object)")
+    return dict(value)
+
+
+def _interval_text(value: timedelta) -> str:
+    """A timedelta as text PostgreSQL reads as an interval, exactly."""
+    return f"{value // timedelta(microseconds=1)} microseconds"
+
+
+@attrs.frozen(kw_only=True)
+class _Prepared:
+    name: str
+    schedule: Schedule
+    target: dict[str, Any]
+    params: dict[str, Any]
+    timeout: timedelta | None
+    priority: str
+    idempotent: bool
+    paused: bool
+    invalid_reason: str | None
+
+
+def _prepare(
+    *,
+    name: str,
+    schedule: Schedule,
+    target: Target | Mapping[str, Any],
+    params: Mapping[str, Any] | None,
+    timeout: timedelta | None,
+    priority: str,
+    idempotent: bool,
+    paused: bool,
+    invalid_reason: str | None,
+) -> _Prepared:
+    """Check and normalise a definition; an ``invalid_reason`` skips the schedule and
+    target checks (the job is stored inert, as given)."""
+    _require_text(name, "name")
+    if priority not in PRIORITIES:
+        raise InvalidInput("priority", f"must be one of {', '.join(PRIORITIES)}, not {priority!r}")
+    if timeout is not None and timeout <= timedelta(0):
+        raise InvalidInput("timeout", "must be greater than zero")
+    params_obj = _object(params, "params")
+    _to_json_text(params_obj, "params")
+    if invalid_reason is None:
+        schedules.validate(schedule)
+        schedule = schedules.normalize(schedule)
+        if not isinstance(target, Target):
+            raise InvalidInput("target", "a valid job needs a Target")
+        target_json = target.to_json()
+        try:
+            Target.from_json(target_json)
+        except ValueError as exc:
+            raise InvalidInput("target", str(exc)) from None
+    else:
+        _require_text(invalid_reason, "invalid_reason")
+        target_json = target.to_json() if isinstance(target, Target) else dict(target)
+    return _Prepared(
+        name=name,
+        schedule=schedule,
+        target=target_json,
+        params=params_obj,
+        timeout=timeout,
+        priority=priority,
+        idempotent=bool(idempotent),
+        paused=bool(paused),
+        invalid_reason=invalid_reason,
+    )
+
+
+# --------------------------------------------------------------------------- writes
+
+_DEFINE_JOB: Final = """
+SELECT coordinator.define_job(
+    name           => $1,
+    schedule_kind  => $2,
+    schedule       => $3,
+    timezone       => $4,
+    target         => $5::text::jsonb,
+    namespace      => $6,
+    params         => $7::text::jsonb,
+    timeout        => $8::interval,
+    priority       => $9,
+    idempotent     => $10,
+    paused         => $11,
+    invalid_reason => $12)
+"""
+
+
+async def define_job(
+    conn: Connection,
+    *,
+    name: str,
+    schedule: Schedule,
+    target: Target,
+    namespace: str = "default",
+    params: Mapping[str, Any] | None = None,
+    timeout: timedelta | None = None,  # noqa: ASYNC109 - the job's call limit, not this call's
+    priority: str = "background",
+    idempotent: bool = False,
+    paused: bool = False,
+    invalid_reason: str | None = None,
+) -> int:
+    """Create or replace the job ``namespace/name``; return its id.
+
+    The schedule is validated (:class:`~coordinator.errors.InvalidSchedule` names the
+    field: ``cron``, ``every``, ``at`` or ``timezone``) and stored in its canonical form,
+    unless ``invalid_reason`` is given: then it is stored as is and the job is inert.
+    Every field is replaced, ``paused`` included. A changed schedule bumps
+    ``schedule_version`` and clears the saved deadline.
+    """
+    _require_text(namespace, "namespace")
+    job = _prepare(
+        name=name,
+        schedule=schedule,
+        target=target,
+        params=params,
+        timeout=timeout,
+        priority=priority,
+        idempotent=idempotent,
+        paused=paused,
+        invalid_reason=invalid_reason,
+    )
+    with translate_errors(namespace=namespace, name=name):
+        job_id: int = await conn.fetchval(
+            _DEFINE_JOB,
+            job.name,
+            job.schedule.kind,
+            job.schedule.expression,
+            job.schedule.timezone,
+            json.dumps(job.target),
+            namespace,
+            json.dumps(job.params),
+            job.timeout,
+            job.priority,
+            job.idempotent,
+            job.paused,
+            job.invalid_reason,
+        )
+    return job_id
+
+
+async def trigger(
+    conn: Connection,
+    name: str,
+    *,
+    namespace: str = "default",
+    args: Mapping[str, Any] | None = None,
+) -> int:
+    """Ask for a run of ``namespace/name`` now; return the run id.
+
+    While the job has an outstanding run (queued, pending, running or unresolved), that
+    run's id is returned and nothing is inserted.
+    """
+    args_text = _to_json_text(_object(args, "args"), "args")
+    with translate_errors(namespace=namespace, name=name, field="args"):
+        run_id: int = await conn.fetchval(
+            "SELECT coordinator.trigger($1, $2, $3::text::jsonb)", namespace, name, args_text
+        )
+    return run_id
+
+
+async def pause(conn: Connection, name: str, *, namespace: str = "default") -> None:
+    """Pause the job: it is never dispatched until resumed (a no-op when paused)."""
+    with translate_errors(namespace=namespace, name=name):
+        await conn.execute("SELECT coordinator.pause($1, $2)", namespace, name)
+
+
+async def resume(conn: Connection, name: str, *, namespace: str = "default") -> None:
+    """Resume the job; a recurring job's deadline is computed afresh (no missed ticks)."""
+    with translate_errors(namespace=namespace, name=name):
+        await conn.execute("SELECT coordinator.resume($1, $2)", namespace, name)
+
+
+async def remove(conn: Connection, name: str, *, namespace: str = "default") -> None:
+    """Delete the job and its run history."""
+    with translate_errors(namespace=namespace, name=name):
+        await conn.execute("SELECT coordinator.remove($1, $2)", namespace, name)
+
+
+def job_entry(
+    *,
+    name: str,
+    schedule: Schedule,
+    target: Target | Mapping[str, Any],
+    params: Mapping[str, Any] | None = None,
+    timeout: timedelta | None = None,
+    priority: str = "background",
+    idempotent: bool = False,
+    paused: bool = False,
+    invalid_reason: str | None = None,
+) -> dict[str, Any]:
+    """One element of :func:`sync`'s ``entries``, checked like :func:`define_job`.
+
+    With ``invalid_reason`` the schedule is kept as given and ``target`` may be any JSON
+    object (the job is stored inert); otherwise ``target`` must be a :class:`Target`.
+    """
+    job = _prepare(
+        name=name,
+        schedule=schedule,
+        target=target,
+        params=params,
+        timeout=timeout,
+        priority=priority,
+        idempotent=idempotent,
+        paused=paused,
+        invalid_reason=invalid_reason,
+    )
+    return {
+        "name": job.name,
+        "schedule_kind": job.schedule.kind,
+        "schedule": job.schedule.expression,
+        "timezone": job.schedule.timezone,
+        "target": job.target,
+        "params": job.params,
+        "timeout": _interval_text(job.timeout) if job.timeout is not None else None,
+        "priority": job.priority,
+        "idempotent": job.idempotent,
+        "paused": job.paused,
+        "invalid_reason": job.invalid_reason,
+    }
+
+
+async def sync(
+    conn: Connection, namespace: str, entries: Sequence[Mapping[str, Any]]
+) -> SyncResult:
+    """Declare the complete job set of ``namespace`` (see ``coordinator.sync`` in SQL).
+
+    ``entries`` are objects in the SQL shape (build them with :func:`job_entry`). Listed
+    jobs are created or updated; the namespace's other jobs are paused, history kept; an
+    empty list pauses them all. One statement, one wake.
+    """
+    _require_text(namespace, "namespace")
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise InvalidInput(f"jobs[{index}]", "must be a mapping")
+        entry_name = _require_text(entry.get("name"), f"jobs[{index}].name")
+        if entry_name in seen:
+            raise InvalidInput(f"jobs[{index}].name", f"{entry_name!r} is listed twice")
+        seen.add(entry_name)
+    payload = _to_json_text([dict(e) for e in entries], "jobs")
+    with translate_errors(namespace=namespace, field="jobs"):
+        row = await conn.fetchrow(
+            "SELECT created, updated, paused FROM coordinator.sync($1, $2::text::jsonb)",
+            namespace,
+            payload,
+        )
+    return SyncResult(
+        namespace=namespace, created=row["created"], updated=row["updated"], paused=row["paused"]
+    )
+
+
+async def sync_manifest(
+    conn: Connection, manifest: Manifest, *, strict: bool = False
+) -> SyncResult:
+    """Apply a parsed manifest (:func:`coordinator.manifest.load`).
+
+    Entries with problems are stored inert (with ``invalid_reason``) and the rest applies;
+    with ``strict=True`` any problem raises
+    :class:`~coordinator.manifest.ManifestRejected` and nothing is applied.
+    """
+    from .manifest import ManifestRejected
+
+    if strict and manifest.problems:
+        raise ManifestRejected(manifest)
+    return await sync(conn, manifest.namespace, manifest.entries)
+
+
+async def resolve(conn: Connection, run_id: int, outcome: str) -> int:
+    """Settle an ``unresolved`` run as ``failed``, ``succeeded`` or ``retry``.
+
+    Returns the id of the run that now represents the work: the new queued run for
+    ``retry``, else ``run_id``. A run in another state raises
+    :class:`~coordinator.errors.Conflict`.
+    """
+    if outcome not in RESOLUTIONS:
+        raise InvalidInput("outcome", f"must be one of {', '.join(RESOLUTIONS)}, not {outcome!r}")
+    with translate_errors(run_id=run_id, field="outcome"):
+        result: int = await conn.fetchval("SELECT coordinator.resolve($1, $2)", run_id, outcome)
+    return result
+
+
+# --------------------------------------------------------------------------- reads
+
+_JOB_COLUMNS: Final = """
+    j.id, j.namespace, j.name, j.schedule_kind, j.schedule, j.timezone,
+    j.target::text AS target, j.params::text AS params, j.timeout, j.priority,
+    j.idempotent, j.paused, j.invalid_reason, j.next_run_at, j.schedule_version,
+    j.created_at, j.updated_at,
+    last.id AS last_run, last.status AS last_status,
+    o.id AS outstanding_run, o.status AS outstanding_status
+  FROM coordinator.jobs j
+  LEFT JOIN LATERAL (SELECT r.id, r.status FROM coordinator.runs r
+                      WHERE r.job_id = j.id ORDER BY r.id DESC LIMIT 1) last ON true
+  LEFT JOIN coordinator.runs o
+         ON o.job_id = j.id AND o.status IN ('queued', 'pending', 'running', 'unresolved')
+"""
+
+_LIST_JOBS: Final = f"""
+SELECT {_JOB_COLUMNS}
+ WHERE ($1::text IS NULL OR j.namespace = $1)
+ ORDER BY j.namespace, j.name
+"""
+
+_GET_JOB: Final = f"""
+SELECT {_JOB_COLUMNS}
+ WHERE j.namespace = $1 AND j.name = $2
+"""
+
+
+def _job_view(row: Mapping[str, Any]) -> JobView:
+    outstanding_status = row["outstanding_status"]
+    return JobView(
+        id=row["id"],
+        namespace=row["namespace"],
+        name=row["name"],
+        schedule_kind=row["schedule_kind"],
+        schedule=row["schedule"],
+        timezone=row["timezone"],
+        target=_json_field(row["target"]),
+        params=_json_field(row["params"]),
+        timeout=row["timeout"],
+        priority=row["priority"],
+        idempotent=row["idempotent"],
+        paused=row["paused"],
+        invalid_reason=row["invalid_reason"],
+        next_run_at=row["next_run_at"],
+        schedule_version=row["schedule_version"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        last_run=row["last_run"],
+        last_status=row["last_status"],
+        outstanding_run=row["outstanding_run"],
+        outstanding_status=outstanding_status,
+        blocked_by=row["outstanding_run"] if outstanding_status == "unresolved" else None,
+    )
+
+
+async def list_jobs(conn: Connection, *, namespace: str | None = None) -> list[JobView]:
+    """Every job (of ``namespace``, or of all namespaces), by namespace and name."""
+    with translate_errors(namespace=namespace):
+        rows = await conn.fetch(_LIST_JOBS, namespace)
+    return [_job_view(row) for row in rows]
+
+
+async def get_job(conn: Connection, name: str, *, namespace: str = "default") -> JobView:
+    """The job ``namespace/name``; raises :class:`~coordinator.errors.JobNotFound`."""
+    with translate_errors(namespace=namespace, name=name):
+        row = await conn.fetchrow(_GET_JOB, namespace, name)
+    if row is None:
+        raise JobNotFound(namespace, name)
+    return _job_view(row)
+
+
+_RUN_COLUMNS: Final = """
+    r.id, r.job_id, j.namespace, j.name AS job, r.trigger, r.status, r.scheduled_for,
+    r.claimed_at, r.started_at, r.finished_at, r.created_at, r.schedule_version,
+    r.instance, r.args::text AS args, r.count, r.extra::text AS extra, r.error_cause,
+    r.error_message, r.attempt, r.progress::text AS progress
+  FROM coordinator.runs r JOIN coordinator.jobs j ON j.id = r.job_id
+"""
+
+_LIST_RUNS: Final = f"""
+SELECT {_RUN_COLUMNS}
+ WHERE ($1::text IS NULL OR j.namespace = $1)
+   AND ($2::text IS NULL OR j.name = $2)
+   AND ($3::text IS NULL OR r.status = $3)
+ ORDER BY r.id DESC
+ LIMIT $4
+"""
+
+_GET_RUN: Final = f"""
+SELECT {_RUN_COLUMNS}
+ WHERE r.id = $1
+"""
+
+_JOB_EXISTS: Final = (
+    "SELECT EXISTS (SELECT 1 FROM coordinator.jobs WHERE namespace = $1 AND name = $2)"
+)
+
+
+def _run_view(row: Mapping[str, Any]) -> RunView:
+    return RunView(
+        id=row["id"],
+        job_id=row["job_id"],
+        namespace=row["namespace"],
+        job=row["job"],
+        trigger=row["trigger"],
+        status=row["status"],
+        scheduled_for=row["scheduled_for"],
+        claimed_at=row["claimed_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        created_at=row["created_at"],
+        schedule_version=row["schedule_version"],
+        instance=row["instance"],
+        args=_json_field(row["args"]),
+        count=row["count"],
+        extra=_json_field(row["extra"]),
+        error_cause=row["error_cause"],
+        error_message=row["error_message"],
+        attempt=row["attempt"],
+        progress=_json_field(row["progress"]),
+    )
+
+
+async def list_runs(
+    conn: Connection,
+    *,
+    namespace: str | None = None,
+    job: str | None = None,
+    status: str | None = None,
+    limit: int = 50,
+) -> list[RunView]:
+    """The newest runs first, at most ``limit``.
+
+    ``job`` without ``namespace`` means the job in ``default``; an unknown job raises
+    :class:`~coordinator.errors.JobNotFound` (rather than listing nothing).
+    """
+    if status is not None and status not in RUN_STATUSES:
+        raise InvalidInput("status", f"must be one of {', '.join(RUN_STATUSES)}, not {status!r}")
+    if limit < 1:
+        raise InvalidInput("limit", f"must be at least 1, not {limit}")
+    if job is not None and namespace is None:
+        namespace = "default"
+    with translate_errors(namespace=namespace, name=job):
+        rows = await conn.fetch(_LIST_RUNS, namespace, job, status, limit)
+        if not rows and job is not None and not await conn.fetchval(_JOB_EXISTS, namespace, job):
+            raise JobNotFound(namespace or "default", job)
+    return [_run_view(row) for row in rows]
+
+
+async def get_run(conn: Connection, run_id: int) -> RunView:
+    """The run ``run_id``; raises :class:`~coordinator.errors.RunNotFound`."""
+    with translate_errors(run_id=run_id):
+        row = await conn.fetchrow(_GET_RUN, run_id)
+    if row is None:
+        raise RunNotFound(run_id)
+    return _run_view(row)
+
+
+async def wait_for_run(
+    conn: Connection,
+    run_id: int,
+    *,
+    poll: tuple[float, float] = (0.05, 1.0),
+    max_wait: float | None = None,
+) -> RunView:
+    """Poll the run until it is terminal (or ``unresolved``, which waits for an operator).
+
+    ``poll`` is ``(first, longest)`` pause between reads, in seconds: the pause doubles
+    from the first up to the longest (50 ms to 1 s by default). ``max_wait`` (seconds)
+    bounds the wait: past it :class:`WaitTimeout` carries the run's last state. Only the
+    CLI's ``--wait`` uses this; the daemon itself never polls.
+    """
+    first, longest = poll
+    if first <= 0 or longest < first:
+        raise InvalidInput("poll", "needs 0 < first <= longest")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max_wait if max_wait is not None else None
+    pause_for = first
+    while True:
+        run = await get_run(conn, run_id)
+        if run.status in _WAIT_ENDS:
+            return run
+        sleep_for = pause_for
+        if deadline is not None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                assert max_wait is not None
+                raise WaitTimeout(run, max_wait)
+            sleep_for = min(sleep_for, remaining)
+        await asyncio.sleep(sleep_for)
+        pause_for = min(pause_for * 2, longest)

@@ -1,0 +1,413 @@
+"""``coordinator sync MANIFEST.toml``: a namespace's complete job set, read from TOML.
+
+Format::
+
+    namespace = "billing"          # required: the namespace this file declares
+
+    [[jobs]]
+    name = "invoice-run"           # required, unique in the file
+    cron = "0 3 * * *"             # exactly one of cron / every / at / manual = true
+    timezone = "Europe/Berlin"     # cron only; default UTC
+    timeout = "15m"                # a duration (90s, 5m, 1h30m) or a number of seconds
+    priority = "background"        # or "interactive"
+    idempotent = false
+    paused = false
+    params = { region = "eu" }     # any table; TOML dates become ISO 8601 strings
+    command = ["/usr/local/bin/invoice", "--all"]   # exactly one of command / worker
+    env = { LANG = "C.UTF-8" }     # command only
+    cwd = "/srv/billing"           # command only
+
+    [[jobs]]
+    name = "reindex"
+    every = "6h"
+    worker = "search"
+
+``every`` takes a duration or a number of seconds; ``at`` an ISO 8601 instant with an
+offset, quoted or as a TOML offset date-time. A file without ``jobs`` (or with
+``jobs = []``) is an empty declaration: every job of the namespace is paused.
+
+Parsing is pure (no database). The file-level mistakes that would make the whole sync
+mean something else (TOML syntax, a missing ``namespace``, an unknown top-level key such as
+a misspelt ``[[job]]``) raise :class:`~coordinator.errors.InvalidInput`. Mistakes inside an
+entry are *problems* ``(job, field, reason)``: the entry is kept, in the SQL shape, with
+``invalid_reason`` saying what is wrong, so ``sync`` stores it inert while the rest applies
+(``--strict`` applies nothing instead). An entry without a usable name cannot be stored
+and is dropped; a name listed twice keeps its first entry, made inert.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import tomllib
+from datetime import date, datetime, time, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+import attrs
+
+from . import schedule as schedules
+from .client import job_entry
+from .errors import InvalidInput, InvalidSchedule
+from .model import PRIORITIES, Schedule, ScheduleKind, Target
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["Manifest", "ManifestRejected", "Problem", "load", "parse"]
+
+_TOP_LEVEL: Final = ("namespace", "jobs")
+_SCHEDULE_KEYS: Final[dict[str, ScheduleKind]] = {
+    "cron": "cron",
+    "every": "interval",
+    "at": "once",
+    "manual": "manual",
+}
+_JOB_KEYS: Final = (
+    "name",
+    *_SCHEDULE_KEYS,
+    "timezone",
+    "timeout",
+    "priority",
+    "idempotent",
+    "paused",
+    "params",
+    "command",
+    "worker",
+    "env",
+    "cwd",
+)
+_COMMAND_ONLY: Final = ("env", "cwd")
+
+
+class Problem(NamedTuple):
+    """Something wrong with one entry."""
+
+    #: The entry's name, or ``jobs[i]`` when it has none.
+    job: str
+    #: The key at fault (``cron``, ``timezone``, ``command``, ...) or ``schedule``.
+    field: str
+    #: What is wrong, for humans.
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.job}: {self.field}: {self.reason}"
+
+
+@attrs.frozen(kw_only=True)
+class Manifest:
+    """A parsed manifest, ready for :func:`coordinator.client.sync`."""
+
+    #: Where it was read from (for messages).
+    source: str
+    #: The namespace it declares completely.
+    namespace: str
+    #: One object per storable entry, in the shape ``coordinator.sync`` expects; entries
+    #: with problems carry ``invalid_reason``.
+    entries: tuple[dict[str, Any], ...]
+    #: Everything wrong, in file order.
+    problems: tuple[Problem, ...]
+
+    @property
+    def invalid(self) -> tuple[str, ...]:
+        """Names of the entries that will be stored inert."""
+        return tuple(e["name"] for e in self.entries if e["invalid_reason"] is not None)
+
+
+class ManifestRejected(InvalidInput):
+    """``--strict``: the manifest has problems, so nothing was applied."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        count = len(manifest.problems)
+        super().__init__(
+            manifest.source,
+            f"{count} problem{'s' if count != 1 else ''} in the manifest; nothing applied",
+        )
+        self.manifest = manifest
+
+
+# --------------------------------------------------------------------------- file level
+
+_TOML_POSITION: Final = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+
+
+def load(path: str | Path) -> Manifest:
+    """Read and parse the manifest at ``path``."""
+    source = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InvalidInput(source, "no such file") from None
+    except OSError as exc:
+        raise InvalidInput(source, exc.strerror or str(exc)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(source, f"not UTF-8 text (byte {exc.start})") from None
+    return parse(text, source=source)
+
+
+def parse(text: str, *, source: str = "<manifest>") -> Manifest:
+    """Parse manifest ``text``; ``source`` names it in messages."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        found = _TOML_POSITION.search(message)
+        if found is None:
+            raise InvalidInput(source, f"TOML syntax error: {message}") from None
+        line, column = found.groups()
+        reason = message[: found.start()]
+        raise InvalidInput(f"{source}:{line}:{column}", f"TOML syntax error: {reason}") from None
+
+    for key in document:
+        if key not in _TOP_LEVEL:
+            raise InvalidInput(f"{source}: {key}", _unknown_key(key, _TOP_LEVEL, "top-level"))
+    namespace = document.get("namespace")
+    if namespace is None:
+        raise InvalidInput(
+            f"{source}: namespace",
+            'required: the namespace this file declares, e.g. namespace = "billing"',
+        )
+    if not isinstance(namespace, str) or not namespace.strip():
+        raise InvalidInput(f"{source}: namespace", "must be a non-empty string")
+    jobs = document.get("jobs", [])
+    if not isinstance(jobs, list):
+        raise InvalidInput(f"{source}: jobs", "must be an array of tables ([[jobs]])")
+
+    entries: list[dict[str, Any]] = []
+    problems: list[Problem] = []
+    first_index: dict[str, int] = {}  # name -> position in `entries`
+    for index, raw in enumerate(jobs):
+        entry, entry_problems = _entry(index, raw)
+        if entry is not None and entry["name"] in first_index:
+            name = entry["name"]
+            problem = Problem(name, "name", f"defined more than once (again as jobs[{index}])")
+            problems.append(problem)
+            kept = first_index[name]
+            entries[kept] = _make_inert(entries[kept], [problem])
+            continue
+        problems.extend(entry_problems)
+        if entry is not None:
+            first_index[entry["name"]] = len(entries)
+            entries.append(entry)
+    return Manifest(
+        source=source, namespace=namespace, entries=tuple(entries), problems=tuple(problems)
+    )
+
+
+def _unknown_key(key: str, known: tuple[str, ...], where: str) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
+    return f"unknown {where} key ({hint})"
+
+
+def _make_inert(entry: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:
+    reasons = "; ".join(f"{p.field}: {p.reason}" for p in problems)
+    previous = entry.get("invalid_reason")
+    return {**entry, "invalid_reason": f"{previous}; {reasons}" if previous else reasons}
+
+
+# --------------------------------------------------------------------------- entries
+
+
+class _Entry:
+    """Reads one ``[[jobs]]`` table, collecting problems instead of stopping at the first."""
+
+    def __init__(self, label: str, raw: Mapping[str, Any]) -> None:
+        self.label = label
+        self.raw = raw
+        self.problems: list[Problem] = []
+
+    def problem(self, field: str, reason: str) -> None:
+        self.problems.append(Problem(self.label, field, reason))
+
+    def typed(self, key: str, kind: type | tuple[type, ...], what: str, default: Any) -> Any:
+        value = self.raw.get(key, default)
+        wrong_type = not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)
+        if key in self.raw and wrong_type:
+            self.problem(key, f"must be {what}, not {_describe(value)}")
+            return default
+        return value
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, datetime | date | time):
+        return "a date/time"
+    return type(value).__name__
+
+
+def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem]]:
+    """The SQL-shaped entry (``None`` when it cannot be stored) and its problems."""
+    label = f"jobs[{index}]"
+    if not isinstance(raw, dict):
+        return None, [Problem(label, "jobs", f"each entry must be a table, not {_describe(raw)}")]
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        reason = "required" if name is None else "must be a non-empty string"
+        return None, [Problem(label, "name", f"{reason}; the entry was skipped")]
+    e = _Entry(name, raw)
+
+    for key in raw:
+        if key not in _JOB_KEYS:
+            e.problem(key, _unknown_key(key, _JOB_KEYS, "job"))
+
+    sched = _schedule(e)
+    timeout = _timeout(e)
+    priority = e.typed("priority", str, "a string", "background")
+    if priority not in PRIORITIES:
+        e.problem("priority", f"must be one of {', '.join(PRIORITIES)}, not {priority!r}")
+        priority = "background"
+    idempotent = e.typed("idempotent", bool, "true or false", False)
+    paused = e.typed("paused", bool, "true or false", False)
+    params = e.typed("params", dict, "a table", {})
+    target = _target(e)
+
+    if not e.problems and isinstance(target, Target):
+        try:
+            return job_entry(
+                name=name,
+                schedule=sched,
+                target=target,
+                params=_jsonable(params),
+                timeout=timeout,
+                priority=priority,
+                idempotent=idempotent,
+                paused=paused,
+            ), []
+        except InvalidInput as exc:  # pragma: no cover - the checks above cover these
+            e.problem(exc.field, exc.reason)
+    reason = "; ".join(f"{p.field}: {p.reason}" for p in e.problems)
+    entry = job_entry(
+        name=name,
+        schedule=sched,
+        target=target.to_json() if isinstance(target, Target) else target,
+        params=_jsonable(params),
+        timeout=timeout,
+        priority=priority,
+        idempotent=idempotent,
+        paused=paused,
+        invalid_reason=reason,
+    )
+    return entry, e.problems
+
+
+def _schedule(e: _Entry) -> Schedule:
+    """The entry's schedule: normalised when valid, else as given (for an inert row)."""
+    given = [key for key in _SCHEDULE_KEYS if key in e.raw]
+    timezone = e.typed("timezone", str, "a string", "UTC")
+    if not given:
+        e.problem("schedule", "give exactly one of cron, every, at or manual = true")
+        return Schedule(kind="manual", timezone=timezone)
+    if len(given) > 1:
+        e.problem(
+            "schedule", f"give exactly one of cron, every, at or manual, not {' and '.join(given)}"
+        )
+    key = given[0]
+    kind = _SCHEDULE_KEYS[key]
+    value = e.raw[key]
+    expression: str | None
+    if kind == "manual":
+        if value is not True:
+            e.problem("manual", "must be true (for a scheduled job use cron, every or at instead)")
+        expression = None
+    elif kind == "once" and isinstance(value, datetime | date):
+        expression = value.isoformat()
+    elif kind == "interval" and isinstance(value, int | float) and not isinstance(value, bool):
+        expression = str(value)
+    elif isinstance(value, str):
+        expression = value
+    else:
+        e.problem(key, f"must be a string, not {_describe(value)}")
+        expression = str(value)
+    if "timezone" in e.raw and kind != "cron":
+        e.problem("timezone", "only applies to cron schedules")
+    schedule = Schedule(kind=kind, expression=expression, timezone=timezone)
+    if len(given) > 1 or any(p.field in (key, "timezone") for p in e.problems):
+        return schedule
+    try:
+        schedules.validate(schedule)
+    except InvalidSchedule as exc:
+        e.problem(exc.field, exc.reason)
+        return schedule
+    return schedules.normalize(schedule)
+
+
+def _timeout(e: _Entry) -> timedelta | None:
+    if "timeout" not in e.raw:
+        return None
+    value = e.raw["timeout"]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        e.problem("timeout", f'must be a duration such as "15m", not {_describe(value)}')
+        return None
+    try:
+        return schedules.parse_duration(value, field="timeout")
+    except InvalidInput as exc:
+        e.problem(exc.field, exc.reason)
+        return None
+
+
+def _target(e: _Entry) -> Target | dict[str, Any]:
+    """A :class:`Target` when valid, else the best JSON object for an inert row."""
+    has_command, has_worker = "command" in e.raw, "worker" in e.raw
+    if has_command and has_worker:
+        e.problem("command", "give either command or worker, not both")
+    elif not has_command and not has_worker:
+        e.problem("command", 'give command = ["program", "arg", ...] or worker = "type"')
+        return {"kind": "none"}
+    if has_worker and not has_command:
+        for key in _COMMAND_ONLY:
+            if key in e.raw:
+                e.problem(key, "only applies to command jobs")
+        worker = e.raw["worker"]
+        if not isinstance(worker, str) or not worker.strip():
+            e.problem("worker", "must be a non-empty string (the job type a worker serves)")
+            return {"kind": "worker", "type": str(worker)}
+        return Target(kind="worker", worker_type=worker)
+
+    command = e.raw["command"]
+    argv_ok = (
+        isinstance(command, list)
+        and bool(command)
+        and all(isinstance(a, str) for a in command)
+        and bool(command[0])
+    )
+    if not argv_ok:
+        e.problem("command", 'must be a non-empty array of strings, e.g. ["backup.sh", "--full"]')
+    env = e.typed("env", dict, "a table of strings", {})
+    if not all(isinstance(v, str) for v in env.values()):
+        e.problem("env", "values must be strings")
+        env = {}
+    cwd = e.typed("cwd", str, "a string", None)
+    if not argv_ok:
+        return {
+            "kind": "exec",
+            "argv": [str(a) for a in command] if isinstance(command, list) else [],
+        }
+    return Target(kind="exec", argv=tuple(command), env=env, cwd=cwd)
+
+
+def _jsonable(value: Any) -> Any:
+    """TOML values as JSON values: dates and times become ISO 8601 strings."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN or infinity
+    return value

@@ -1,0 +1,586 @@
+"""The ``coordinator`` command line as a user runs it: a subprocess against a real database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import attrs
+import pytest
+
+RUN_MAIN = "from coordinator.cli import main; import sys; sys.exit(main())"
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"
+
+
+@attrs.frozen
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+    @property
+    def err_lines(self) -> list[str]:
+        return self.err.splitlines()
+
+
+def _env(env_dsn: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "COORDINATOR_DSN"}
+    if env_dsn is not None:
+        env["COORDINATOR_DSN"] = env_dsn
+    return env
+
+
+def cli(*args: str, dsn: str | None = None, env_dsn: str | None = None) -> Result:
+    """Run ``coordinator [--dsn DSN] ARGS...`` and collect its exit status and output."""
+    argv = [sys.executable, "-c", RUN_MAIN]
+    if dsn is not None:
+        argv += ["--dsn", dsn]
+    proc = subprocess.run(
+        [*argv, *args], capture_output=True, text=True, timeout=60, env=_env(env_dsn)
+    )
+    result = Result(proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in result.err, result.err
+    return result
+
+
+def sql(dsn: str, query: str, *args: Any) -> Any:
+    """One statement on the test database, from outside the CLI."""
+
+    async def run() -> Any:
+        conn = await asyncpg.connect(dsn, server_settings={"application_name": "tests-app"})
+        try:
+            return await conn.fetch(query, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def one_line_error(result: Result, *, code: int, contains: str) -> None:
+    assert result.code == code, result
+    assert len(result.err_lines) == 1, result.err
+    assert result.err_lines[0].startswith("coordinator"), result.err
+    assert contains in result.err_lines[0], result.err
+
+
+JOB_KEYS = {
+    "name",
+    "namespace",
+    "schedule_kind",
+    "schedule",
+    "timezone",
+    "paused",
+    "invalid_reason",
+    "next_run_at",
+    "last_status",
+}
+RUN_KEYS = {
+    "id",
+    "job",
+    "namespace",
+    "status",
+    "trigger",
+    "scheduled_for",
+    "started_at",
+    "finished_at",
+    "count",
+    "extra",
+    "error_cause",
+    "error_message",
+}
+
+
+# --------------------------------------------------------------------------- migrate
+
+
+def test_migrate_fresh_then_up_to_date(pg_server: Any) -> None:
+    name = pg_server.new_database_name()
+    sql(pg_server.admin_dsn, f"CREATE DATABASE {name}")
+    try:
+        dsn = pg_server.dsn(name)
+        first = cli("migrate", dsn=dsn)
+        assert first.code == 0, first
+        assert first.out.startswith("applied 0001_")
+        again = cli("migrate", env_dsn=dsn)
+        assert (again.code, again.out) == (0, "schema is up to date\n")
+    finally:
+        sql(pg_server.admin_dsn, f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_commands_on_unmigrated_database_say_migrate(pg_server: Any) -> None:
+    result = cli("jobs", "list", dsn=pg_server.admin_dsn)
+    one_line_error(result, code=1, contains="coordinator migrate")
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def test_define_list_show(database: str) -> None:
+    r = cli(
+        "jobs",
+        "define",
+        "backup",
+        "--cron",
+        "0  3 * * *",
+        "--timezone",
+        "Europe/Berlin",
+        "--timeout",
+        "90s",
+        "--priority",
+        "interactive",
+        "--idempotent",
+        "--param",
+        "region=eu",
+        "--param",
+        "n=3",
+        "--",
+        "/usr/bin/backup",
+        "--full",
+        "--",
+        "x",
+        dsn=database,
+    )
+    assert r.code == 0, r
+    assert r.out.startswith("defined default/backup (job ")
+    r = cli(
+        "jobs",
+        "define",
+        "reindex",
+        "-n",
+        "search",
+        "--every",
+        "1h30m",
+        "--worker",
+        "idx",
+        dsn=database,
+    )
+    assert r.code == 0, r
+
+    listing = cli("jobs", "list", dsn=database)
+    assert listing.code == 0
+    header, *rows = listing.out.splitlines()
+    assert header.split() == [
+        "NAMESPACE",
+        "NAME",
+        "SCHEDULE",
+        "TARGET",
+        "NEXT",
+        "RUN",
+        "LAST",
+        "STATE",
+    ]
+    assert len(rows) == 2
+    assert rows[0].split()[:2] == ["default", "backup"]
+    assert "cron 0 3 * * * (Europe/Berlin)" in rows[0]
+    assert "/usr/bin/backup --full -- x" in rows[0]
+    # Columns are aligned: every row starts its NAME column at the same offset.
+    assert {row.index(name) for row, name in zip(rows, ["backup", "reindex"], strict=True)} == {
+        header.index(" NAME ") + 1
+    }
+
+    data = cli("jobs", "list", "--json", dsn=database).json
+    assert [j["name"] for j in data] == ["backup", "reindex"]
+    assert all(set(j) >= JOB_KEYS for j in data)
+    backup, reindex = data
+    assert backup["schedule"] == "0 3 * * *"
+    assert backup["timeout"] == 90.0
+    assert backup["params"] == {"region": "eu", "n": 3}
+    assert backup["target"] == {"kind": "exec", "argv": ["/usr/bin/backup", "--full", "--", "x"]}
+    assert backup["last_status"] is None
+    assert reindex["schedule_kind"] == "interval"
+    assert reindex["target"] == {"kind": "worker", "type": "idx"}
+
+    assert [
+        j["name"] for j in cli("jobs", "list", "-n", "search", "--json", dsn=database).json
+    ] == ["reindex"]
+
+    show = cli("jobs", "show", "backup", dsn=database)
+    assert show.code == 0
+    assert "job:" in show.out
+    assert "default/backup" in show.out
+    assert "timeout:" in show.out
+    assert "1m30s" in show.out
+    shown = cli("jobs", "show", "reindex", "--namespace", "search", "--json", dsn=database).json
+    assert shown["name"] == "reindex"
+    assert shown["schedule"] == "1h30m"
+
+
+def test_define_at_and_manual_and_env(database: str) -> None:
+    r = cli(
+        "jobs", "define", "once", "--at", "2030-01-01T10:00:00+02:00", "--", "true", dsn=database
+    )
+    assert r.code == 0, r
+    r = cli(
+        "jobs",
+        "define",
+        "m",
+        "--manual",
+        "--paused",
+        "--env",
+        "A=1",
+        "--cwd",
+        "/tmp",
+        "--",
+        "env",
+        dsn=database,
+    )
+    assert r.code == 0, r
+    once = cli("jobs", "show", "once", "--json", dsn=database).json
+    assert once["schedule"] == "2030-01-01T08:00:00+00:00"
+    assert once["next_run_at"] == "2030-01-01T08:00:00+00:00"
+    manual = cli("jobs", "show", "m", "--json", dsn=database).json
+    assert manual["paused"] is True
+    assert manual["target"] == {"kind": "exec", "argv": ["env"], "env": {"A": "1"}, "cwd": "/tmp"}
+
+
+def test_trigger_prints_run_id_and_is_idempotent(database: str) -> None:
+    cli("jobs", "define", "m", "--manual", "--", "true", dsn=database)
+    first = cli("jobs", "trigger", "m", "--force", "--arg", 'day="2026-01-01"', dsn=database)
+    assert first.code == 0, first
+    run_id = int(first.out)
+    assert first.err == ""
+    second = cli("jobs", "trigger", "m", dsn=database)
+    assert int(second.out) == run_id
+    assert "already has run" in second.err
+    run = cli("runs", "show", str(run_id), "--json", dsn=database).json
+    assert run["args"] == {"force": True, "day": "2026-01-01"}
+    assert run["status"] == "queued"
+    assert run["trigger"] == "manual"
+    assert cli("jobs", "show", "m", "--json", dsn=database).json["last_status"] == "queued"
+
+
+def test_trigger_json(database: str) -> None:
+    cli("jobs", "define", "m", "--manual", "--", "true", dsn=database)
+    run = cli("jobs", "trigger", "m", "--json", dsn=database).json
+    assert set(run) >= RUN_KEYS
+    assert run["job"] == "m"
+    assert run["status"] == "queued"
+
+
+def test_trigger_paused_job_notes_queued(database: str) -> None:
+    cli("jobs", "define", "p", "--manual", "--paused", "--worker", "w", dsn=database)
+    r = cli("jobs", "trigger", "p", dsn=database)
+    assert r.code == 0
+    assert "paused" in r.err
+    assert "stays queued" in r.err
+
+
+def _wait_then_settle(database: str, status: str, *extra: str) -> tuple[Result, int]:
+    cli("jobs", "define", "w", "--manual", "--", "true", dsn=database)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            RUN_MAIN,
+            "--dsn",
+            database,
+            "jobs",
+            "trigger",
+            "w",
+            "--wait",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(None),
+    )
+    assert proc.stdout is not None
+    run_id = int(proc.stdout.readline())
+    sql(
+        database,
+        "UPDATE coordinator.runs SET status = $2, started_at = now(), finished_at = now(), "
+        "error_cause = CASE WHEN $2 = 'failed' THEN 'handler' END, "
+        "error_message = CASE WHEN $2 = 'failed' THEN 'boom' END WHERE id = $1",
+        run_id,
+        status,
+    )
+    out, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err
+    return Result(proc.returncode, out, err), run_id
+
+
+def test_trigger_wait_succeeded(database: str) -> None:
+    result, _ = _wait_then_settle(database, "succeeded")
+    assert (result.code, result.out, result.err) == (0, "succeeded\n", "")
+
+
+def test_trigger_wait_failed_exits_1(database: str) -> None:
+    result, run_id = _wait_then_settle(database, "failed", "--wait-timeout", "30s")
+    assert (result.code, result.out) == (1, "failed\n")
+    assert result.err == f"coordinator: run {run_id} failed (handler): boom\n"
+
+
+def test_trigger_wait_timeout(database: str) -> None:
+    cli("jobs", "define", "w", "--manual", "--", "true", dsn=database)
+    r = cli("jobs", "trigger", "w", "--wait-timeout", "300ms", dsn=database)
+    assert r.code == 1
+    run_id = int(r.out)
+    assert r.err_lines == [f"coordinator: run {run_id} is still queued after 300ms"]
+
+
+def test_pause_resume_remove(database: str) -> None:
+    cli("jobs", "define", "c", "--every", "5m", "--", "true", dsn=database)
+    r = cli("jobs", "pause", "c", dsn=database)
+    assert (r.code, r.out) == (0, "paused default/c\n")
+    assert cli("jobs", "show", "c", "--json", dsn=database).json["paused"] is True
+    assert "paused" in cli("jobs", "list", dsn=database).out
+    r = cli("jobs", "resume", "c", dsn=database)
+    assert (r.code, r.out) == (0, "resumed default/c\n")
+    assert cli("jobs", "show", "c", "--json", dsn=database).json["paused"] is False
+    r = cli("jobs", "remove", "c", dsn=database)
+    assert (r.code, r.out) == (0, "removed default/c\n")
+    assert cli("jobs", "list", "--json", dsn=database).json == []
+    assert cli("jobs", "list", dsn=database).out == "no jobs\n"
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_runs_list_show_resolve(database: str) -> None:
+    cli("jobs", "define", "a", "--manual", "--", "true", dsn=database)
+    cli("jobs", "define", "b", "-n", "other", "--manual", "--worker", "t", dsn=database)
+    job_a = sql(database, "SELECT id FROM coordinator.jobs WHERE name = 'a'")[0]["id"]
+    done = sql(
+        database,
+        "INSERT INTO coordinator.runs (job_id, trigger, status, started_at, finished_at, count, "
+        "extra) VALUES ($1, 'schedule', 'succeeded', now(), now(), 7, '{\"files\": 2}') "
+        "RETURNING id",
+        job_a,
+    )[0]["id"]
+    lost = sql(
+        database,
+        "INSERT INTO coordinator.runs (job_id, trigger, status, error_cause) "
+        "VALUES ($1, 'schedule', 'unresolved', 'lost') RETURNING id",
+        job_a,
+    )[0]["id"]
+    other = int(cli("jobs", "trigger", "b", "-n", "other", dsn=database).out)
+
+    runs = cli("runs", "list", "--json", dsn=database).json
+    assert [r["id"] for r in runs] == [other, lost, done]
+    assert all(set(r) >= RUN_KEYS for r in runs)
+    assert runs[2]["count"] == 7
+    assert runs[2]["extra"] == {"files": 2}
+    assert [r["id"] for r in cli("runs", "list", "--job", "a", "--json", dsn=database).json] == [
+        lost,
+        done,
+    ]
+    by_status = cli("runs", "list", "--status", "unresolved", "--json", dsn=database).json
+    assert [r["id"] for r in by_status] == [lost]
+    assert [r["id"] for r in cli("runs", "list", "-n", "other", "--json", dsn=database).json] == [
+        other
+    ]
+    assert len(cli("runs", "list", "--limit", "1", "--json", dsn=database).json) == 1
+
+    table = cli("runs", "list", dsn=database)
+    header, *rows = table.out.splitlines()
+    assert header.split()[:4] == ["ID", "JOB", "TRIGGER", "STATUS"]
+    assert len(rows) == 3
+    assert "other/b" in rows[0]
+
+    shown = cli("runs", "show", str(lost), dsn=database)
+    assert "status:" in shown.out
+    assert "unresolved" in shown.out
+
+    job = cli("jobs", "show", "a", "--json", dsn=database).json
+    assert (job["last_status"], job["blocked_by"]) == ("unresolved", lost)
+    assert f"blocked by run {lost}" in cli("jobs", "list", dsn=database).out
+
+    r = cli("runs", "resolve", str(lost), "--as", "retry", dsn=database)
+    assert r.code == 0, r
+    retry_id = int(r.out.rsplit(" ", 1)[1])
+    retry = cli("runs", "show", str(retry_id), "--json", dsn=database).json
+    assert (retry["trigger"], retry["status"], retry["attempt"]) == ("retry", "queued", 2)
+
+    again = cli("runs", "resolve", str(lost), "--as", "failed", dsn=database)
+    one_line_error(again, code=2, contains="only unresolved runs can be resolved")
+
+
+def test_runs_empty(database: str) -> None:
+    assert cli("runs", "list", dsn=database).out == "no runs\n"
+    assert cli("runs", "list", "--json", dsn=database).json == []
+
+
+# --------------------------------------------------------------------------- sync
+
+
+def _manifest(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "jobs.toml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_sync_applies_and_reports(database: str, tmp_path: Path) -> None:
+    cli("jobs", "define", "old", "-n", "svc", "--manual", "--", "true", dsn=database)
+    path = _manifest(
+        tmp_path,
+        """
+        namespace = "svc"
+
+        [[jobs]]
+        name = "nightly"
+        cron = "0 2 * * *"
+        command = ["nightly.sh"]
+
+        [[jobs]]
+        name = "broken"
+        cron = "0 25 * * *"
+        worker = "w"
+        """,
+    )
+    r = cli("sync", path, dsn=database)
+    assert r.code == 0, r
+    lines = r.out.splitlines()
+    assert lines[0] == "synced namespace svc: 2 created, 0 updated, 1 paused"
+    assert lines[1].startswith("1 problem")
+    assert lines[2].startswith("  broken: cron: ")
+    jobs = {j["name"]: j for j in cli("jobs", "list", "-n", "svc", "--json", dsn=database).json}
+    assert jobs["old"]["paused"] is True
+    assert jobs["nightly"]["invalid_reason"] is None
+    assert jobs["broken"]["invalid_reason"].startswith("cron: ")
+
+    again = cli("sync", path, "--json", dsn=database).json
+    assert again["created"] == 0
+    assert again["updated"] == 2
+    assert again["paused"] == 0
+    assert again["applied"] is True
+    assert again["invalid"] == ["broken"]
+    assert again["problems"][0]["job"] == "broken"
+    assert again["problems"][0]["field"] == "cron"
+
+
+def test_sync_strict_applies_nothing(database: str, tmp_path: Path) -> None:
+    cli("jobs", "define", "old", "-n", "svc", "--manual", "--", "true", dsn=database)
+    path = _manifest(
+        tmp_path,
+        """
+        namespace = "svc"
+        [[jobs]]
+        name = "good"
+        every = "5m"
+        worker = "w"
+        [[jobs]]
+        name = "bad"
+        every = "5m"
+        worker = "w"
+        command = ["x"]
+        """,
+    )
+    r = cli("sync", path, "--strict", dsn=database)
+    assert r.code == 2
+    assert r.err_lines[0].startswith("bad: command: ")
+    assert r.err_lines[-1] == f"coordinator: {path}: 1 problem in the manifest; nothing applied"
+    assert [j["name"] for j in cli("jobs", "list", "--json", dsn=database).json] == ["old"]
+    assert cli("jobs", "show", "old", "-n", "svc", "--json", dsn=database).json["paused"] is False
+
+
+def test_sync_empty_manifest_pauses_all(database: str, tmp_path: Path) -> None:
+    cli("jobs", "define", "a", "-n", "svc", "--manual", "--", "true", dsn=database)
+    cli("jobs", "define", "b", "-n", "svc", "--manual", "--", "true", dsn=database)
+    r = cli("sync", _manifest(tmp_path, 'namespace = "svc"\njobs = []\n'), dsn=database)
+    assert r.out == "synced namespace svc: 0 created, 0 updated, 2 paused\n"
+    assert all(j["paused"] for j in cli("jobs", "list", "--json", dsn=database).json)
+
+
+def test_sync_toml_syntax_error_names_file_and_line(database: str, tmp_path: Path) -> None:
+    path = _manifest(tmp_path, 'namespace = "svc"\n[[jobs]\nname = "x"\n')
+    one_line_error(cli("sync", path, dsn=database), code=2, contains=f"{path}:2:")
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("jobs", "show", "nope"), "unknown job default/nope"),
+        (("jobs", "trigger", "nope"), "unknown job default/nope"),
+        (("jobs", "pause", "nope", "-n", "svc"), "unknown job svc/nope"),
+        (("jobs", "resume", "nope"), "unknown job default/nope"),
+        (("jobs", "remove", "nope"), "unknown job default/nope"),
+        (("runs", "list", "--job", "nope"), "unknown job default/nope"),
+        (("runs", "show", "999"), "unknown run 999"),
+        (("runs", "resolve", "999", "--as", "failed"), "unknown run 999"),
+        (("jobs", "define", "x", "--cron", "0 25 * * *", "--", "true"), "--cron: hour"),
+        (("jobs", "define", "x", "--cron", "* * *", "--", "true"), "--cron:"),
+        (("jobs", "define", "x", "--every", "5 parsecs", "--", "true"), "--every:"),
+        (("jobs", "define", "x", "--manual", "--timeout", "-3s", "--", "true"), "--timeout:"),
+        (("jobs", "trigger", "x", "--wait-timeout", "soon"), "--wait-timeout:"),
+        (
+            ("jobs", "define", "x", "--cron", "@daily", "--timezone", "Mars/Base", "--", "true"),
+            "--timezone:",
+        ),
+        (
+            ("jobs", "define", "x", "--every", "5m", "--timezone", "UTC", "--", "true"),
+            "--timezone:",
+        ),
+        (("jobs", "define", "x", "--at", "2030-01-01T00:00:00", "--", "true"), "--at:"),
+        (("jobs", "define", "x", "--manual"), "command:"),
+        (("jobs", "define", "x", "--manual", "--worker", "w", "--", "true"), "--worker:"),
+        (("jobs", "define", "x", "--manual", "--param", "novalue", "--", "true"), "--param:"),
+        (("jobs", "define", "x", "--", "true"), "--cron --every --at --manual"),
+        (("jobs", "define", "x", "--manual", "--priority", "urgent", "--", "true"), "--priority"),
+        (("runs", "show", "abc"), "ID"),
+        (("runs", "list", "--status", "weird"), "--status"),
+        (("runs", "list", "--limit", "0"), "--limit"),
+        (("runs", "resolve", "1"), "--as"),
+        (("jobs",), "ACTION"),
+        (("frobnicate",), "COMMAND"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(database: str, args: tuple[str, ...], field: str) -> None:
+    one_line_error(cli(*args, dsn=database), code=2, contains=field)
+
+
+def test_missing_dsn(database: str) -> None:
+    result = cli("jobs", "list")
+    one_line_error(result, code=2, contains="--dsn")
+    assert result.err == "coordinator: no database: pass --dsn or set COORDINATOR_DSN\n"
+
+
+def test_dsn_from_environment_and_after_the_command(database: str) -> None:
+    assert cli("jobs", "list", env_dsn=database).code == 0
+    assert cli("jobs", "list", "--dsn", database).code == 0
+
+
+def test_unreachable_database_exits_1() -> None:
+    result = cli("jobs", "list", dsn=UNREACHABLE)
+    one_line_error(result, code=1, contains="cannot connect to PostgreSQL")
+    assert result.out == ""
+
+
+@pytest.mark.parametrize(
+    "dsn", ["nonsense://", "postgresql://a@127.0.0.1:99999/x", "postgresql://a@h/x?sslmode=no"]
+)
+def test_malformed_dsn_exits_2(dsn: str) -> None:
+    one_line_error(cli("jobs", "list", dsn=dsn), code=2, contains="--dsn: ")
+
+
+def test_help_exits_0() -> None:
+    result = cli("--help")
+    assert result.code == 0
+    for command in ("migrate", "jobs", "runs", "sync"):
+        assert command in result.out
+    assert cli("jobs", "define", "--help").code == 0
+
+
+def test_console_script_runs() -> None:
+    script = Path(sys.executable).parent / "coordinator"
+    if not script.exists():
+        pytest.skip("the console script is not installed (pip install -e .)")
+    proc = subprocess.run(
+        [str(script), "jobs", "list"], capture_output=True, text=True, env=_env(None), timeout=60
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == "coordinator: no database: pass --dsn or set COORDINATOR_DSN\n"

@@ -1,0 +1,496 @@
+"""The Python client against a real PostgreSQL (asyncio coroutines, called from trio)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+import trio
+
+from coordinator import client
+from coordinator.db import aio, transaction
+from coordinator.errors import (
+    Conflict,
+    DatabaseError,
+    DatabaseUnavailable,
+    InvalidInput,
+    InvalidSchedule,
+    JobNotFound,
+    RunNotFound,
+)
+from coordinator.manifest import ManifestRejected, parse
+from coordinator.model import Schedule, Target
+
+CMD = Target(kind="exec", argv=("true",))
+WORKER = Target(kind="worker", worker_type="t")
+MANUAL = Schedule(kind="manual")
+
+
+async def _define(conn: asyncpg.Connection, name: str, **kw: Any) -> int:
+    kw.setdefault("schedule", MANUAL)
+    kw.setdefault("target", CMD)
+    return await aio(client.define_job)(conn, name=name, **kw)
+
+
+async def _insert_run(conn: asyncpg.Connection, job_id: int, status: str, **cols: Any) -> int:
+    names = ", ".join(["job_id", "trigger", "status", *cols])
+    values = ", ".join(f"${i + 1}" for i in range(3 + len(cols)))
+    return await aio(conn.fetchval)(
+        f"INSERT INTO coordinator.runs ({names}) VALUES ({values}) RETURNING id",
+        job_id,
+        "schedule",
+        status,
+        *cols.values(),
+    )
+
+
+# --------------------------------------------------------------------------- define
+
+
+async def test_define_and_show(conn: asyncpg.Connection) -> None:
+    job_id = await _define(
+        conn,
+        "backup",
+        schedule=Schedule(kind="cron", expression=" 0  3 * * * ", timezone="Europe/Berlin"),
+        target=Target(kind="exec", argv=("backup.sh", "--full"), env={"A": "1"}, cwd="/srv"),
+        namespace="ops",
+        params={"keep": 7},
+        timeout=timedelta(minutes=15),
+        priority="interactive",
+        idempotent=True,
+    )
+    job = await aio(client.get_job)(conn, "backup", namespace="ops")
+    assert job.id == job_id
+    assert job.key == "ops/backup"
+    assert (job.schedule_kind, job.schedule, job.timezone) == ("cron", "0 3 * * *", "Europe/Berlin")
+    assert job.target == {
+        "kind": "exec",
+        "argv": ["backup.sh", "--full"],
+        "env": {"A": "1"},
+        "cwd": "/srv",
+    }
+    assert job.params == {"keep": 7}
+    assert job.timeout == timedelta(minutes=15)
+    assert (job.priority, job.idempotent, job.paused) == ("interactive", True, False)
+    assert job.invalid_reason is None
+    assert job.last_status is None
+    assert job.blocked_by is None
+    assert job.state == "active"
+
+    data = job.to_json()
+    assert data["timeout"] == 900.0
+    assert data["created_at"] == job.created_at.isoformat()
+    json.dumps(data)
+
+
+async def test_define_normalises_interval_and_instant(conn: asyncpg.Connection) -> None:
+    await _define(conn, "i", schedule=Schedule(kind="interval", expression="90s"))
+    await _define(conn, "o", schedule=Schedule(kind="once", expression="2030-01-01T01:00:00+01:00"))
+    jobs = {j.name: j for j in await aio(client.list_jobs)(conn)}
+    assert jobs["i"].schedule == "1m30s"
+    assert jobs["o"].schedule == "2030-01-01T00:00:00+00:00"
+    assert jobs["o"].next_run_at is not None
+    assert jobs["o"].next_run_at.isoformat() == "2030-01-01T00:00:00+00:00"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "field"),
+    [
+        (Schedule(kind="cron", expression="0 25 * * *"), "cron"),
+        (Schedule(kind="cron", expression="@daily", timezone="Mars/Base"), "timezone"),
+        (Schedule(kind="interval", expression="5 parsecs"), "every"),
+        (Schedule(kind="once", expression="2030-01-01"), "at"),
+    ],
+)
+async def test_define_rejects_invalid_schedule(
+    conn: asyncpg.Connection, schedule: Schedule, field: str
+) -> None:
+    with pytest.raises(InvalidSchedule) as caught:
+        await _define(conn, "bad", schedule=schedule)
+    assert caught.value.field == field
+    assert await aio(client.list_jobs)(conn) == []
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"name": ""}, "name"),
+        ({"priority": "urgent"}, "priority"),
+        ({"timeout": timedelta(0)}, "timeout"),
+        ({"params": {"when": object()}}, "params"),
+        ({"target": Target(kind="exec")}, "target"),
+        ({"target": Target(kind="worker")}, "target"),
+    ],
+)
+async def test_define_rejects_invalid_fields(
+    conn: asyncpg.Connection, kw: dict[str, Any], field: str
+) -> None:
+    name = kw.pop("name", "j")
+    with pytest.raises(InvalidInput) as caught:
+        await _define(conn, name, **kw)
+    assert caught.value.field == field
+
+
+async def test_define_with_invalid_reason_stores_inert(conn: asyncpg.Connection) -> None:
+    await _define(
+        conn,
+        "inert",
+        schedule=Schedule(kind="cron", expression="not cron"),
+        invalid_reason="cron: not cron",
+    )
+    job = await aio(client.get_job)(conn, "inert")
+    assert (job.schedule, job.invalid_reason, job.state) == (
+        "not cron",
+        "cron: not cron",
+        "invalid",
+    )
+
+
+async def test_redefine_replaces_and_bumps_version(conn: asyncpg.Connection) -> None:
+    first = await _define(conn, "c", schedule=Schedule(kind="cron", expression="0 * * * *"))
+    await _define(conn, "c", schedule=Schedule(kind="cron", expression="0 * * * *"), paused=True)
+    job = await aio(client.get_job)(conn, "c")
+    assert (job.id, job.schedule_version, job.paused) == (first, 1, True)
+    await _define(conn, "c", schedule=Schedule(kind="cron", expression="*/5 * * * *"))
+    job = await aio(client.get_job)(conn, "c")
+    assert (job.schedule_version, job.paused) == (2, False)
+
+
+async def test_define_in_rolled_back_transaction_leaves_nothing(conn: asyncpg.Connection) -> None:
+
+    async def changes_its_mind() -> None:
+        async with transaction(conn):
+            await _define(conn, "gone")
+            raise RuntimeError("the application changed its mind")
+
+    with pytest.raises(RuntimeError):
+        await changes_its_mind()
+    assert await aio(client.list_jobs)(conn) == []
+
+
+async def test_works_with_an_application_jsonb_codec(conn: asyncpg.Connection) -> None:
+    await aio(conn.set_type_codec)(
+        "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+    )
+    await _define(conn, "codec", params={"a": [1, 2]})
+    run_id = await aio(client.trigger)(conn, "codec", args={"force": True})
+    assert (await aio(client.get_job)(conn, "codec")).params == {"a": [1, 2]}
+    assert (await aio(client.get_run)(conn, run_id)).args == {"force": True}
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+async def test_trigger_pause_resume_remove(conn: asyncpg.Connection) -> None:
+    await _define(conn, "m")
+    run_id = await aio(client.trigger)(conn, "m", args={"force": True})
+    assert await aio(client.trigger)(conn, "m") == run_id
+    job = await aio(client.get_job)(conn, "m")
+    assert (job.last_run, job.last_status, job.outstanding_run) == (run_id, "queued", run_id)
+    assert job.blocked_by is None
+
+    await aio(client.pause)(conn, "m")
+    assert (await aio(client.get_job)(conn, "m")).paused is True
+    await aio(client.pause)(conn, "m")  # already paused: a no-op
+    await aio(client.resume)(conn, "m")
+    assert (await aio(client.get_job)(conn, "m")).paused is False
+
+    await aio(client.remove)(conn, "m")
+    assert await aio(client.list_jobs)(conn) == []
+    with pytest.raises(RunNotFound):
+        await aio(client.get_run)(conn, run_id)
+
+
+@pytest.mark.parametrize("action", ["trigger", "pause", "resume", "remove", "get_job"])
+async def test_unknown_job(conn: asyncpg.Connection, action: str) -> None:
+    with pytest.raises(JobNotFound) as caught:
+        await aio(getattr(client, action))(conn, "nope", namespace="svc")
+    assert (caught.value.namespace, caught.value.name) == ("svc", "nope")
+    assert str(caught.value) == "unknown job svc/nope"
+
+
+async def test_trigger_args_must_be_an_object(conn: asyncpg.Connection) -> None:
+    await _define(conn, "m")
+    with pytest.raises(InvalidInput) as caught:
+        await aio(client.trigger)(conn, "m", args=[1])  # type: ignore[arg-type]
+    assert caught.value.field == "args"
+
+
+# --------------------------------------------------------------------------- runs
+
+
+async def test_list_jobs_shows_last_status_and_blocker(conn: asyncpg.Connection) -> None:
+    a = await _define(conn, "a")
+    await _define(conn, "b", namespace="other", target=WORKER)
+    await _insert_run(conn, a, "succeeded")
+    lost = await _insert_run(conn, a, "unresolved")
+    jobs = await aio(client.list_jobs)(conn)
+    assert [j.key for j in jobs] == ["default/a", "other/b"]
+    assert (jobs[0].last_status, jobs[0].blocked_by, jobs[0].state) == (
+        "unresolved",
+        lost,
+        f"blocked by run {lost}",
+    )
+    assert (jobs[1].last_status, jobs[1].blocked_by) == (None, None)
+    assert [j.name for j in await aio(client.list_jobs)(conn, namespace="other")] == ["b"]
+    assert await aio(client.list_jobs)(conn, namespace="none") == []
+
+
+async def test_list_and_get_runs(conn: asyncpg.Connection) -> None:
+    a = await _define(conn, "a")
+    b = await _define(conn, "b", namespace="other")
+    done = await _insert_run(conn, a, "succeeded", count=3, extra='{"files": 1}')
+    failed = await _insert_run(conn, a, "failed", error_cause="handler", error_message="boom")
+    queued = await aio(client.trigger)(conn, "b", namespace="other")
+
+    runs = await aio(client.list_runs)(conn)
+    assert [r.id for r in runs] == [queued, failed, done]
+    assert [r.id for r in await aio(client.list_runs)(conn, job="a")] == [failed, done]
+    assert [r.id for r in await aio(client.list_runs)(conn, namespace="other")] == [queued]
+    assert [r.id for r in await aio(client.list_runs)(conn, status="failed")] == [failed]
+    assert [r.id for r in await aio(client.list_runs)(conn, limit=1)] == [queued]
+    assert [r.id for r in await aio(client.list_runs)(conn, job="b", namespace="other")] == [queued]
+    assert await aio(client.list_runs)(conn, job="a", status="queued") == []
+    with pytest.raises(JobNotFound, match="default/b"):  # b lives in "other"
+        await aio(client.list_runs)(conn, job="b")
+    with pytest.raises(InvalidInput, match="status"):
+        await aio(client.list_runs)(conn, status="weird")
+    with pytest.raises(InvalidInput, match="limit"):
+        await aio(client.list_runs)(conn, limit=0)
+
+    run = await aio(client.get_run)(conn, done)
+    assert (run.job_id, run.job_key, run.status, run.count, run.extra) == (
+        a,
+        "default/a",
+        "succeeded",
+        3,
+        {"files": 1},
+    )
+    other = await aio(client.get_run)(conn, queued)
+    assert (other.job_id, other.trigger, other.args, other.outstanding) == (b, "manual", {}, True)
+    data = run.to_json()
+    assert {
+        "id",
+        "job",
+        "namespace",
+        "status",
+        "trigger",
+        "scheduled_for",
+        "started_at",
+        "finished_at",
+        "count",
+        "extra",
+        "error_cause",
+        "error_message",
+    } <= set(data)
+    json.dumps(data)
+    with pytest.raises(RunNotFound, match="unknown run 999"):
+        await aio(client.get_run)(conn, 999)
+
+
+async def test_resolve(conn: asyncpg.Connection) -> None:
+    a = await _define(conn, "a")
+    lost = await _insert_run(conn, a, "unresolved", error_cause="lost")
+    retry = await aio(client.resolve)(conn, lost, "retry")
+    assert retry != lost
+    assert (await aio(client.get_run)(conn, lost)).status == "failed"
+    new = await aio(client.get_run)(conn, retry)
+    assert (new.trigger, new.status, new.attempt) == ("retry", "queued", 2)
+
+    with pytest.raises(Conflict, match="only unresolved runs"):
+        await aio(client.resolve)(conn, retry, "failed")
+    with pytest.raises(RunNotFound):
+        await aio(client.resolve)(conn, 999, "failed")
+    with pytest.raises(InvalidInput, match="outcome"):
+        await aio(client.resolve)(conn, lost, "maybe")
+
+    await aio(conn.execute)(
+        "UPDATE coordinator.runs SET status = 'unresolved' WHERE id = $1", retry
+    )
+    assert await aio(client.resolve)(conn, retry, "succeeded") == retry
+    assert (await aio(client.get_run)(conn, retry)).status == "succeeded"
+
+
+async def test_wait_for_run_returns_terminal_state(conn: asyncpg.Connection, database: str) -> None:
+    await _define(conn, "w")
+    run_id = await aio(client.trigger)(conn, "w")
+    other = await aio(asyncpg.connect)(database)
+    try:
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+
+                async def finish() -> None:
+                    await trio.sleep(0.3)
+                    await aio(other.execute)(
+                        "UPDATE coordinator.runs SET status = 'succeeded' WHERE id = $1", run_id
+                    )
+
+                nursery.start_soon(finish)
+                run = await aio(client.wait_for_run)(conn, run_id, poll=(0.01, 0.05))
+    finally:
+        await aio(other.close)()
+    assert run.status == "succeeded"
+
+
+async def test_wait_for_run_gives_up(conn: asyncpg.Connection) -> None:
+    await _define(conn, "w")
+    run_id = await aio(client.trigger)(conn, "w")
+    with trio.fail_after(20), pytest.raises(client.WaitTimeout) as caught:
+        await aio(client.wait_for_run)(conn, run_id, max_wait=0.2)
+    assert caught.value.run.status == "queued"
+    assert str(caught.value) == f"run {run_id} is still queued after 200ms"
+
+
+async def test_wait_for_run_stops_at_unresolved(conn: asyncpg.Connection) -> None:
+    a = await _define(conn, "a")
+    lost = await _insert_run(conn, a, "unresolved")
+    with trio.fail_after(20):
+        assert (await aio(client.wait_for_run)(conn, lost)).status == "unresolved"
+
+
+# --------------------------------------------------------------------------- sync
+
+MANIFEST = """
+namespace = "svc"
+
+[[jobs]]
+name = "nightly"
+cron = "0 2 * * *"
+timeout = "1h"
+command = ["nightly.sh"]
+
+[[jobs]]
+name = "reindex"
+every = "6h"
+worker = "search"
+"""
+
+
+async def _jobs(conn: asyncpg.Connection, namespace: str = "svc") -> dict[str, client.JobView]:
+    return {j.name: j for j in await aio(client.list_jobs)(conn, namespace=namespace)}
+
+
+async def test_sync_creates_updates_and_pauses_missing(conn: asyncpg.Connection) -> None:
+    await _define(conn, "old", namespace="svc")
+    await _define(conn, "elsewhere", namespace="keep")
+    result = await aio(client.sync_manifest)(conn, parse(MANIFEST))
+    assert result == client.SyncResult(namespace="svc", created=2, updated=0, paused=1)
+    jobs = await _jobs(conn)
+    assert jobs["old"].paused is True
+    assert jobs["nightly"].timeout == timedelta(hours=1)
+    assert jobs["reindex"].target == {"kind": "worker", "type": "search"}
+    assert (await aio(client.get_job)(conn, "elsewhere", namespace="keep")).paused is False
+
+    changed = MANIFEST.replace('every = "6h"', 'every = "30m"')
+    result = await aio(client.sync_manifest)(conn, parse(changed))
+    assert (result.created, result.updated, result.paused) == (0, 2, 0)
+    jobs = await _jobs(conn)
+    assert (jobs["reindex"].schedule, jobs["reindex"].schedule_version) == ("30m", 2)
+    assert jobs["nightly"].schedule_version == 1
+
+
+async def test_sync_empty_manifest_pauses_everything(conn: asyncpg.Connection) -> None:
+    await aio(client.sync_manifest)(conn, parse(MANIFEST))
+    result = await aio(client.sync_manifest)(conn, parse('namespace = "svc"\njobs = []\n'))
+    assert (result.created, result.updated, result.paused) == (0, 0, 2)
+    assert all(j.paused for j in (await _jobs(conn)).values())
+    # History is kept: the jobs are still there.
+    assert set(await _jobs(conn)) == {"nightly", "reindex"}
+
+
+BROKEN = (
+    MANIFEST
+    + """
+[[jobs]]
+name = "bad-cron"
+cron = "0 25 * * *"
+worker = "w"
+
+[[jobs]]
+name = "both"
+manual = true
+worker = "w"
+command = ["x"]
+
+[[jobs]]
+name = "no-target"
+every = "5m"
+"""
+)
+
+
+async def test_sync_stores_invalid_entries_inert(conn: asyncpg.Connection) -> None:
+    manifest = parse(BROKEN)
+    assert [(p.job, p.field) for p in manifest.problems] == [
+        ("bad-cron", "cron"),
+        ("both", "command"),
+        ("no-target", "command"),
+    ]
+    result = await aio(client.sync_manifest)(conn, manifest)
+    assert (result.created, result.updated, result.paused) == (5, 0, 0)
+    jobs = await _jobs(conn)
+    assert jobs["nightly"].invalid_reason is None
+    assert jobs["bad-cron"].invalid_reason is not None
+    assert jobs["bad-cron"].invalid_reason.startswith("cron: hour field '25'")
+    assert jobs["bad-cron"].schedule == "0 25 * * *"
+    assert jobs["both"].invalid_reason is not None
+    assert jobs["no-target"].invalid_reason is not None
+
+
+async def test_sync_strict_applies_nothing(conn: asyncpg.Connection) -> None:
+    await _define(conn, "old", namespace="svc")
+    with pytest.raises(ManifestRejected) as caught:
+        await aio(client.sync_manifest)(conn, parse(BROKEN, source="m.toml"), strict=True)
+    assert str(caught.value) == "m.toml: 3 problems in the manifest; nothing applied"
+    jobs = await _jobs(conn)
+    assert list(jobs) == ["old"]
+    assert jobs["old"].paused is False
+    # A clean manifest applies under strict too.
+    result = await aio(client.sync_manifest)(conn, parse(MANIFEST), strict=True)
+    assert result.created == 2
+
+
+async def test_sync_entries_directly(conn: asyncpg.Connection) -> None:
+    entry = client.job_entry(
+        name="x", schedule=Schedule(kind="interval", expression="90s"), target=WORKER
+    )
+    assert entry["schedule"] == "1m30s"
+    result = await aio(client.sync)(conn, "apps", [entry])
+    assert result.created == 1
+    with pytest.raises(InvalidInput, match="listed twice"):
+        await aio(client.sync)(conn, "apps", [entry, entry])
+    with pytest.raises(InvalidInput, match="namespace"):
+        await aio(client.sync)(conn, "", [entry])
+
+
+async def test_sync_in_rolled_back_transaction_changes_nothing(conn: asyncpg.Connection) -> None:
+    await _define(conn, "old", namespace="svc")
+    tx = conn.transaction()
+    await aio(tx.start)()
+    await aio(client.sync_manifest)(conn, parse(MANIFEST))
+    await aio(tx.rollback)()
+    jobs = await _jobs(conn)
+    assert list(jobs) == ["old"]
+    assert jobs["old"].paused is False
+
+
+# --------------------------------------------------------------------------- errors
+
+
+async def test_closed_connection_is_database_unavailable(database: str, aio_loop: Any) -> None:
+    c = await aio(asyncpg.connect)(database)
+    await aio(c.close)()
+    with pytest.raises(DatabaseUnavailable):
+        await aio(client.list_jobs)(c)
+
+
+async def test_missing_schema_says_migrate(pg_server: Any, aio_loop: Any) -> None:
+    c = await aio(asyncpg.connect)(pg_server.admin_dsn)
+    try:
+        with pytest.raises(DatabaseError, match="coordinator migrate"):
+            await aio(client.list_jobs)(c)
+    finally:
+        await aio(c.close)()

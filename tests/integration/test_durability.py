@@ -1,0 +1,216 @@
+"""Durability with real faults: a stopped server, a killed listener, a stop mid-run
+(DESIGN.md §1 promises 6-9)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+import pytest
+import trio
+
+from coordinator.db import aio
+from coordinator.embedded import Cluster, NoServerBinaries, free_port
+from coordinator.migrate import migrate
+from coordinator.spool import Spool
+
+from .conftest import StartDaemon, define
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+@pytest.fixture
+def private_cluster() -> Iterator[Cluster]:
+    """A cluster of this test's own, so the test may stop and start it."""
+    root = Path(tempfile.mkdtemp(prefix="coordinator-fault-"))
+    root.chmod(0o755)
+    try:
+        cluster = Cluster(root=root / "pg", port=free_port(), settings={"fsync": "off"})
+    except NoServerBinaries:
+        pytest.skip("fault tests need PostgreSQL server binaries to stop and start a server")
+    cluster.init()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop("immediate")
+
+
+async def _connect(dsn: str) -> asyncpg.Connection:
+    return await aio(asyncpg.connect)(dsn, server_settings={"application_name": "tests-app"})
+
+
+@pytest.fixture
+async def fault_db(aio_loop: Any, private_cluster: Cluster) -> str:
+    dsn = private_cluster.dsn("postgres")
+    conn = await _connect(dsn)
+    try:
+        await migrate(conn)
+    finally:
+        await aio(conn.close)()
+    return dsn
+
+
+async def _query(dsn: str, sql: str, *args: Any) -> Any:
+    conn = await _connect(dsn)
+    try:
+        return await aio(conn.fetch)(sql, *args)
+    finally:
+        await aio(conn.close)()
+
+
+async def _status(dsn: str, run_id: int) -> str:
+    rows = await _query(dsn, "SELECT status FROM coordinator.runs WHERE id = $1", run_id)
+    return str(rows[0]["status"])
+
+
+async def test_server_stopped_during_a_run_result_saved_after_restart(
+    start_daemon: StartDaemon, private_cluster: Cluster, fault_db: str, tmp_path: Path
+) -> None:
+    count_file, started = tmp_path / "count.txt", tmp_path / "started"
+    conn = await _connect(fault_db)
+    await define(
+        conn,
+        "slow",
+        target={
+            "kind": "exec",
+            "argv": [
+                "sh",
+                "-c",
+                f"touch {started}; sleep 3; echo x >> {count_file}; echo '{{\"count\": 7}}'",
+            ],
+        },
+    )
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'slow')")
+    await aio(conn.close)()
+    harness = await start_daemon(dsn=fault_db, retry_cap=0.5)
+    with trio.fail_after(15):
+        while not started.exists():
+            await trio.sleep(0.05)
+    await trio.to_thread.run_sync(private_cluster.stop, "fast")
+    await harness.wait_event("job.run", run=run_id, timeout=15)
+    await harness.wait_event("settle.retained", run=run_id)
+    assert harness.daemon.state == "degraded"
+    await trio.sleep(1.0)
+    await trio.to_thread.run_sync(private_cluster.start)
+    await harness.wait_event("settle.saved", run=run_id, timeout=30)
+    rows = await _query(
+        fault_db, "SELECT status, count FROM coordinator.runs WHERE id = $1", run_id
+    )
+    assert (rows[0]["status"], rows[0]["count"]) == ("succeeded", 7)
+    assert count_file.read_text().count("x") == 1
+    assert not harness.done.is_set()
+
+
+async def test_stop_while_server_down_spools_then_next_start_replays(
+    start_daemon: StartDaemon, private_cluster: Cluster, fault_db: str, tmp_path: Path
+) -> None:
+    count_file, started = tmp_path / "count.txt", tmp_path / "started"
+    spool_path = tmp_path / "state" / "spool.jsonl"
+    conn = await _connect(fault_db)
+    await define(
+        conn,
+        "slow",
+        target={
+            "kind": "exec",
+            "argv": ["sh", "-c", f"touch {started}; sleep 2; echo x >> {count_file}"],
+        },
+    )
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'slow')")
+    await aio(conn.close)()
+    harness = await start_daemon(dsn=fault_db, spool_path=spool_path, retry_cap=0.5)
+    with trio.fail_after(15):
+        while not started.exists():
+            await trio.sleep(0.05)
+    await trio.to_thread.run_sync(private_cluster.stop, "fast")
+    await harness.wait_event("settle.retained", run=run_id, timeout=15)
+    status = await harness.stop()
+    assert status == 3
+    assert harness.named("settle.spooled", run=run_id)
+    records = Spool(spool_path).read().records
+    assert [r.run_id for r in records] == [run_id]
+    # A torn last write (a crash mid-append) must not stop the replay of the rest.
+    with spool_path.open("a") as f:
+        f.write('{"run_id": 99, "outc')
+
+    await trio.to_thread.run_sync(private_cluster.start)
+    second = await start_daemon(dsn=fault_db, spool_path=spool_path)
+    replayed = second.named("spool.replayed")
+    assert replayed
+    assert replayed[0]["saved"] == 1
+    assert replayed[0]["corrupt"] == 1
+    assert await _status(fault_db, run_id) == "succeeded"
+    assert count_file.read_text().count("x") == 1
+    assert not spool_path.exists()
+    aside = list(spool_path.parent.glob("spool.jsonl.corrupt-*"))
+    assert len(aside) == 1
+    assert "torn write" in aside[0].read_text()
+
+
+async def test_listener_killed_reconnects_and_refreshes(
+    start_daemon: StartDaemon, conn: asyncpg.Connection
+) -> None:
+    harness = await start_daemon(refresh_spacing=0.1)
+    await aio(conn.execute)(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = 'coordinator' AND query LIKE 'LISTEN%'"
+    )
+    await harness.wait_event("listener.lost")
+    # Committed while nobody listens (the listener waits before reconnecting): only the
+    # refresh after reconnecting can see it.
+    job = await define(conn, "missed", schedule_kind="interval", schedule="1h")
+    await harness.wait_event("listener.reconnected", timeout=20)
+    with trio.fail_after(10):
+        while job not in harness.daemon.deadlines:
+            await trio.sleep(0.02)
+    assert not harness.named("wake", payload={"job": job})
+
+
+async def test_manual_trigger_during_stop_stays_queued_and_runs_next_start(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    await define(
+        conn, "slow", target={"kind": "exec", "argv": ["sh", "-c", f"touch {started}; sleep 1.5"]}
+    )
+    await define(conn, "late")
+    harness = await start_daemon()
+    await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'slow')")
+    with trio.fail_after(10):
+        while not started.exists():
+            await trio.sleep(0.02)
+    harness.daemon.request_stop()
+    await harness.wait_event("stopping")
+    late = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'late')")
+    assert await harness.stop() == 0
+    row = await aio(conn.fetchrow)("SELECT status FROM coordinator.runs WHERE id = $1", late)
+    assert row["status"] == "queued"
+
+    second = await start_daemon()
+    await second.wait_event("job.run", run=late)
+    row = await aio(conn.fetchrow)("SELECT status FROM coordinator.runs WHERE id = $1", late)
+    assert row["status"] == "succeeded"
+
+
+async def test_stop_timeout_cancels_running_calls(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    job = await define(
+        conn, "forever", target={"kind": "exec", "argv": ["sh", "-c", f"touch {started}; sleep 60"]}
+    )
+    harness = await start_daemon(stop_timeout=1.0)
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'forever')")
+    with trio.fail_after(10):
+        while not started.exists():
+            await trio.sleep(0.02)
+    assert await harness.stop(timeout=15) == 0
+    row = await aio(conn.fetchrow)(
+        "SELECT status, error_message FROM coordinator.runs WHERE id = $1", run_id
+    )
+    assert row["status"] == "cancelled"
+    assert "stopping" in row["error_message"]
+    assert job

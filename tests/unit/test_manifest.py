@@ -1,0 +1,273 @@
+"""Parsing ``sync`` manifests: pure, no database."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from coordinator.errors import InvalidInput
+from coordinator.manifest import Manifest, ManifestRejected, Problem, load, parse
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def _parse(text: str) -> Manifest:
+    return parse(textwrap.dedent(text), source="jobs.toml")
+
+
+def _one(job: str) -> tuple[dict[str, Any], list[Problem]]:
+    """Parse one ``[[jobs]]`` body; return its entry and problems."""
+    manifest = _parse('namespace = "svc"\n[[jobs]]\n' + textwrap.dedent(job))
+    (entry,) = manifest.entries
+    return entry, list(manifest.problems)
+
+
+def _fields(problems: list[Problem]) -> list[str]:
+    return [p.field for p in problems]
+
+
+def test_full_entry_in_sql_shape() -> None:
+    manifest = _parse(
+        """
+        namespace = "billing"
+
+        [[jobs]]
+        name = "invoice"
+        cron = "0  3 * * *"
+        timezone = "Europe/Berlin"
+        timeout = "15m"
+        priority = "interactive"
+        idempotent = true
+        paused = true
+        params = { region = "eu", batch = 500, since = 2026-01-01 }
+        command = ["/usr/local/bin/invoice", "--all"]
+        env = { LANG = "C.UTF-8" }
+        cwd = "/srv/billing"
+
+        [[jobs]]
+        name = "reindex"
+        every = "6h"
+        worker = "search"
+        """
+    )
+    assert manifest.namespace == "billing"
+    assert manifest.problems == ()
+    assert manifest.entries[0] == {
+        "name": "invoice",
+        "schedule_kind": "cron",
+        "schedule": "0 3 * * *",
+        "timezone": "Europe/Berlin",
+        "target": {
+            "kind": "exec",
+            "argv": ["/usr/local/bin/invoice", "--all"],
+            "env": {"LANG": "C.UTF-8"},
+            "cwd": "/srv/billing",
+        },
+        "params": {"region": "eu", "batch": 500, "since": "2026-01-01"},
+        "timeout": "900000000 microseconds",
+        "priority": "interactive",
+        "idempotent": True,
+        "paused": True,
+        "invalid_reason": None,
+    }
+    assert manifest.entries[1] == {
+        "name": "reindex",
+        "schedule_kind": "interval",
+        "schedule": "6h",
+        "timezone": "UTC",
+        "target": {"kind": "worker", "type": "search"},
+        "params": {},
+        "timeout": None,
+        "priority": "background",
+        "idempotent": False,
+        "paused": False,
+        "invalid_reason": None,
+    }
+    json.dumps(manifest.entries)  # what coordinator.sync receives
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "schedule"),
+    [
+        ('every = "90s"', "interval", "1m30s"),
+        ("every = 300", "interval", "5m"),
+        ('at = "2030-01-01T10:00:00+02:00"', "once", "2030-01-01T08:00:00+00:00"),
+        ("at = 2030-01-01T10:00:00Z", "once", "2030-01-01T10:00:00+00:00"),
+        ("manual = true", "manual", None),
+        ('cron = "@DAILY"', "cron", "@daily"),
+    ],
+)
+def test_schedule_kinds(body: str, kind: str, schedule: str | None) -> None:
+    entry, problems = _one(f'name = "j"\n{body}\nworker = "w"\n')
+    assert problems == []
+    assert (entry["schedule_kind"], entry["schedule"]) == (kind, schedule)
+
+
+def test_numeric_timeout_is_seconds() -> None:
+    entry, problems = _one('name = "j"\nmanual = true\ntimeout = 90\nworker = "w"\n')
+    assert problems == []
+    assert entry["timeout"] == "90000000 microseconds"
+
+
+@pytest.mark.parametrize("text", ['namespace = "svc"\n', 'namespace = "svc"\njobs = []\n'])
+def test_empty_manifest(text: str) -> None:
+    manifest = parse(text)
+    assert (manifest.namespace, manifest.entries, manifest.problems) == ("svc", (), ())
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "reason"),
+    [
+        ('cron = "0 25 * * *"\nworker = "w"', "cron", "hour field '25'"),
+        ('cron = "* * *"\nworker = "w"', "cron", "expected 5 fields"),
+        ('cron = "@daily"\ntimezone = "Mars/Base"\nworker = "w"', "timezone", "unknown timezone"),
+        ('every = "5m"\ntimezone = "UTC"\nworker = "w"', "timezone", "only applies to cron"),
+        ('every = "5 parsecs"\nworker = "w"', "every", "unknown unit"),
+        ('at = "2030-01-01T00:00:00"\nworker = "w"', "at", "no UTC offset"),
+        ("at = 2030-01-01\nworker = 'w'", "at", "no UTC offset"),
+        ('worker = "w"', "schedule", "exactly one of"),
+        ('cron = "@daily"\nevery = "5m"\nworker = "w"', "schedule", "not cron and every"),
+        ('manual = false\nworker = "w"', "manual", "must be true"),
+        ("cron = 5\nworker = 'w'", "cron", "must be a string"),
+        ('manual = true\ntimeout = "soon"\nworker = "w"', "timeout", "'soon'"),
+        ('manual = true\ntimeout = "0s"\nworker = "w"', "timeout", "greater than zero"),
+        ('manual = true\npriority = "urgent"\nworker = "w"', "priority", "interactive"),
+        ('manual = true\nidempotent = "yes"\nworker = "w"', "idempotent", "true or false"),
+        ('manual = true\npaused = 1\nworker = "w"', "paused", "true or false"),
+        ('manual = true\nparams = "x"\nworker = "w"', "params", "a table"),
+        ('manual = true\nworker = "w"\ncommand = ["x"]', "command", "not both"),
+        ("manual = true", "command", "give command"),
+        ('manual = true\ncommand = "ls -l"', "command", "array of strings"),
+        ("manual = true\ncommand = []", "command", "array of strings"),
+        ('manual = true\nworker = ""', "worker", "non-empty"),
+        ('manual = true\nworker = "w"\nenv = { A = "1" }', "env", "only applies to command"),
+        ('manual = true\ncommand = ["x"]\nenv = { A = 1 }', "env", "strings"),
+        ('manual = true\nworker = "w"\ntimout = "5m"', "timout", "did you mean 'timeout'?"),
+    ],
+)
+def test_invalid_entry_is_kept_inert(body: str, field: str, reason: str) -> None:
+    entry, problems = _one(f'name = "j"\n{body}\n')
+    assert field in _fields(problems), problems
+    problem = next(p for p in problems if p.field == field)
+    assert problem.job == "j"
+    assert reason in problem.reason
+    assert entry["name"] == "j"
+    assert f"{field}: " in entry["invalid_reason"]
+    assert entry["schedule_kind"] in ("cron", "interval", "once", "manual")
+    assert (entry["schedule_kind"] == "manual") == (entry["schedule"] is None)
+    assert isinstance(entry["target"], dict)
+    json.dumps(entry)
+
+
+def test_several_problems_in_one_entry() -> None:
+    entry, problems = _one('name = "j"\ncron = "bad"\npriority = "x"\ncolour = "red"\n')
+    assert _fields(problems) == ["colour", "cron", "priority", "command"]
+    assert entry["invalid_reason"].count(": ") >= 4
+    assert entry["priority"] == "background"  # the stored row must still pass the CHECKs
+
+
+def test_nameless_entries_are_dropped() -> None:
+    manifest = _parse(
+        """
+        namespace = "svc"
+        [[jobs]]
+        every = "5m"
+        worker = "w"
+        [[jobs]]
+        name = ""
+        manual = true
+        worker = "w"
+        [[jobs]]
+        name = "ok"
+        manual = true
+        worker = "w"
+        """
+    )
+    assert [e["name"] for e in manifest.entries] == ["ok"]
+    assert [(p.job, p.field) for p in manifest.problems] == [
+        ("jobs[0]", "name"),
+        ("jobs[1]", "name"),
+    ]
+    assert manifest.entries[0]["invalid_reason"] is None
+
+
+def test_non_table_entry() -> None:
+    manifest = parse('namespace = "svc"\njobs = [1]\n')
+    assert manifest.entries == ()
+    assert manifest.problems == (
+        Problem("jobs[0]", "jobs", "each entry must be a table, not a number"),
+    )
+
+
+def test_duplicate_names_keep_first_entry_inert() -> None:
+    manifest = _parse(
+        """
+        namespace = "svc"
+        [[jobs]]
+        name = "a"
+        every = "5m"
+        worker = "first"
+        [[jobs]]
+        name = "a"
+        every = "1h"
+        worker = "second"
+        """
+    )
+    (entry,) = manifest.entries
+    assert entry["target"] == {"kind": "worker", "type": "first"}
+    assert "defined more than once" in entry["invalid_reason"]
+    assert manifest.problems == (Problem("a", "name", "defined more than once (again as jobs[1])"),)
+    assert manifest.invalid == ("a",)
+
+
+def test_problem_prints_as_name_field_reason() -> None:
+    assert str(Problem("a", "cron", "bad")) == "a: cron: bad"
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "reason"),
+    [
+        ('namespace = "svc"\n[[jobs]\n', "jobs.toml:2:", "TOML syntax error"),
+        ('namespace = "svc"\nname = \n', "jobs.toml:2:", "TOML syntax error"),
+        ("[[jobs]]\nname = 'a'\n", "jobs.toml: namespace", "required"),
+        ('namespace = ""\n', "jobs.toml: namespace", "non-empty"),
+        ("namespace = 3\n", "jobs.toml: namespace", "non-empty"),
+        ('namespace = "svc"\n[[job]]\nname = "a"\n', "jobs.toml: job", "did you mean 'jobs'?"),
+        ('namespace = "svc"\njobs = "a"\n', "jobs.toml: jobs", "array of tables"),
+    ],
+)
+def test_file_level_errors_raise(text: str, field: str, reason: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        parse(text, source="jobs.toml")
+    assert caught.value.field.startswith(field)
+    assert reason in caught.value.reason
+    assert "\n" not in str(caught.value)
+
+
+def test_load_reads_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text('namespace = "svc"\n[[jobs]]\nname = "a"\nmanual = true\nworker = "w"\n')
+    manifest = load(path)
+    assert manifest.source == str(path)
+    assert [e["name"] for e in manifest.entries] == ["a"]
+
+
+def test_load_missing_and_binary_files(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="no such file"):
+        load(tmp_path / "absent.toml")
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"namespace = '\xff'\n")
+    with pytest.raises(InvalidInput, match="not UTF-8"):
+        load(binary)
+
+
+def test_manifest_rejected_message() -> None:
+    manifest = _parse('namespace = "svc"\n[[jobs]]\nname = "a"\nmanual = true\n')
+    error = ManifestRejected(manifest)
+    assert str(error) == "jobs.toml: 1 problem in the manifest; nothing applied"
+    assert error.exit_code == 2
+    assert error.manifest is manifest
