@@ -18,6 +18,7 @@
       runs resolve ID --as failed|succeeded|retry
       sync MANIFEST.toml [--strict] [--json]
       run [--migrate] [--config FILE] [--refresh-spacing DUR] [--concurrency N] ...
+      demo [--state-dir DIR]
       config [--json]
 
 Exit status: 0 on success, 2 for bad usage or input (one line on stderr naming the bad
@@ -45,9 +46,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
+import trio
 import trio_asyncio
 
-from . import client, db
+from . import client, db, embedded
 from . import config as config_mod
 from . import manifest as manifests
 from . import migrate as migrations
@@ -59,7 +61,6 @@ if TYPE_CHECKING:
     from asyncpg import Connection
 
 PROG = "coordinator"
-NO_DATABASE = "no database: pass --dsn or set COORDINATOR_DSN"
 
 Handler = Callable[[argparse.Namespace, "Context"], Awaitable[int]]
 
@@ -87,8 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 async def _invoke(args: argparse.Namespace) -> int:
     handler: Handler = args.handler
+    ctx = Context(args=args)
     try:
-        return await handler(args, Context(args=args))
+        return await handler(args, ctx)
     except CoordinatorError as exc:
         _error(str(exc))
         return exc.exit_code
@@ -96,6 +98,9 @@ async def _invoke(args: argparse.Namespace) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    finally:
+        with trio.CancelScope(shield=True):
+            await ctx.stop_cluster()
 
 
 def _error(message: str) -> None:
@@ -107,27 +112,40 @@ def _note(message: str) -> None:
     print(f"{PROG}: note: {message}", file=sys.stderr, flush=True)
 
 
-def _resolve_database(args: argparse.Namespace) -> str:
-    """The database the command talks to: ``--dsn``, else ``COORDINATOR_DSN``.
-
-    The one place that decides it (the embedded default database will plug in here).
-    """
-    dsn = db.resolve_dsn(getattr(args, "dsn", None))
-    if dsn is None:
-        raise ConfigError(NO_DATABASE)
-    return dsn
-
-
 @attrs.define(eq=False)
 class Context:
     """What a command handler may use besides its arguments."""
 
     args: argparse.Namespace
+    #: The embedded cluster this command started (stopped again when the command ends).
+    started_cluster: embedded.Cluster | None = None
+
+    def config(self) -> config_mod.Config:
+        return _load_config(self.args)
+
+    async def database(self) -> str:
+        """The database the command talks to: ``--dsn``, else the configured DSN
+        (``COORDINATOR_DSN``, the config file), else the embedded private cluster under
+        the state directory, created and started on first use. The one place that
+        decides it."""
+        config = self.config()
+        if config.dsn is not None:
+            return config.dsn
+        cluster = embedded.private_cluster(config.embedded_root, bin_dir=config.pg_bin)
+        if await trio.to_thread.run_sync(embedded.ensure_running, cluster):
+            self.started_cluster = cluster
+            _note(f"started the embedded PostgreSQL in {cluster.root}")
+        return cluster.dsn()
+
+    async def stop_cluster(self) -> None:
+        if self.started_cluster is not None:
+            cluster, self.started_cluster = self.started_cluster, None
+            await trio.to_thread.run_sync(cluster.stop)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
         """One connection (``application_name = coordinator-cli``), closed afterwards."""
-        dsn = _resolve_database(self.args)
+        dsn = await self.database()
         try:
             conn = await db.connect(dsn, application_name=db.APP_CLI)
         except DatabaseUnavailable as exc:
@@ -174,12 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs(groups)
     _add_sync(groups)
     _add_run(groups)
+    _add_demo(groups)
     _add_config(groups)
     # ---- Later command groups plug in here, one call each, e.g.:
     # _add_worker(groups)  `coordinator worker`: a worker process (coordinator.executors)
     # _add_status(groups)  `coordinator status`
     # A handler is `async def (args, ctx: Context) -> int`, run inside trio-asyncio; it
-    # gets the database from `_resolve_database(args)` (or `ctx.connection()`).
+    # gets the database from `ctx.database()` (or `ctx.connection()`).
     return parser
 
 
@@ -190,6 +209,18 @@ def _common() -> argparse.ArgumentParser:
     """Options every command accepts after its name too (``jobs list --dsn ...``)."""
     common = _Parser(add_help=False)
     common.add_argument("--dsn", default=argparse.SUPPRESS, help="PostgreSQL connection string")
+    common.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help=f"TOML settings (default: {config_mod.DEFAULT_CONFIG_FILE} when it exists)",
+    )
+    common.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="spool and embedded database (the database is used when no DSN is set)",
+    )
     return common
 
 
@@ -334,11 +365,6 @@ def _add_sync(groups: _Subparsers) -> None:
 def _daemon_settings(parser: argparse.ArgumentParser) -> None:
     """Flags of the daemon's settings (the last layer of coordinator.config)."""
     parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help=f"TOML file (default: {config_mod.DEFAULT_CONFIG_FILE} when it exists)",
-    )
-    parser.add_argument(
         "--refresh-spacing",
         metavar="DUR",
         help="minimum time between inventory refreshes (default 30s)",
@@ -347,22 +373,14 @@ def _daemon_settings(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stop-timeout", metavar="DUR", help="longest wait for running calls at stop (default 60s)"
     )
-    parser.add_argument("--state-dir", metavar="DIR", help="spool and embedded database")
     parser.add_argument("--log-format", metavar="FORMAT", help="logfmt (default) or json")
     parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning, error")
 
 
 def _load_config(args: argparse.Namespace) -> config_mod.Config:
-    flags = {
-        "dsn": getattr(args, "dsn", None),
-        "refresh_spacing": args.refresh_spacing,
-        "concurrency": args.concurrency,
-        "stop_timeout": args.stop_timeout,
-        "state_dir": args.state_dir,
-        "log_format": args.log_format,
-        "log_level": args.log_level,
-    }
-    file = args.config or os.environ.get("COORDINATOR_CONFIG")
+    names = ("dsn", "refresh_spacing", "concurrency", "stop_timeout", "state_dir")
+    flags = {name: getattr(args, name, None) for name in (*names, "log_format", "log_level")}
+    file = getattr(args, "config", None) or os.environ.get("COORDINATOR_CONFIG")
     return config_mod.load(file=Path(file) if file else None, flags=flags)
 
 
@@ -372,6 +390,13 @@ def _add_run(groups: _Subparsers) -> None:
     run.add_argument(
         "--migrate", action="store_true", help="apply pending schema migrations before starting"
     )
+
+
+def _add_demo(groups: _Subparsers) -> None:
+    demo = _command(
+        groups, "demo", _demo, "try it: define example jobs and run the daemon in the foreground"
+    )
+    _daemon_settings(demo)
 
 
 def _add_config(groups: _Subparsers) -> None:
@@ -527,8 +552,7 @@ def _target_from(args: argparse.Namespace) -> Target:
     if not command[0]:
         raise InvalidInput("command", "the program name is empty")
     env = _key_values(args.env, "--env", as_json=False)
-    argv: Any = tuple(command)  # attrs types the tuple converter loosely
-    return Target(kind="exec", argv=argv, env=env, cwd=args.cwd)
+    return Target(kind="exec", argv=command, env=env, cwd=args.cwd)
 
 
 def _duration_arg(text: str | None, flag: str) -> timedelta | None:
@@ -539,15 +563,16 @@ def _duration_arg(text: str | None, flag: str) -> timedelta | None:
 
 
 async def _run(args: argparse.Namespace, ctx: Context) -> int:
-    from .daemon import serve
-    from .systemd import Notifier
+    config = ctx.config()
+    dsn = await ctx.database()
+    await _check_schema(dsn, apply=args.migrate)
+    return await _serve(config, dsn)
 
-    config = _load_config(args)
-    if config.dsn is None:
-        raise ConfigError(NO_DATABASE)
-    async with db.connection(config.dsn, application_name=db.APP_CLI) as conn:
+
+async def _check_schema(dsn: str, *, apply: bool) -> None:
+    async with db.connection(dsn, application_name=db.APP_CLI) as conn:
         with client.translate_errors():
-            if args.migrate:
+            if apply:
                 for name in await migrations.migrate(conn):
                     _note(f"applied {name}")
             pending = await migrations.pending(conn)
@@ -556,11 +581,73 @@ async def _run(args: argparse.Namespace, ctx: Context) -> int:
             f"the schema lacks {', '.join(pending)}: run `coordinator migrate` "
             "(or `coordinator run --migrate`)"
         )
+
+
+async def _serve(config: config_mod.Config, dsn: str) -> int:
+    """The daemon in the foreground, reporting to systemd when it runs under it."""
+    from .daemon import serve
+    from .systemd import Notifier, watchdog, watchdog_interval
+
     notifier = Notifier.from_environment()
     try:
-        return await serve(config, dsn=config.dsn, notify=notifier)
+        async with trio.open_nursery() as nursery:
+            # The daemon's only periodic wake-up, and only when systemd asks for it.
+            nursery.start_soon(watchdog, notifier, watchdog_interval())
+            status = await serve(config, dsn=dsn, notify=notifier)
+            nursery.cancel_scope.cancel()
+        return status
     finally:
         notifier.close()
+
+
+#: The demo's jobs: one of each kind a newcomer will want to see run.
+DEMO_NAMESPACE = "demo"
+DEMO_JOBS = (
+    (
+        "heartbeat",
+        Schedule(kind="cron", expression="* * * * *"),
+        ["sh", "-c", 'echo "heartbeat at $(date -u +%T)"'],
+    ),
+    (
+        "tick",
+        Schedule(kind="interval", expression="10s"),
+        ["sh", "-c", 'echo \'{"count": 1, "note": "last stdout line as JSON"}\''],
+    ),
+    ("hello", Schedule(kind="manual"), ["echo", "hello from a manual run"]),
+)
+
+
+async def _demo(args: argparse.Namespace, ctx: Context) -> int:
+    config = ctx.config()
+    dsn = await ctx.database()
+    await _check_schema(dsn, apply=True)
+    async with ctx.connection() as conn:
+        entries = [
+            client.job_entry(name=name, schedule=schedule, target=Target(kind="exec", argv=argv))
+            for name, schedule, argv in DEMO_JOBS
+        ]
+        await db.aio(client.sync)(conn, DEMO_NAMESPACE, entries)
+        run_id = await db.aio(client.trigger)(conn, "hello", namespace=DEMO_NAMESPACE)
+    print(
+        f"demo: jobs defined in namespace '{DEMO_NAMESPACE}' (a cron job each minute, an "
+        f"interval job every 10 s, a manual job); run {run_id} queued for 'hello'.\n"
+        "demo: the daemon logs below; in another shell try `coordinator jobs list` "
+        "and `coordinator runs list` (same --state-dir/--dsn). Ctrl-C stops it.",
+        flush=True,
+    )
+
+    async def show_jobs() -> None:
+        await trio.sleep(12)
+        print("\ndemo: coordinator jobs list --namespace demo", flush=True)
+        listing = argparse.Namespace(namespace=DEMO_NAMESPACE, json=False)
+        await _jobs_list(listing, ctx)
+        sys.stdout.flush()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(show_jobs)
+        status = await _serve(config, dsn)
+        nursery.cancel_scope.cancel()
+    return status
 
 
 async def _config(args: argparse.Namespace, ctx: Context) -> int:

@@ -23,11 +23,15 @@ DEFAULT_CONFIG_FILE: Final = Path("/etc/coordinator/coordinator.toml")
 
 
 def default_state_dir() -> Path:
-    """``$STATE_DIRECTORY`` under systemd, else ``$XDG_STATE_HOME/coordinator``, else
-    ``~/.local/state/coordinator``."""
+    """``$STATE_DIRECTORY`` under systemd, else ``/var/lib/coordinator`` for root, else
+    ``$XDG_STATE_HOME/coordinator`` or ``~/.local/state/coordinator``."""
     env = os.environ.get("STATE_DIRECTORY")
     if env:
         return Path(env.split(":", 1)[0])
+    if os.geteuid() == 0:
+        # Not under /root: the embedded server runs as an unprivileged user that must
+        # be able to reach its data directory.
+        return Path("/var/lib/coordinator")
     xdg = os.environ.get("XDG_STATE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".local" / "state"
     return base / "coordinator"
@@ -130,6 +134,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         help="spool and embedded database ($STATE_DIRECTORY under systemd)",
     ),
     Setting(
+        name="pg_bin",
+        convert=_path,
+        default=None,
+        help="initdb/pg_ctl directory for the embedded database "
+        "(default: PATH, then /usr/lib/postgresql/*/bin)",
+    ),
+    Setting(
         name="pool_size",
         convert=_positive_int,
         default=4,
@@ -160,6 +171,7 @@ class Config:
     concurrency: int = 16
     stop_timeout: float = 60.0
     state_dir: Path = attrs.field(factory=default_state_dir)
+    pg_bin: Path | None = None
     pool_size: int = 4
     log_format: str = "logfmt"
     log_level: str = "info"
@@ -167,6 +179,11 @@ class Config:
     @property
     def spool_path(self) -> Path:
         return self.state_dir / "spool.jsonl"
+
+    @property
+    def embedded_root(self) -> Path:
+        """Where the embedded PostgreSQL lives when no DSN is configured."""
+        return self.state_dir / "postgres"
 
     def redacted(self) -> dict[str, Any]:
         """For ``coordinator config``: secrets replaced."""

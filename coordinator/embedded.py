@@ -49,9 +49,13 @@ class ClusterError(CoordinatorError):
     """initdb or pg_ctl failed; the message carries their output's tail."""
 
 
-def find_bin_dir() -> Path:
-    """The directory holding ``initdb`` and ``pg_ctl``: PATH first, then the newest
-    ``/usr/lib/postgresql/*/bin``."""
+def find_bin_dir(configured: Path | None = None) -> Path:
+    """The directory holding ``initdb`` and ``pg_ctl``: the configured one, else PATH,
+    else the newest ``/usr/lib/postgresql/*/bin``."""
+    if configured is not None:
+        if (configured / "initdb").exists() and (configured / "pg_ctl").exists():
+            return configured
+        raise NoServerBinaries()
     on_path = shutil.which("initdb")
     if on_path and shutil.which("pg_ctl"):
         return Path(on_path).resolve().parent
@@ -182,6 +186,9 @@ class Cluster:
             "port": str(self.socket_port),
             "unix_socket_directories": f"'{self.socket_dir}'",
             "log_line_prefix": f"'{LOG_LINE_PREFIX}'",
+            # No JIT: the daemon's statements are tiny, and the hardened systemd unit
+            # (MemoryDenyWriteExecute) forbids the executable memory JIT needs.
+            "jit": "off",
         }
         opts.update(self.settings)
         return " ".join(f"-c {k}={v}" for k, v in opts.items())
@@ -301,3 +308,20 @@ def _statement(parts: list[str]) -> Iterator[LoggedStatement]:
     sm = _STATEMENT.match(parts[3])
     if sm is not None:
         yield LoggedStatement(pid=int(parts[0]), app=parts[1], db=parts[2], sql=sm["sql"])
+
+
+def private_cluster(root: Path, *, bin_dir: Path | None = None) -> Cluster:
+    """The embedded default: a cluster in ``root`` reachable only through its Unix
+    socket (no TCP port), created on first use."""
+    return Cluster(root=root, port=None, bin_dir=find_bin_dir(bin_dir))
+
+
+def ensure_running(cluster: Cluster) -> bool:
+    """Create and start ``cluster`` as needed; True if this call started it (so the
+    caller should stop it when done)."""
+    if not cluster.initialized:
+        cluster.init()
+    if cluster.is_running():
+        return False
+    cluster.start()
+    return True

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import attrs
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
 ScheduleKind = Literal["cron", "interval", "once", "manual"]
 SCHEDULE_KINDS: tuple[ScheduleKind, ...] = ("cron", "interval", "once", "manual")
@@ -34,6 +34,10 @@ ErrorCause = Literal["handler", "timeout", "crashed", "lost"]
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(value or {})
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -58,7 +62,7 @@ class Target:
         validator=attrs.validators.in_(("exec", "worker"))
     )
     #: The command and its arguments (``exec`` only).
-    argv: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    argv: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     #: Extra environment for the command (``exec`` only).
     env: dict[str, str] = attrs.field(factory=dict, converter=_frozen_mapping)
     #: Working directory for the command (``exec`` only); ``None`` keeps the daemon's.

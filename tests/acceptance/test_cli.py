@@ -34,20 +34,27 @@ class Result:
         return self.err.splitlines()
 
 
-def _env(env_dsn: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "COORDINATOR_DSN"}
+NO_BINARIES = "/nonexistent/postgresql/bin"
+
+
+def _env(env_dsn: str | None, **extra: str) -> dict[str, str]:
+    """The CLI's environment: no DSN unless given, and (unless a test says otherwise) no
+    server binaries, so a command without a DSN never creates an embedded cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COORDINATOR_")}
+    env["COORDINATOR_PG_BIN"] = NO_BINARIES
     if env_dsn is not None:
         env["COORDINATOR_DSN"] = env_dsn
+    env.update(extra)
     return env
 
 
-def cli(*args: str, dsn: str | None = None, env_dsn: str | None = None) -> Result:
+def cli(*args: str, dsn: str | None = None, env_dsn: str | None = None, **env: str) -> Result:
     """Run ``coordinator [--dsn DSN] ARGS...`` and collect its exit status and output."""
     argv = [sys.executable, "-c", RUN_MAIN]
     if dsn is not None:
         argv += ["--dsn", dsn]
     proc = subprocess.run(
-        [*argv, *args], capture_output=True, text=True, timeout=60, env=_env(env_dsn)
+        [*argv, *args], capture_output=True, text=True, timeout=120, env=_env(env_dsn, **env)
     )
     result = Result(proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in result.err, result.err
@@ -543,10 +550,30 @@ def test_bad_input_is_one_line_exit_2(database: str, args: tuple[str, ...], fiel
     one_line_error(cli(*args, dsn=database), code=2, contains=field)
 
 
-def test_missing_dsn(database: str) -> None:
-    result = cli("jobs", "list")
+def test_no_dsn_and_no_server_binaries_says_how_to_fix_it(tmp_path: Path) -> None:
+    result = cli("jobs", "list", COORDINATOR_STATE_DIR=str(tmp_path))
     one_line_error(result, code=2, contains="--dsn")
-    assert result.err == "coordinator: no database: pass --dsn or set COORDINATOR_DSN\n"
+    assert "apt-get install -y postgresql" in result.err
+
+
+def test_no_dsn_uses_the_embedded_database_and_stops_it(tmp_path: Path) -> None:
+    from coordinator.embedded import NoServerBinaries, find_bin_dir
+
+    try:
+        bin_dir = str(find_bin_dir())
+    except NoServerBinaries:
+        pytest.skip("needs PostgreSQL server binaries")
+    env = {"COORDINATOR_STATE_DIR": str(tmp_path / "state"), "COORDINATOR_PG_BIN": bin_dir}
+    migrated = cli("migrate", **env)
+    assert migrated.code == 0, migrated.err
+    assert "started the embedded PostgreSQL" in migrated.err
+    assert (tmp_path / "state" / "postgres" / "data" / "PG_VERSION").exists()
+    # The cluster is stopped when the command ends; the next command reuses it.
+    assert not (tmp_path / "state" / "postgres" / "data" / "postmaster.pid").exists()
+    defined = cli("jobs", "define", "e", "--manual", "--", "true", **env)
+    assert defined.code == 0, defined.err
+    listed = cli("jobs", "list", "--json", **env)
+    assert [j["name"] for j in json.loads(listed.out)] == ["e"]
 
 
 def test_dsn_from_environment_and_after_the_command(database: str) -> None:
@@ -583,4 +610,4 @@ def test_console_script_runs() -> None:
         [str(script), "jobs", "list"], capture_output=True, text=True, env=_env(None), timeout=60
     )
     assert proc.returncode == 2
-    assert proc.stderr == "coordinator: no database: pass --dsn or set COORDINATOR_DSN\n"
+    assert proc.stderr.startswith("coordinator: no PostgreSQL server binaries found")

@@ -1,0 +1,245 @@
+"""The daemon as a process, as an operator runs it: killed, restarted, doubled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from coordinator.embedded import StatementLog
+
+COORDINATOR = [
+    sys.executable,
+    "-c",
+    "import sys; from coordinator.cli import main; sys.exit(main())",
+]
+
+
+@attrs.define(eq=False)
+class DaemonProcess:
+    """``coordinator run`` in a subprocess, its JSON log lines collected from a file."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def events(self, name: str | None = None, **match: Any) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if (name is None or event.get("event") == name) and all(
+                event.get(k) == v for k, v in match.items()
+            ):
+                out.append(event)
+        return out
+
+    def wait_event(self, name: str, timeout: float = 20.0, **match: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.events(name, **match)
+            if found:
+                return found[0]
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise AssertionError(
+            f"no {name} {match} within {timeout}s (exit {self.proc.poll()}); log:\n"
+            + self.log_path.read_text()[-3000:]
+        )
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def daemons(database: str, tmp_path: Path) -> Iterator[Any]:
+    started: list[DaemonProcess] = []
+
+    def start(name: str = "d1", *extra: str) -> DaemonProcess:
+        log_path = tmp_path / f"{name}.log"
+        env = {**os.environ, "COORDINATOR_DSN": database}
+        env.pop("COORDINATOR_TEST_DSN", None)
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    *COORDINATOR,
+                    "run",
+                    "--log-format",
+                    "json",
+                    "--state-dir",
+                    str(tmp_path / f"state-{name}"),
+                    *extra,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env=env,
+            )
+        d = DaemonProcess(proc=proc, log_path=log_path)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            d.kill()
+
+
+def cli(database: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COORDINATOR_DSN": database}
+    return subprocess.run(
+        [*COORDINATOR, *args], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def wait_until(predicate: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_sigterm_stops_cleanly(daemons: Any) -> None:
+    d = daemons()
+    d.wait_event("ready")
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    d.wait_event("stopped")
+
+
+def test_killed_mid_run_leaves_an_unresolved_run_that_blocks_until_resolved(
+    daemons: Any, database: str, tmp_path: Path
+) -> None:
+    effects, started = tmp_path / "effects.txt", tmp_path / "started"
+    cmd = f"echo started >> {effects}; touch {started}; sleep 30"
+    assert cli(database, "jobs", "define", "pay", "--manual", "--", "sh", "-c", cmd).returncode == 0
+    first = daemons("d1")
+    first.wait_event("ready")
+    run_id = cli(database, "jobs", "trigger", "pay").stdout.strip()
+    wait_until(started.exists)
+    first.kill()
+
+    second = daemons("d2")
+    lost = second.wait_event("startup.lost_run")
+    assert str(lost["run"]) == run_id and lost["action"] == "unresolved"
+    second.wait_event("ready")
+    shown = json.loads(cli(database, "runs", "show", run_id, "--json").stdout)
+    assert shown["status"] == "unresolved"
+    assert shown["error_cause"] == "lost"
+    # A trigger does not start the job: it answers with the unresolved run.
+    again = cli(database, "jobs", "trigger", "pay")
+    assert again.stdout.strip() == run_id
+    time.sleep(1.0)
+    assert lines(effects) == 1
+    jobs = json.loads(cli(database, "jobs", "list", "--json").stdout)
+    assert jobs[0]["blocked_by"] == int(run_id)
+
+    # The operator decides; the job is free again.
+    assert cli(database, "runs", "resolve", run_id, "--as", "failed").returncode == 0
+    started.unlink()
+    new_run = cli(database, "jobs", "trigger", "pay").stdout.strip()
+    assert new_run != run_id
+    wait_until(started.exists)
+    assert lines(effects) == 2
+
+
+def test_killed_mid_run_of_an_idempotent_job_runs_it_once_more(
+    daemons: Any, database: str, tmp_path: Path
+) -> None:
+    effects, started = tmp_path / "effects.txt", tmp_path / "started"
+    cmd = (
+        f'echo "$COORDINATOR_ATTEMPT" >> {effects}; touch {started}; '
+        f'[ "$COORDINATOR_ATTEMPT" = 1 ] && sleep 30; true'
+    )
+    assert (
+        cli(
+            database, "jobs", "define", "sweep", "--manual", "--idempotent", "--", "sh", "-c", cmd
+        ).returncode
+        == 0
+    )
+    first = daemons("d1")
+    first.wait_event("ready")
+    cli(database, "jobs", "trigger", "sweep")
+    wait_until(started.exists)
+    first.kill()
+
+    second = daemons("d2")
+    second.wait_event("startup.lost_run", action="retried")
+    run = second.wait_event("job.run", trigger="retry")
+    assert run["outcome"] == "succeeded"
+    assert effects.read_text().split() == ["1", "2"]
+
+
+def test_standby_is_silent_and_takes_over(
+    daemons: Any, database: str, database_name: str, sql_log: StatementLog, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.txt"
+    assert (
+        cli(
+            database,
+            "jobs",
+            "define",
+            "tick",
+            "--every",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            f'echo "$COORDINATOR_RUN_ID" >> {effects}',
+        ).returncode
+        == 0
+    )
+    leader = daemons("leader")
+    leader.wait_event("ready")
+    standby = daemons("standby")
+    standby.wait_event("standby")
+    time.sleep(0.5)
+    standby_pid = standby.proc.pid
+    sql_log.mark()
+    time.sleep(3.0)
+    standby_statements = [
+        s
+        for s in sql_log.statements(app="coordinator", db=database_name)
+        if s.pid not in _backend_pids_of_leader(sql_log, database_name, leader)
+    ]
+    # The leader runs the interval job meanwhile; the standby says nothing at all.
+    assert standby_statements == []
+    assert standby_pid
+
+    killed_at = time.monotonic()
+    leader.kill()
+    standby.wait_event("ready", timeout=30)
+    takeover = time.monotonic() - killed_at
+    assert takeover < 10
+    wait_until(lambda: lines(effects) >= 4, timeout=20)
+    ids = effects.read_text().split()
+    assert len(ids) == len(set(ids))  # no run duplicated
+    runs = json.loads(cli(database, "runs", "list", "--json", "--limit", "200").stdout)
+    scheduled = [r["scheduled_for"] for r in runs if r["trigger"] == "schedule"]
+    assert len(scheduled) == len(set(scheduled))
+
+
+def _backend_pids_of_leader(log: StatementLog, db: str, leader: DaemonProcess) -> set[int]:
+    """Backends that ran claims or settlements: the leader's (the standby claims nothing)."""
+    return {
+        s.pid
+        for s in log.statements(app="coordinator", db=db)
+        if "_claim" in s.sql or "_settle" in s.sql
+    }
