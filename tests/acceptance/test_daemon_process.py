@@ -8,14 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
 
-from coordinator.embedded import StatementLog
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from coordinator.embedded import StatementLog
 
 COORDINATOR = [
     sys.executable,
@@ -138,7 +140,8 @@ def test_killed_mid_run_leaves_an_unresolved_run_that_blocks_until_resolved(
 
     second = daemons("d2")
     lost = second.wait_event("startup.lost_run")
-    assert str(lost["run"]) == run_id and lost["action"] == "unresolved"
+    assert str(lost["run"]) == run_id
+    assert lost["action"] == "unresolved"
     second.wait_event("ready")
     shown = json.loads(cli(database, "runs", "show", run_id, "--json").stdout)
     assert shown["status"] == "unresolved"
