@@ -22,17 +22,18 @@ from .schedule import parse_duration
 DEFAULT_CONFIG_FILE: Final = Path("/etc/coordinator/coordinator.toml")
 
 
-def default_state_dir() -> Path:
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
     """``$STATE_DIRECTORY`` under systemd, else ``/var/lib/coordinator`` for root, else
     ``$XDG_STATE_HOME/coordinator`` or ``~/.local/state/coordinator``."""
-    env = os.environ.get("STATE_DIRECTORY")
+    environ = os.environ if environ is None else environ
+    env = environ.get("STATE_DIRECTORY")
     if env:
         return Path(env.split(":", 1)[0])
     if os.geteuid() == 0:
         # Not under /root: the embedded server runs as an unprivileged user that must
         # be able to reach its data directory.
         return Path("/var/lib/coordinator")
-    xdg = os.environ.get("XDG_STATE_HOME")
+    xdg = environ.get("XDG_STATE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".local" / "state"
     return base / "coordinator"
 
@@ -243,7 +244,7 @@ def load(
             raise ConfigError(f"unknown setting {key!r}")
         values[key] = _BY_NAME[key].convert(value, "--" + key.replace("_", "-"))
     if values.get("state_dir") is None:
-        values.pop("state_dir", None)
+        values["state_dir"] = default_state_dir(environ)
     return Config(**values)
 
 

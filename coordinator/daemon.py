@@ -142,6 +142,7 @@ class Daemon:
     _after_dispatch: dict[int, Ticket] = attrs.field(factory=dict)
     _nursery: trio.Nursery | None = None
     _lock_conn: Connection | None = None
+    _listener: Listener | None = None
     _stopping: bool = False
     _db_up: bool = True
     refreshes: int = 0
@@ -193,27 +194,27 @@ class Daemon:
     # -- startup ----------------------------------------------------------------------
 
     async def _lead_and_serve(self, nursery: trio.Nursery) -> int:
-        leader = await self._lead()
-        if not leader:
-            return 0  # stopped while standing by
-        self.log.info("startup.lock", instance=self.instance)
-        await self._replay_spool()
-        lost = await self.store.sweep_lost()
-        for item in lost:
-            self.log.warning(
-                "startup.lost_run", run=item.run_id, job_id=item.job_id, action=item.action
-            )
-        self.log.info("startup.sweep", lost=len(lost))
-        listener = Listener(
-            dsn=self.dsn,
-            log=self.log,
-            on_notify=self._on_notification,
-            on_lost=lambda: self.wake("listener.reconnected", urgent=True),
-            on_state=self._on_listener_state,
-        )
+        attempt = 0
+        while True:
+            if not await self._lead():
+                return 0  # stopped while standing by (or before the database answered)
+            try:
+                await self._start_up(nursery)
+                break
+            except StoreUnavailable as exc:
+                # Lost the database between two startup steps: give the lock back and
+                # begin again from the lock (every step is idempotent).
+                attempt += 1
+                delay = backoff(attempt, cap=self.settings.retry_cap)
+                self.state = "degraded"
+                self.log.warning("startup.database_unavailable", error=str(exc), retry_s=delay)
+                await close_quietly(self._lock_conn, within=1.0)
+                self._lock_conn = None
+                with trio.move_on_after(delay):
+                    await self._stop_requested.wait()
+                if self._stop_requested.is_set():
+                    return 0
         nursery.start_soon(self._keep_lead)
-        await nursery.start(listener.run)
-        await self._refresh(first=True)
         self.state = "ready"
         self.ready.set()
         self.log.info(
@@ -231,6 +232,28 @@ class Daemon:
             await self._stop_requested.wait()
             await self._drain(calls, loop_scope)
         return await self._flush()
+
+    async def _start_up(self, nursery: trio.Nursery) -> None:
+        """Lock taken: spool replay, crash sweep, LISTEN, first refresh; each logged."""
+        self.log.info("startup.lock", instance=self.instance)
+        await self._replay_spool()
+        lost = await self.store.sweep_lost()
+        for item in lost:
+            self.log.warning(
+                "startup.lost_run", run=item.run_id, job_id=item.job_id, action=item.action
+            )
+        self.log.info("startup.sweep", lost=len(lost))
+        if self._listener is None:
+            # LISTEN before the first refresh, so no change can fall between the two.
+            self._listener = Listener(
+                dsn=self.dsn,
+                log=self.log,
+                on_notify=self._on_notification,
+                on_lost=lambda: self.wake("listener.reconnected", urgent=True),
+                on_state=self._on_listener_state,
+            )
+            await nursery.start(self._listener.run)
+        await self._refresh(first=True)
 
     async def _lead(self) -> bool:
         """Take the single-writer lock, waiting silently as a standby if another daemon
@@ -309,6 +332,7 @@ class Daemon:
         spool = Spool(self.settings.spool_path)
         contents = spool.read()
         if not contents.records and not contents.corrupt:
+            self.log.info("startup.spool", records=0)
             return
         started = trio.current_time()
         for line, reason in contents.corrupt:
@@ -599,8 +623,9 @@ class Daemon:
                     self._claim_failed(ticket)
                 return
             claim = result.claim
+            # A deadline still armed (a manual run took the slot) stays armed: when it
+            # falls during this run it is logged as skipped, and the settlement moves it.
             self.running[job_id] = (claim.run_id, trio.current_time())
-            self.deadlines.discard(job_id)
             self._notify_status()
             try:
                 if result.target_error is not None:

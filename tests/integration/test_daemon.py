@@ -511,3 +511,35 @@ async def test_bad_target_fails_the_run_without_crashing(
     run = (await runs_of(conn, job))[0]
     assert run["status"] == "failed"
     assert "bad target" in run["error_message"]
+
+
+async def test_tick_during_a_long_run_is_skipped_not_queued(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    argv, path = counter(tmp_path)
+    job = await define(
+        conn,
+        "long",
+        schedule_kind="interval",
+        schedule="1h",
+        target={"kind": "exec", "argv": ["sh", "-c", f"{argv[2]}; sleep 2.5"]},
+    )
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = now() + interval '1 second' WHERE id = $1",
+        job,
+    )
+    harness = await start_daemon()
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'long')")
+    skipped = await harness.wait_event("job.tick_skipped", timeout=10)
+    assert skipped[0]["run"] == run_id
+    assert skipped[0]["running_s"] > 0
+    await harness.wait_event("job.run", run=run_id, timeout=10)
+    await trio.sleep(0.5)
+    # The skipped tick is not owed: the next deadline follows the run's completion.
+    runs = await runs_of(conn, job)
+    assert [r["trigger"] for r in runs] == ["manual"]
+    next_at = await aio(conn.fetchval)(
+        "SELECT next_run_at FROM coordinator.jobs WHERE id = $1", job
+    )
+    assert next_at == runs[0]["finished_at"] + timedelta(hours=1)
+    assert executions(path) == 1

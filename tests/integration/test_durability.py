@@ -214,3 +214,17 @@ async def test_stop_timeout_cancels_running_calls(
     assert row["status"] == "cancelled"
     assert "stopping" in row["error_message"]
     assert job
+
+
+async def test_database_unreachable_at_startup_waits_then_becomes_ready(
+    start_daemon: StartDaemon, private_cluster: Cluster, fault_db: str
+) -> None:
+    await trio.to_thread.run_sync(private_cluster.stop, "fast")
+    harness = await start_daemon(dsn=fault_db, wait_ready=False, retry_cap=0.5)
+    await harness.wait_event("startup.database_unavailable", count=2)
+    assert not harness.daemon.ready.is_set()
+    assert harness.daemon.state == "degraded"
+    await trio.to_thread.run_sync(private_cluster.start)
+    await harness.wait_event("ready", timeout=20)
+    steps = [e["event"] for e in harness.events if e["event"].startswith(("startup.", "ready"))]
+    assert steps[-4:] == ["startup.lock", "startup.spool", "startup.sweep", "ready"]

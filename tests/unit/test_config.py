@@ -1,0 +1,78 @@
+"""Configuration layers: defaults < file < environment < flags; bad input named."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from coordinator.config import Config, load
+from coordinator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def test_defaults(tmp_path: Path) -> None:
+    config = load(file=None, environ={"STATE_DIRECTORY": str(tmp_path)}, flags={})
+    assert config.refresh_spacing == 30.0
+    assert config.concurrency == 16
+    assert config.state_dir == tmp_path
+    assert config.spool_path == tmp_path / "spool.jsonl"
+
+
+def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(
+        'refresh_spacing = "10s"\nconcurrency = 4\nstop_timeout = 5\nlog_level = "debug"\n'
+    )
+    env = {"COORDINATOR_CONCURRENCY": "8", "COORDINATOR_STOP_TIMEOUT": "2m"}
+    config = load(file=file, environ=env, flags={"stop_timeout": "7s"})
+    assert config.refresh_spacing == 10.0  # file
+    assert config.log_level == "debug"  # file
+    assert config.concurrency == 8  # env over file
+    assert config.stop_timeout == 7.0  # flag over env
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("refresh_spacing_typo = 3\n", "refresh_spacing_typo"),
+        ('concurrency = "many"\n', "concurrency"),
+        ("concurrency = 0\n", "concurrency"),
+        ('refresh_spacing = "5 parsecs"\n', "refresh_spacing"),
+        ('log_format = "xml"\n', "log_format"),
+        ("not toml at all [\n", "c.toml"),
+    ],
+)
+def test_bad_file_values_are_named(tmp_path: Path, text: str, named: str) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(text)
+    with pytest.raises(ConfigError, match=named):
+        load(file=file, environ={}, flags={})
+
+
+def test_unknown_environment_setting_is_named() -> None:
+    with pytest.raises(ConfigError, match="COORDINATOR_CONCURENCY"):
+        load(file=None, environ={"COORDINATOR_CONCURENCY": "3"}, flags={})
+
+
+def test_bad_environment_value_is_named() -> None:
+    with pytest.raises(ConfigError, match="COORDINATOR_STOP_TIMEOUT"):
+        load(file=None, environ={"COORDINATOR_STOP_TIMEOUT": "-1"}, flags={})
+
+
+def test_bad_flag_is_named() -> None:
+    with pytest.raises(ConfigError, match="--concurrency"):
+        load(file=None, environ={}, flags={"concurrency": "x"})
+
+
+def test_missing_named_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load(file=tmp_path / "absent.toml", environ={}, flags={})
+
+
+def test_redaction_hides_the_password() -> None:
+    config = Config(dsn="postgresql://app:s3cret@db/app")
+    assert config.redacted()["dsn"] == "postgresql://app:***@db/app"
+    assert "s3cret" not in str(config.redacted())
