@@ -246,3 +246,37 @@ def _backend_pids_of_leader(log: StatementLog, db: str, leader: DaemonProcess) -
         for s in log.statements(app="coordinator", db=db)
         if "_claim" in s.sql or "_settle" in s.sql
     }
+
+
+def test_run_without_dsn_uses_and_stops_its_private_cluster(tmp_path: Path) -> None:
+    from coordinator.embedded import NoServerBinaries, find_bin_dir
+
+    try:
+        bin_dir = str(find_bin_dir())
+    except NoServerBinaries:
+        pytest.skip("needs PostgreSQL server binaries")
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COORDINATOR_")}
+    env.update(COORDINATOR_STATE_DIR=str(state), COORDINATOR_PG_BIN=bin_dir)
+    pidfile = state / "postgres" / "data" / "postmaster.pid"
+    created: list[float] = []
+    for attempt in range(2):  # the second start reuses the cluster the first created
+        log_path = tmp_path / f"run{attempt}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [*COORDINATOR, "run", "--migrate", "--log-format", "json"],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env=env,
+            )
+        d = DaemonProcess(proc=proc, log_path=log_path)
+        try:
+            d.wait_event("ready", timeout=60)
+            assert pidfile.exists()
+            assert "started the embedded PostgreSQL" in log_path.read_text()
+            created.append((state / "postgres" / "data" / "PG_VERSION").stat().st_mtime)
+        finally:
+            d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(60) == 0
+        assert not pidfile.exists()  # stopped with the daemon
+    assert created[0] == created[1]  # initdb ran once
