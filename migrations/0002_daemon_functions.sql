@@ -17,7 +17,7 @@
 --   paused       the job is paused (a manual run stays queued until resume)
 --   invalid      the job's schedule is unusable
 --   version      the schedule changed since the deadline was armed
---   deadline     the saved deadline is not the one armed, or is not due yet
+--   deadline     the saved deadline is not the one armed
 --   unavailable  no connected worker serves the job's type
 --   outstanding  another run of the job is queued, pending, running or unresolved
 --   not_queued   the manual run is no longer queued (cancelled, or claimed already)
@@ -88,8 +88,9 @@ BEGIN
         reason := 'invalid';
     ELSIF p_run_id IS NULL AND j.schedule_version <> p_version THEN
         reason := 'version';
-    ELSIF p_run_id IS NULL AND (j.next_run_at IS DISTINCT FROM p_scheduled_for
-                                OR j.next_run_at > now()) THEN
+    ELSIF p_run_id IS NULL AND j.next_run_at IS DISTINCT FROM p_scheduled_for THEN
+        -- (Not compared with now(): the daemon's clock decided the deadline is due, and a
+        -- database clock a little behind must not refuse it.)
         reason := 'deadline';
     ELSIF j.target->>'kind' = 'worker'
           AND NOT ((j.target->>'type') = ANY (coalesce(p_workers, '{}'))) THEN
