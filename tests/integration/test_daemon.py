@@ -459,21 +459,26 @@ async def test_two_slots_five_due_jobs_interactive_first(
 ) -> None:
     log = tmp_path / "order.txt"
     overdue = datetime.now(UTC) - timedelta(minutes=1)
+    # Durations chosen so that slots free at distinct moments (int1 at 0.3 s, int2 at
+    # 0.7 s, bg1 at 0.8 s): the start order then shows the admission order.
     jobs = [
-        ("bg1", "background"),
-        ("bg2", "background"),
-        ("bg3", "background"),
-        ("int1", "interactive"),
-        ("int2", "interactive"),
+        ("bg1", "background", 0.5),
+        ("bg2", "background", 0.5),
+        ("bg3", "background", 0.5),
+        ("int1", "interactive", 0.3),
+        ("int2", "interactive", 0.7),
     ]
-    for i, (name, priority) in enumerate(jobs):
+    for i, (name, priority, seconds) in enumerate(jobs):
         job = await define(
             conn,
             name,
             schedule_kind="interval",
             schedule="1h",
             priority=priority,
-            target={"kind": "exec", "argv": ["sh", "-c", f"echo {name} >> {log}; sleep 0.4"]},
+            target={
+                "kind": "exec",
+                "argv": ["sh", "-c", f"echo {name} >> {log}; sleep {seconds}"],
+            },
         )
         await aio(conn.execute)(
             "UPDATE coordinator.jobs SET next_run_at = $2 WHERE id = $1",
