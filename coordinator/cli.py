@@ -193,10 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sync(groups)
     _add_run(groups)
     _add_demo(groups)
+    _add_status(groups)
     _add_config(groups)
     # ---- Later command groups plug in here, one call each, e.g.:
     # _add_worker(groups)  `coordinator worker`: a worker process (coordinator.executors)
-    # _add_status(groups)  `coordinator status`
     # A handler is `async def (args, ctx: Context) -> int`, run inside trio-asyncio; it
     # gets the database from `ctx.database()` (or `ctx.connection()`).
     return parser
@@ -399,6 +399,16 @@ def _add_demo(groups: _Subparsers) -> None:
     _daemon_settings(demo)
 
 
+def _add_status(groups: _Subparsers) -> None:
+    _command(
+        groups,
+        "status",
+        _status,
+        "the running daemon's state (via its admin API), else what the database says",
+        reads=True,
+    )
+
+
 def _add_config(groups: _Subparsers) -> None:
     config = _command(
         groups,
@@ -585,7 +595,7 @@ async def _check_schema(dsn: str, *, apply: bool) -> None:
 
 async def _serve(config: config_mod.Config, dsn: str) -> int:
     """The daemon in the foreground, reporting to systemd when it runs under it."""
-    from .daemon import serve
+    from .service import serve
     from .systemd import Notifier, watchdog, watchdog_interval
 
     notifier = Notifier.from_environment()
@@ -648,6 +658,71 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
         status = await _serve(config, dsn)
         nursery.cancel_scope.cancel()
     return status
+
+
+async def _status(args: argparse.Namespace, ctx: Context) -> int:
+    config = ctx.config()
+    live = await trio.to_thread.run_sync(_daemon_status, config)
+    if live is not None:
+        if getattr(args, "json", False):
+            _print_json({"source": "daemon", **live})
+            return 0
+        next_deadline = live.get("next_deadline") or {}
+        _fields(
+            [
+                ("state", str(live.get("state"))),
+                ("instance", str(live.get("instance"))),
+                ("uptime", f"{live.get('uptime_s', 0):.0f}s"),
+                ("jobs", str(live.get("jobs"))),
+                ("armed deadlines", str(live.get("armed_deadlines"))),
+                ("next deadline", f"{next_deadline.get('at', '-')} {next_deadline.get('job', '')}"),
+                ("running calls", str(len(live.get("running", [])))),
+                ("retained results", str(len(live.get("retained", [])))),
+                ("workers", str(len(live.get("workers", [])))),
+                ("last refresh", str(live.get("last_refresh") or "-")),
+            ]
+        )
+        return 0
+    async with ctx.connection() as conn:
+        facts = await db.aio(client.summary)(conn)
+    note = "no daemon answered (admin API not configured or not running): from the database"
+    if getattr(args, "json", False):
+        _print_json({"source": "database", "note": note, **facts})
+        return 0
+    _note(note)
+    _fields(
+        [
+            ("jobs", f"{facts['jobs']} ({facts['paused']} paused, {facts['invalid']} invalid)"),
+            ("next deadline", facts["next_deadline"] or "-"),
+            (
+                "outstanding runs",
+                ", ".join(f"{k} {v}" for k, v in facts["outstanding"].items()) or "none",
+            ),
+        ]
+    )
+    return 0
+
+
+def _daemon_status(config: config_mod.Config) -> dict[str, Any] | None:
+    """``GET /api/status`` from the running daemon, or None if none answers."""
+    import urllib.error
+    import urllib.request
+
+    token = config.admin_token_value()
+    if not config.admin_listen or not token:
+        return None
+    host, _, port = config.admin_listen.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/api/status"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=3) as response:
+            data: dict[str, Any] = json.loads(response.read())
+            return data
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
 
 
 async def _config(args: argparse.Namespace, ctx: Context) -> int:

@@ -664,7 +664,43 @@ async def resolve(conn: Connection, run_id: int, outcome: str) -> int:
     return result
 
 
+async def cancel_run(conn: Connection, run_id: int) -> None:
+    """Cancel a ``queued`` run (it never starts). A run in any other state raises
+    :class:`~coordinator.errors.Conflict`; an unknown one
+    :class:`~coordinator.errors.RunNotFound`."""
+    with translate_errors(run_id=run_id):
+        await conn.execute("SELECT coordinator.cancel($1)", run_id)
+
+
 # --------------------------------------------------------------------------- reads
+
+
+async def summary(conn: Connection) -> dict[str, Any]:
+    """What the database alone says about the scheduler (``coordinator status`` when no
+    daemon answers): job counts, the next saved deadline, outstanding runs by status."""
+    with translate_errors():
+        row = await conn.fetchrow(
+            """
+            SELECT count(*) AS jobs,
+                   count(*) FILTER (WHERE paused) AS paused,
+                   count(*) FILTER (WHERE invalid_reason IS NOT NULL) AS invalid,
+                   min(next_run_at) FILTER (WHERE NOT paused AND invalid_reason IS NULL)
+                       AS next_deadline,
+                   (SELECT json_object_agg(status, n)::text FROM (
+                        SELECT status, count(*) AS n FROM coordinator.runs
+                         WHERE status IN ('queued', 'pending', 'running', 'unresolved')
+                         GROUP BY status) s) AS outstanding
+              FROM coordinator.jobs
+            """
+        )
+    return {
+        "jobs": row["jobs"],
+        "paused": row["paused"],
+        "invalid": row["invalid"],
+        "next_deadline": _iso(row["next_deadline"]),
+        "outstanding": json.loads(row["outstanding"]) if row["outstanding"] else {},
+    }
+
 
 _JOB_COLUMNS: Final = """
     j.id, j.namespace, j.name, j.schedule_kind, j.schedule, j.timezone,

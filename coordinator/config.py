@@ -73,6 +73,17 @@ def _choice(*options: str) -> Callable[[Any, str], str]:
     return check
 
 
+def _bool(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}: expected true or false, got {value!r}")
+
+
 def _text(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"{name}: expected text, got {value!r}")
@@ -159,6 +170,44 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         default="info",
         help="least severe event written",
     ),
+    Setting(
+        name="worker_socket",
+        convert=_path,
+        default=None,
+        help="Unix socket workers connect to "
+        "(default: $RUNTIME_DIRECTORY/worker.sock, else <state_dir>/worker.sock)",
+    ),
+    Setting(
+        name="admin_listen",
+        convert=_optional_text,
+        default=None,
+        help="host:port of the admin HTTP API (loopback); unset = no API",
+    ),
+    Setting(
+        name="admin_allow_remote",
+        convert=_bool,
+        default=False,
+        help="allow admin_listen on a non-loopback address",
+    ),
+    Setting(
+        name="admin_token",
+        convert=_optional_text,
+        default=None,
+        secret=True,
+        help="bearer token of the admin API (at least 16 characters)",
+    ),
+    Setting(
+        name="admin_token_file",
+        convert=_path,
+        default=None,
+        help="file holding the admin token (instead of admin_token)",
+    ),
+    Setting(
+        name="metrics_public",
+        convert=_bool,
+        default=False,
+        help="serve /metrics without the token",
+    ),
 )
 _BY_NAME: Final = {s.name: s for s in SETTINGS}
 
@@ -176,6 +225,32 @@ class Config:
     pool_size: int = 4
     log_format: str = "logfmt"
     log_level: str = "info"
+    worker_socket: Path | None = None
+    admin_listen: str | None = None
+    admin_allow_remote: bool = False
+    admin_token: str | None = None
+    admin_token_file: Path | None = None
+    metrics_public: bool = False
+
+    @property
+    def worker_socket_path(self) -> Path:
+        if self.worker_socket is not None:
+            return self.worker_socket
+        runtime = os.environ.get("RUNTIME_DIRECTORY")
+        if runtime:
+            return Path(runtime.split(":", 1)[0]) / "worker.sock"
+        return self.state_dir / "worker.sock"
+
+    def admin_token_value(self) -> str | None:
+        """The admin token: ``admin_token``, else the content of ``admin_token_file``."""
+        if self.admin_token:
+            return self.admin_token.strip()
+        if self.admin_token_file is not None:
+            try:
+                return self.admin_token_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"admin_token_file: {exc}") from exc
+        return None
 
     @property
     def spool_path(self) -> Path:
@@ -192,7 +267,7 @@ class Config:
         for s in SETTINGS:
             value = getattr(self, s.name)
             if s.secret and value:
-                value = _redact_dsn(str(value))
+                value = _redact_dsn(str(value)) if s.name == "dsn" else "***"
             out[s.name] = str(value) if isinstance(value, Path) else value
         return out
 

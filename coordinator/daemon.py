@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, cast
+from typing import Any, Final
 
 import attrs
 import trio
@@ -38,7 +38,7 @@ from .clock import WallClock
 from .core.admission import Admission, Ticket
 from .core.coalescer import RefreshCoalescer
 from .core.deadlines import DeadlineSet
-from .db import APP_DAEMON, close_quietly, connect, trio_asyncio_loop
+from .db import APP_DAEMON, close_quietly, connect
 from .errors import CoordinatorError
 from .executors import Executor
 from .listener import Listener
@@ -46,10 +46,6 @@ from .log import EventLog
 from .model import Claim, Outcome
 from .spool import Spool, SpooledResult
 from .store import ConnectionPool, JobEntry, JobState, Store, StoreUnavailable
-
-if TYPE_CHECKING:
-    from .config import Config
-    from .log import Level
 
 #: Exit status when results had to be spooled because the database refused them.
 EXIT_SPOOLED: Final = 3
@@ -865,37 +861,3 @@ def _as_int(value: object) -> int | None:
 
 
 __all__ = ["EXIT_SPOOLED", "Daemon", "DaemonSettings", "backoff", "default_instance"]
-
-
-async def serve(config: Config, *, dsn: str, notify: Callable[[str], None] | None = None) -> int:
-    """Run a daemon for ``config`` against ``dsn`` until it stops (inside trio-asyncio)."""
-    from .clock import SystemWallClock
-    from .executors import ExecExecutor
-    from .log import EventLog
-
-    clock = SystemWallClock()
-    log = EventLog(format=_log_format(config.log_format), level=_log_level(config.log_level))
-    daemon = Daemon(
-        dsn=dsn,
-        settings=DaemonSettings(
-            refresh_spacing=config.refresh_spacing,
-            concurrency=config.concurrency,
-            stop_timeout=config.stop_timeout,
-            spool_path=config.spool_path,
-            pool_size=config.pool_size,
-        ),
-        clock=clock,
-        log=log,
-        executors={"exec": ExecExecutor(clock=clock)},
-        notify=notify or (lambda message: None),
-    )
-    async with trio_asyncio_loop():
-        return await daemon.run()
-
-
-def _log_format(value: str) -> Literal["logfmt", "json"]:
-    return "json" if value == "json" else "logfmt"
-
-
-def _log_level(value: str) -> Level:
-    return cast("Level", value if value in ("debug", "info", "warning", "error") else "info")

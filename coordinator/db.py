@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 APP_DAEMON: Final = "coordinator"
 APP_CLI: Final = "coordinator-cli"
+APP_ADMIN: Final = "coordinator-admin"
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -66,13 +66,17 @@ class EventLog:
     observers: list[Callable[[dict[str, Any]], None]] = attrs.field(factory=list)
 
     def event(self, name: str, level: Level = "info", **fields: Any) -> None:
-        if _LEVELS[level] < _LEVELS[self.level]:
+        written = _LEVELS[level] >= _LEVELS[self.level]
+        if not written and not self.observers:
             return
         ts = datetime.now(UTC)
         record = {"ts": ts.isoformat(timespec="milliseconds"), "level": level, "event": name}
         record.update({k: v for k, v in fields.items() if v is not None})
+        # Observers (metrics, tests) see every event, whatever the level written.
         for observer in self.observers:
             observer(record)
+        if not written:
+            return
         if self.format == "json":
             line = json.dumps(record, default=str, separators=(",", ":"))
         else:

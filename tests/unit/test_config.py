@@ -76,3 +76,23 @@ def test_redaction_hides_the_password() -> None:
     config = Config(dsn="postgresql://app:s3cret@db/app")
     assert config.redacted()["dsn"] == "postgresql://app:***@db/app"
     assert "s3cret" not in str(config.redacted())
+
+
+def test_admin_token_is_redacted_and_read_from_a_file(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("a-long-enough-admin-token\n")
+    config = load(
+        file=None,
+        environ={"COORDINATOR_ADMIN_TOKEN_FILE": str(token), "COORDINATOR_METRICS_PUBLIC": "yes"},
+        flags={},
+    )
+    assert config.admin_token_value() == "a-long-enough-admin-token"
+    assert config.metrics_public is True
+    assert (
+        load(file=None, environ={"COORDINATOR_ADMIN_TOKEN": "x" * 20}, flags={}).redacted()[
+            "admin_token"
+        ]
+        == "***"
+    )
+    with pytest.raises(ConfigError, match="COORDINATOR_METRICS_PUBLIC"):
+        load(file=None, environ={"COORDINATOR_METRICS_PUBLIC": "maybe"}, flags={})

@@ -1,0 +1,104 @@
+"""Assembling one daemon process: the daemon, its executors, the admin API, systemd.
+
+:mod:`coordinator.daemon` knows nothing of HTTP, sockets for workers or systemd; this
+module builds the pieces from a :class:`~coordinator.config.Config` and runs them in one
+nursery. ``coordinator run`` and ``coordinator demo`` call :func:`serve`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Literal, cast
+
+import trio
+
+from .clock import SystemWallClock
+from .daemon import Daemon, DaemonSettings
+from .db import trio_asyncio_loop
+from .errors import ConfigError
+from .executors import ExecExecutor
+from .log import EventLog, Level
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .config import Config
+    from .executors import Executor
+
+
+async def serve(config: Config, *, dsn: str, notify: Callable[[str], None] | None = None) -> int:
+    """Run the daemon for ``config`` against ``dsn`` until it stops; the exit status."""
+    clock = SystemWallClock()
+    log = EventLog(format=_log_format(config.log_format), level=_log_level(config.log_level))
+    executors: dict[str, Executor] = {"exec": ExecExecutor(clock=clock)}
+    daemon = Daemon(
+        dsn=dsn,
+        settings=DaemonSettings(
+            refresh_spacing=config.refresh_spacing,
+            concurrency=config.concurrency,
+            stop_timeout=config.stop_timeout,
+            spool_path=config.spool_path,
+            pool_size=config.pool_size,
+        ),
+        clock=clock,
+        log=log,
+        executors=executors,
+        notify=notify or (lambda message: None),
+    )
+    async with trio_asyncio_loop(), trio.open_nursery() as nursery:
+        stopped = trio.Event()
+        if config.admin_listen:
+            await _start_admin(nursery, config, dsn=dsn, daemon=daemon, log=log, stopped=stopped)
+        try:
+            return await daemon.run()
+        finally:
+            stopped.set()
+
+
+async def _start_admin(
+    nursery: trio.Nursery,
+    config: Config,
+    *,
+    dsn: str,
+    daemon: Daemon,
+    log: EventLog,
+    stopped: trio.Event,
+) -> None:
+    """The admin API and metrics (off unless ``admin_listen`` is set). It answers reads
+    from the database on request only: an open, unused API costs no SQL."""
+    from .admin import Metrics, make_app, serve_admin, view_of
+
+    token = config.admin_token_value()
+    if not token:
+        raise ConfigError("admin_listen is set but no admin_token or admin_token_file is")
+    assert config.admin_listen is not None
+    metrics = Metrics()
+    log.observers.append(metrics.observe)
+    view = view_of(daemon)
+    metrics.gauges = view.status
+    app = make_app(
+        dsn=dsn,
+        token=token,
+        daemon=view,
+        metrics=metrics,
+        audit=lambda record: log.info("audit", **record),
+        metrics_public=config.metrics_public,
+    )
+    address = await nursery.start(
+        partial(
+            serve_admin,
+            app,
+            config.admin_listen,
+            shutdown=stopped,
+            allow_remote=config.admin_allow_remote,
+        )
+    )
+    log.info("admin.listening", address=address)
+
+
+def _log_format(value: str) -> Literal["logfmt", "json"]:
+    return "json" if value == "json" else "logfmt"
+
+
+def _log_level(value: str) -> Level:
+    return cast("Level", value if value in ("debug", "info", "warning", "error") else "info")

@@ -1,0 +1,488 @@
+"""The admin HTTP API and /metrics, served by hypercorn on a free loopback port, against
+an in-process daemon and a real PostgreSQL (real clock; SQL counted from the server log).
+"""
+
+from __future__ import annotations
+
+import secrets
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import httpx
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from coordinator import client
+from coordinator.admin import (
+    APP_ADMIN,
+    Metrics,
+    Status,
+    make_app,
+    parse_listen,
+    serve_admin,
+    view_of,
+)
+from coordinator.db import aio
+from coordinator.errors import ConfigError
+
+from .conftest import Harness, StartDaemon, define
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    import asyncpg
+
+    from coordinator.embedded import StatementLog
+
+TOKEN = secrets.token_urlsafe(32)
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+IDLE_WINDOW = 21.0  # seconds of required silence
+
+
+@attrs.define(eq=False)
+class Admin:
+    """A served admin API and what it reported."""
+
+    url: str
+    http: httpx.AsyncClient
+    audits: list[dict[str, Any]]
+    metrics: Metrics
+    harness: Harness | None = None
+
+    async def get(self, path: str, **kw: Any) -> httpx.Response:
+        kw.setdefault("headers", AUTH)
+        with trio.fail_after(15):
+            return await self.http.get(path, **kw)
+
+    async def post(self, path: str, **kw: Any) -> httpx.Response:
+        kw.setdefault("headers", AUTH)
+        with trio.fail_after(15):
+            return await self.http.post(path, **kw)
+
+
+@attrs.frozen
+class StubView:
+    """A DaemonView for tests that need no daemon."""
+
+    role: str = "leader"
+
+    def status(self) -> Status:
+        return Status(
+            role=self.role,
+            state="ready" if self.role == "leader" else self.role,
+            instance="stub:1:0",
+            uptime_s=1.0,
+            jobs=0,
+            armed_deadlines=0,
+            next_deadline=None,
+            next_job=None,
+        )
+
+
+async def serve(
+    nursery: trio.Nursery, app: Any, shutdown: trio.Event, listen: str = "127.0.0.1:0"
+) -> str:
+    with trio.fail_after(10):
+        url: str = await nursery.start(partial(serve_admin, app, listen, shutdown=shutdown))
+    return url
+
+
+@pytest.fixture
+async def admin(
+    start_daemon: StartDaemon, database: str, nursery: trio.Nursery
+) -> AsyncIterator[Admin]:
+    harness = await start_daemon(refresh_spacing=0.2)  # wakes from define() refresh soon
+    metrics = Metrics()
+    harness.daemon.log.observers.append(metrics.observe)
+    view = view_of(harness.daemon)
+    metrics.gauges = view.status
+    audits: list[dict[str, Any]] = []
+    app = make_app(dsn=database, token=TOKEN, daemon=view, metrics=metrics, audit=audits.append)
+    shutdown = trio.Event()
+    url = await serve(nursery, app, shutdown)
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        yield Admin(url=url, http=http, audits=audits, metrics=metrics, harness=harness)
+    shutdown.set()
+
+
+@pytest.fixture
+async def stub_admin(nursery: trio.Nursery) -> AsyncIterator[Any]:
+    """Serve an app over a stub view (no daemon, no database); returns a factory."""
+    shutdown = trio.Event()
+    clients: list[httpx.AsyncClient] = []
+
+    async def start(view: Any, **kw: Any) -> Admin:
+        metrics = Metrics()
+        audits: list[dict[str, Any]] = []
+        app = make_app(
+            dsn="postgresql://unused/unused",
+            token=TOKEN,
+            daemon=view,
+            metrics=metrics,
+            audit=audits.append,
+            **kw,
+        )
+        url = await serve(nursery, app, shutdown)
+        http = httpx.AsyncClient(base_url=url, timeout=10)
+        clients.append(http)
+        return Admin(url=url, http=http, audits=audits, metrics=metrics)
+
+    yield start
+    for http in clients:
+        await http.aclose()
+    shutdown.set()
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error", "message"}, body
+    assert body["error"] == code
+    assert isinstance(body["message"], str)
+    assert body["message"]
+
+
+def runs_total(text: str, outcome: str) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "coordinator_runs_total" and sample.labels["outcome"] == outcome:
+                total += sample.value
+    return total
+
+
+# -- auth ------------------------------------------------------------------------------------
+
+
+async def test_auth_missing_is_401_and_wrong_is_403(admin: Admin, conn: asyncpg.Connection) -> None:
+    await define(conn, "guarded")
+    gets = ["/api/jobs", "/api/jobs/default/guarded", "/api/status", "/metrics", "/api/runs/1"]
+    posts = ["/api/jobs/default/guarded/trigger", "/api/runs/1/resolve", "/api/runs/1/cancel"]
+    for path in gets + posts:
+        send = admin.get if path in gets else admin.post
+        missing = await send(path, headers={})
+        assert_error(missing, 401, "unauthorized")
+        assert missing.headers["www-authenticate"].startswith("Bearer")
+        assert_error(
+            await send(path, headers={"Authorization": "Basic " + TOKEN}), 401, "unauthorized"
+        )
+        assert_error(await send(path, headers={"Authorization": "Bearer"}), 401, "unauthorized")
+        wrong = {"Authorization": "Bearer " + TOKEN[:-1] + ("x" if TOKEN[-1] != "x" else "y")}
+        assert_error(await send(path, headers=wrong), 403, "forbidden")
+        # A non-ASCII header value is refused like any wrong token, not a crash.
+        odd = {"Authorization": "Bearer caf\u00e9".encode("latin-1")}
+        assert_error(await send(path, headers=odd), 403, "forbidden")
+    # Nothing was triggered by the refused POSTs, and each of them was audited.
+    job = await aio(client.get_job)(conn, "guarded")
+    assert job.last_run is None
+    assert len(admin.audits) == len(posts) * 5
+    assert {a["status"] for a in admin.audits} == {401, 403}
+    assert all(a["method"] == "POST" and "run" not in a for a in admin.audits)
+    # The right token passes.
+    assert (await admin.get("/api/jobs")).status_code == 200
+
+
+async def test_healthz_needs_no_token_and_reports_the_role(admin: Admin) -> None:
+    response = await admin.get("/healthz", headers={})
+    assert response.status_code == 200
+    assert response.json() == {"state": "leader"}
+
+
+@pytest.mark.parametrize("role", ["standby", "degraded", "starting", "stopping"])
+async def test_healthz_is_503_unless_leading(stub_admin: Any, role: str) -> None:
+    api = await stub_admin(StubView(role=role))
+    response = await api.get("/healthz", headers={})
+    assert response.status_code == 503
+    assert response.json() == {"state": role}
+
+
+async def test_metrics_public_only_when_asked(stub_admin: Any) -> None:
+    private = await stub_admin(StubView())
+    assert_error(await private.get("/metrics", headers={}), 401, "unauthorized")
+    public = await stub_admin(StubView(), metrics_public=True)
+    response = await public.get("/metrics", headers={})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    # Only /metrics opens up.
+    assert_error(await public.get("/api/status", headers={}), 401, "unauthorized")
+
+
+def test_short_token_refused() -> None:
+    with pytest.raises(ConfigError, match="admin token"):
+        make_app(
+            dsn="postgresql://x/y", token="   short   ", daemon=StubView(), metrics=Metrics(),
+            audit=lambda rec: None,
+        )  # fmt: skip
+
+
+# -- listen address ----------------------------------------------------------------------------
+
+
+def test_parse_listen_loopback_only_by_default() -> None:
+    assert parse_listen("127.0.0.1:8787") == ("127.0.0.1", 8787)
+    assert parse_listen("[::1]:0") == ("::1", 0)
+    assert parse_listen("localhost:9000") == ("localhost", 9000)
+    assert parse_listen("127.0.0.2:1") == ("127.0.0.2", 1)
+    for remote in ("0.0.0.0:8787", "[::]:8787", "192.0.2.1:8787"):
+        with pytest.raises(ConfigError, match="not a loopback address"):
+            parse_listen(remote)
+        assert parse_listen(remote, allow_remote=True)[1] == 8787
+    for bad in (
+        "8787",
+        ":8787",
+        "127.0.0.1:",
+        "127.0.0.1:http",
+        "127.0.0.1:70000",
+        "example.org:1",
+    ):
+        with pytest.raises(ConfigError, match="admin_listen"):
+            parse_listen(bad, allow_remote=True)
+
+
+async def test_serve_refuses_a_remote_address(nursery: trio.Nursery) -> None:
+    app = make_app(
+        dsn="postgresql://x/y", token=TOKEN, daemon=StubView(), metrics=Metrics(),
+        audit=lambda rec: None,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        await serve(nursery, app, trio.Event(), listen="0.0.0.0:0")
+
+
+async def test_serves_on_ipv6_loopback(nursery: trio.Nursery) -> None:
+    app = make_app(
+        dsn="postgresql://x/y", token=TOKEN, daemon=StubView(), metrics=Metrics(),
+        audit=lambda rec: None,
+    )  # fmt: skip
+    shutdown = trio.Event()
+    try:
+        url = await serve(nursery, app, shutdown, listen="[::1]:0")
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    assert url.startswith("http://[::1]:")
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        with trio.fail_after(10):
+            assert (await http.get("/healthz")).status_code == 200
+    shutdown.set()
+
+
+# -- reads -------------------------------------------------------------------------------------
+
+
+async def test_reads(admin: Admin, conn: asyncpg.Connection) -> None:
+    await define(conn, "alpha")
+    await define(conn, "beta", namespace="team")
+    response = await admin.get("/api/jobs")
+    assert response.status_code == 200
+    keys = [j["key"] for j in response.json()["jobs"]]
+    assert keys == ["default/alpha", "team/beta"]
+    only = await admin.get("/api/jobs", params={"namespace": "team"})
+    assert [j["name"] for j in only.json()["jobs"]] == ["beta"]
+
+    job = (await admin.get("/api/jobs/team/beta")).json()
+    expected = (await aio(client.get_job)(conn, "beta", namespace="team")).to_json()
+    assert {k: v for k, v in job.items() if k not in ("key", "state")} == expected
+    assert job["state"] == "active"
+
+    assert (await admin.get("/api/jobs/team/beta/runs")).json() == {"runs": []}
+    run_id = await aio(client.trigger)(conn, "beta", namespace="team")
+    assert admin.harness is not None
+    await admin.harness.wait_event("job.run", run=run_id)
+    runs = (await admin.get("/api/jobs/team/beta/runs", params={"limit": "5"})).json()["runs"]
+    assert [r["id"] for r in runs] == [run_id]
+    assert (await admin.get(f"/api/runs/{run_id}")).json() == (
+        await aio(client.get_run)(conn, run_id)
+    ).to_json()
+    succeeded = await admin.get("/api/jobs/team/beta/runs", params={"status": "succeeded"})
+    assert [r["id"] for r in succeeded.json()["runs"]] == [run_id]
+    # Reads were not audited.
+    assert admin.audits == []
+
+
+async def test_status_from_memory(admin: Admin, conn: asyncpg.Connection) -> None:
+    await define(conn, "soon", schedule_kind="interval", schedule="1h")
+    assert admin.harness is not None
+    await admin.harness.wait_event("refresh", count=2)  # the wake brought the new job
+    body = (await admin.get("/api/status")).json()
+    assert body["state"] == "leader"
+    assert body["daemon_state"] == "ready"
+    assert body["instance"] == admin.harness.daemon.instance
+    assert body["uptime_s"] >= 0
+    assert body["armed_deadlines"] == 1
+    assert body["next_deadline"]["job"] == "default/soon"
+    assert body["next_deadline"]["at"].endswith("+00:00")
+    assert body["running"] == []
+    assert body["retained"] == []
+    assert body["workers"] == []
+    assert body["refreshes"] >= 2
+    assert body["last_refresh"] is not None
+
+
+# -- writes ------------------------------------------------------------------------------------
+
+
+async def test_trigger_is_idempotent_and_audited(admin: Admin, conn: asyncpg.Connection) -> None:
+    # Paused: the queued run stays outstanding, so the second trigger must find it.
+    await define(conn, "held", paused=True)
+    first = await admin.post("/api/jobs/default/held/trigger", params={"force": "true"})
+    assert first.status_code == 200, first.text
+    second = await admin.post("/api/jobs/default/held/trigger")
+    assert second.status_code == 200
+    run_id = first.json()["run"]
+    assert first.json() == {"run": run_id, "created": True, "status": "queued"}
+    assert second.json() == {"run": run_id, "created": False, "status": "queued"}
+    runs = await aio(client.list_runs)(conn, job="held")
+    assert [r.id for r in runs] == [run_id]
+    assert runs[0].args == {"force": True}
+
+    assert len(admin.audits) == 2
+    for record in admin.audits:
+        assert record["method"] == "POST"
+        assert record["path"] == "/api/jobs/default/held/trigger"
+        assert record["status"] == 200
+        assert record["run"] == run_id
+        assert record["job"] == "default/held"
+        assert record["remote"].startswith("127.0.0.1:")
+    assert [a["created"] for a in admin.audits] == [True, False]
+    assert admin.audits[0]["force"] is True
+    assert "force" not in admin.audits[1]
+
+
+async def test_error_shapes(admin: Admin, conn: asyncpg.Connection) -> None:
+    await define(conn, "held", paused=True)
+    assert_error(await admin.get("/api/jobs/default/nope"), 404, "job_not_found")
+    assert_error(await admin.get("/api/jobs/default/nope/runs"), 404, "job_not_found")
+    assert_error(await admin.post("/api/jobs/default/nope/trigger"), 404, "job_not_found")
+    assert_error(await admin.get("/api/runs/987654"), 404, "run_not_found")
+    assert_error(await admin.get("/api/runs/abc"), 400, "invalid_input")
+    assert_error(await admin.get("/api/runs/0"), 400, "invalid_input")
+    assert_error(await admin.get(f"/api/runs/{2**63}"), 400, "invalid_input")
+    assert_error(await admin.get("/api/jobs/default/held/runs?limit=0"), 400, "invalid_input")
+    assert_error(await admin.get("/api/jobs/default/held/runs?limit=x"), 400, "invalid_input")
+    assert_error(await admin.get("/api/jobs/default/held/runs?status=odd"), 400, "invalid_input")
+    assert_error(
+        await admin.post("/api/jobs/default/held/trigger", params={"force": "yes"}),
+        400,
+        "invalid_input",
+    )
+    assert_error(await admin.get("/api/nothing"), 404, "not_found")
+    assert_error(await admin.get("/api/jobs/default/held/trigger"), 405, "method_not_allowed")
+
+    run_id = (await admin.post("/api/jobs/default/held/trigger")).json()["run"]
+    resolve = f"/api/runs/{run_id}/resolve"
+    assert_error(await admin.post(resolve, content=b"{not json"), 400, "invalid_input")
+    assert_error(await admin.post(resolve, json=["failed"]), 400, "invalid_input")
+    assert_error(await admin.post(resolve, json={}), 400, "invalid_input")
+    assert_error(await admin.post(resolve, json={"as": "bogus"}), 400, "invalid_input")
+    assert_error(await admin.post(resolve, content=b" " * 70_000), 413, "too_large")
+    # A queued run is not unresolved: the state refuses it.
+    assert_error(await admin.post(resolve, json={"as": "failed"}), 409, "conflict")
+    assert_error(
+        await admin.post("/api/runs/987654/resolve", json={"as": "failed"}), 404, "run_not_found"
+    )
+    # Every POST above was audited once, with its status.
+    statuses = [a["status"] for a in admin.audits]
+    assert statuses == [404, 400, 200, 400, 400, 400, 400, 413, 409, 404]
+    assert [a.get("run") for a in admin.audits[-8:]] == [run_id] * 7 + [987654]
+
+
+async def test_resolve(admin: Admin, conn: asyncpg.Connection) -> None:
+    job_id = await define(conn, "stuck")
+    lost = await aio(conn.fetchval)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, error_cause) "
+        "VALUES ($1, 'manual', 'unresolved', 'lost') RETURNING id",
+        job_id,
+    )
+    response = await admin.post(f"/api/runs/{lost}/resolve", json={"as": "retry"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["run"] == lost
+    assert body["as"] == "retry"
+    retry = body["retry_run"]
+    assert isinstance(retry, int)
+    assert retry != lost
+    assert (await aio(client.get_run)(conn, lost)).status == "failed"
+    assert_error(
+        await admin.post(f"/api/runs/{lost}/resolve", json={"as": "failed"}), 409, "conflict"
+    )
+    assert [(a["run"], a["status"], a.get("retry_run")) for a in admin.audits] == [
+        (lost, 200, retry),
+        (lost, 409, None),
+    ]
+    assert admin.audits[0]["resolved_as"] == "retry"
+
+
+async def test_cancel_queued_run(admin: Admin, conn: asyncpg.Connection) -> None:
+    await define(conn, "held", paused=True)
+    run_id = (await admin.post("/api/jobs/default/held/trigger")).json()["run"]
+    response = await admin.post(f"/api/runs/{run_id}/cancel")
+    assert response.status_code == 200, response.text
+    assert response.json() == {"run": run_id, "status": "cancelled"}
+    assert (await aio(client.get_run)(conn, run_id)).status == "cancelled"
+    assert_error(await admin.post(f"/api/runs/{run_id}/cancel"), 409, "conflict")
+    assert_error(await admin.post("/api/runs/987654/cancel"), 404, "run_not_found")
+    assert [a["status"] for a in admin.audits] == [200, 200, 409, 404]
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+async def test_metrics_parse_and_move_with_runs(admin: Admin, conn: asyncpg.Connection) -> None:
+    await define(conn, "quick")
+    before = await admin.get("/metrics")
+    assert before.status_code == 200
+    assert before.headers["content-type"].startswith("text/plain")
+    families = {f.name for f in text_string_to_metric_families(before.text)}
+    assert {"coordinator_runs", "coordinator_armed_deadlines", "coordinator_sql_statements"} <= (
+        families
+    )
+    assert runs_total(before.text, "succeeded") == 0
+
+    run = (await admin.post("/api/jobs/default/quick/trigger")).json()["run"]
+    assert admin.harness is not None
+    await admin.harness.wait_event("job.run", run=run)
+    after = (await admin.get("/metrics")).text
+    assert runs_total(after, "succeeded") == 1
+    samples = {
+        s.name: s.value
+        for f in text_string_to_metric_families(after)
+        for s in f.samples
+        if not s.labels
+    }
+    assert samples["coordinator_claims_total"] == 1
+    assert samples["coordinator_run_duration_seconds_count"] == 1
+    assert samples["coordinator_running_calls"] == 0
+    assert samples["coordinator_retained_results"] == 0
+
+
+# -- cost --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_enabled_but_unused_api_sends_no_sql(
+    admin: Admin, conn: asyncpg.Connection, sql_log: StatementLog, database_name: str
+) -> None:
+    await define(conn, "later", schedule_kind="cron", schedule="0 0 1 1 *")
+    assert admin.harness is not None
+    await admin.harness.wait_event("refresh", count=2)
+    await trio.sleep(0.5)  # let anything in flight land
+
+    def sql(app: str) -> list[Any]:
+        return sql_log.statements(app=app, db=database_name)
+
+    sql_log.mark()
+    with trio.fail_after(IDLE_WINDOW + 15):
+        # Health checks, status and scrapes answer from memory: they cost no SQL either.
+        for _ in range(3):
+            await trio.sleep(IDLE_WINDOW / 3)
+            assert (await admin.get("/healthz", headers={})).status_code == 200
+            assert (await admin.get("/api/status")).status_code == 200
+            assert (await admin.get("/metrics")).status_code == 200
+    assert sql("coordinator") == []
+    assert sql(APP_ADMIN) == []
+    # The count is meaningful: a database read of the API shows up under its name.
+    assert (await admin.get("/api/jobs")).status_code == 200
+    assert len(sql(APP_ADMIN)) >= 1
+    assert sql("coordinator") == []
