@@ -71,6 +71,10 @@ Handler = Callable[[argparse.Namespace, "Context"], Awaitable[int]]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status (``sys.exit(main())``)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["worker"]:
+        from . import worker
+
+        return worker.main(arguments[1:])
     try:
         args = _parse(build_parser(), arguments)
     except _UsageError as exc:
@@ -195,8 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(groups)
     _add_status(groups)
     _add_config(groups)
+    _add_worker(groups)
     # ---- Later command groups plug in here, one call each, e.g.:
-    # _add_worker(groups)  `coordinator worker`: a worker process (coordinator.executors)
     # A handler is `async def (args, ctx: Context) -> int`, run inside trio-asyncio; it
     # gets the database from `ctx.database()` (or `ctx.connection()`).
     return parser
@@ -407,6 +411,18 @@ def _add_status(groups: _Subparsers) -> None:
         "the running daemon's state (via its admin API), else what the database says",
         reads=True,
     )
+
+
+def _add_worker(groups: _Subparsers) -> None:
+    # Its own parser (coordinator.worker.build_parser) reads the rest of the line; the
+    # worker runs on plain trio, outside the CLI's database context.
+    worker = groups.add_parser(
+        "worker",
+        help="run a worker process: coordinator worker MODULE:OBJECT [--socket PATH] ...",
+        add_help=False,
+    )
+    worker.add_argument("worker_argv", nargs=argparse.REMAINDER)
+    worker.set_defaults(handler=None, worker=True)
 
 
 def _add_config(groups: _Subparsers) -> None:

@@ -174,8 +174,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         name="worker_socket",
         convert=_path,
         default=None,
-        help="Unix socket workers connect to "
-        "(default: $RUNTIME_DIRECTORY/worker.sock, else <state_dir>/worker.sock)",
+        help="Unix socket workers connect to (default: $RUNTIME_DIRECTORY/worker.sock, "
+        "else /run/coordinator/worker.sock for root, else $XDG_RUNTIME_DIR/coordinator/)",
     ),
     Setting(
         name="admin_listen",
@@ -231,15 +231,6 @@ class Config:
     admin_token: str | None = None
     admin_token_file: Path | None = None
     metrics_public: bool = False
-
-    @property
-    def worker_socket_path(self) -> Path:
-        if self.worker_socket is not None:
-            return self.worker_socket
-        runtime = os.environ.get("RUNTIME_DIRECTORY")
-        if runtime:
-            return Path(runtime.split(":", 1)[0]) / "worker.sock"
-        return self.state_dir / "worker.sock"
 
     def admin_token_value(self) -> str | None:
         """The admin token: ``admin_token``, else the content of ``admin_token_file``."""

@@ -136,6 +136,8 @@ class Daemon:
     _in_flight: int = 0
     #: Manual runs that arrived while their job was being dispatched, by job id.
     _after_dispatch: dict[int, Ticket] = attrs.field(factory=dict)
+    #: Worker types admission knows the capacity of.
+    _pools: set[str] = attrs.field(factory=set)
     _nursery: trio.Nursery | None = None
     _lock_conn: Connection | None = None
     _listener: Listener | None = None
@@ -169,6 +171,35 @@ class Daemon:
         worker = self.executors.get("worker")
         types: Callable[[], list[str]] | None = getattr(worker, "served_types", None)
         return types() if types is not None else []
+
+    def _pool_capacity(self, pool: str) -> int:
+        worker = self.executors.get("worker")
+        capacity: Callable[[str], int] | None = getattr(worker, "capacity", None)
+        return capacity(pool) if capacity is not None else 0
+
+    def _ensure_pool(self, pool: str | None) -> None:
+        """Admission learns a worker type's capacity before its first ticket: 0 (wait,
+        no claim, no SQL) until a worker serving it connects."""
+        if pool is not None and pool not in self._pools:
+            self._pools.add(pool)
+            self.admission.set_capacity(pool, self._pool_capacity(pool))
+
+    def workers_changed(self) -> None:
+        """A worker connected, left or changed capacity (the worker executor calls this).
+
+        Capacities are updated at once; deadlines of worker jobs are armed or disarmed
+        from the in-memory inventory (an overdue one then runs once), with no SQL; and
+        a lifecycle wake asks for a coalesced refresh so queued manual runs for the
+        newly served types are found.
+        """
+        served = set(self.worker_types())
+        self._pools |= served
+        for pool in self._pools:
+            self.admission.set_capacity(pool, self._pool_capacity(pool))
+        for entry in self.jobs.values():
+            if entry.worker_type is not None:
+                self._arm(entry, served)
+        self.wake("workers.changed")
 
     async def run(self) -> int:
         """Lead, reconcile, serve until stopped; returns the exit status."""
@@ -249,6 +280,13 @@ class Daemon:
                 on_state=self._on_listener_state,
             )
             await nursery.start(self._listener.run)
+            # Executors that accept connections (workers) open only once we lead: a
+            # standby must not take the leader's socket. Before the first refresh, so
+            # workers that reconnect at once count when deadlines are first armed.
+            for executor in self.executors.values():
+                serve = getattr(executor, "serve", None)
+                if serve is not None:
+                    await nursery.start(serve)
         await self._refresh(first=True)
 
     async def _lead(self) -> bool:
@@ -425,6 +463,7 @@ class Daemon:
             return
         if self._blocked(job_id):
             return
+        self._ensure_pool(entry.worker_type)
         self.admission.offer(
             Ticket(
                 job_id=job_id,
@@ -440,6 +479,7 @@ class Daemon:
     def _offer_manual(
         self, *, job_id: int, run_id: int, priority: str, worker_type: str | None
     ) -> None:
+        self._ensure_pool(worker_type)
         ticket = Ticket(
             job_id=job_id,
             priority=_priority(priority),
@@ -790,6 +830,10 @@ class Daemon:
         self.admission.close()
         self.coalescer.hold()
         loop_scope.cancel()
+        for executor in self.executors.values():
+            detach = getattr(executor, "detach", None)
+            if detach is not None:
+                await detach()  # no new workers, nothing new sent; calls in flight go on
         self.log.info("stopping", running=len(self.running), retained=len(self.retained))
         with trio.move_on_after(self.settings.stop_timeout) as waited:
             while self._in_flight:

@@ -8,7 +8,7 @@ nursery. ``coordinator run`` and ``coordinator demo`` call :func:`serve`.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import trio
 
@@ -17,21 +17,66 @@ from .daemon import Daemon, DaemonSettings
 from .db import trio_asyncio_loop
 from .errors import ConfigError
 from .executors import ExecExecutor
+from .executors.worker import WorkerExecutor, default_socket_path
 from .log import EventLog, Level
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
+    from .clock import WallClock
     from .config import Config
     from .executors import Executor
 
 
+def build_daemon(
+    *,
+    dsn: str,
+    settings: DaemonSettings,
+    clock: WallClock,
+    log: EventLog,
+    worker_socket: Path | None = None,
+    notify: Callable[[str], None] | None = None,
+    handle_signals: bool = True,
+) -> Daemon:
+    """A daemon with both executors: commands, and workers on ``worker_socket`` (default
+    :func:`~coordinator.executors.worker.default_socket_path`)."""
+    daemon: Daemon | None = None
+
+    def workers_changed() -> None:
+        if daemon is not None:
+            daemon.workers_changed()
+
+    async def save_progress(run_id: int, snapshot: dict[str, Any]) -> None:
+        if daemon is not None:
+            await daemon.store.save_progress(run_id, snapshot)
+
+    executors: dict[str, Executor] = {
+        "exec": ExecExecutor(clock=clock),
+        "worker": WorkerExecutor(
+            clock=clock,
+            log=log,
+            socket_path=worker_socket or default_socket_path(),
+            on_change=workers_changed,
+            save_progress=save_progress,
+        ),
+    }
+    daemon = Daemon(
+        dsn=dsn,
+        settings=settings,
+        clock=clock,
+        log=log,
+        executors=executors,
+        notify=notify or (lambda message: None),
+        handle_signals=handle_signals,
+    )
+    return daemon
+
+
 async def serve(config: Config, *, dsn: str, notify: Callable[[str], None] | None = None) -> int:
     """Run the daemon for ``config`` against ``dsn`` until it stops; the exit status."""
-    clock = SystemWallClock()
     log = EventLog(format=_log_format(config.log_format), level=_log_level(config.log_level))
-    executors: dict[str, Executor] = {"exec": ExecExecutor(clock=clock)}
-    daemon = Daemon(
+    daemon = build_daemon(
         dsn=dsn,
         settings=DaemonSettings(
             refresh_spacing=config.refresh_spacing,
@@ -40,10 +85,10 @@ async def serve(config: Config, *, dsn: str, notify: Callable[[str], None] | Non
             spool_path=config.spool_path,
             pool_size=config.pool_size,
         ),
-        clock=clock,
+        clock=SystemWallClock(),
         log=log,
-        executors=executors,
-        notify=notify or (lambda message: None),
+        worker_socket=config.worker_socket,
+        notify=notify,
     )
     async with trio_asyncio_loop(), trio.open_nursery() as nursery:
         stopped = trio.Event()

@@ -158,6 +158,12 @@ SELECT * FROM coordinator._settle($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10
 
 _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1)"
 
+# Progress of a running call (coalesced by the worker executor: at most one write per
+# few seconds per run, never after the result).
+_SAVE_PROGRESS = """
+UPDATE coordinator.runs SET progress = $2::jsonb WHERE id = $1 AND status = 'running'
+"""
+
 _TRY_LOCK = "SELECT pg_try_advisory_lock($1, $2)"
 _LOCK = "SELECT pg_advisory_lock($1, $2)"
 
@@ -406,6 +412,12 @@ class Store:
             invalid=bool(row["invalid"]),
             schedule_version=row["schedule_version"],
             next_run_at=row["next_run_at"],
+        )
+
+    async def save_progress(self, run_id: int, snapshot: dict[str, Any]) -> None:
+        """The latest progress snapshot of a running call."""
+        await self._call(
+            "save_progress", "execute", _SAVE_PROGRESS, run_id, json.dumps(snapshot, default=str)
         )
 
     async def sweep_lost(self) -> list[LostRun]:

@@ -183,7 +183,9 @@ BEGIN
     UPDATE coordinator.runs
        SET status = p_status, started_at = coalesce(p_started_at, started_at),
            finished_at = p_finished_at, count = p_count, extra = p_extra,
-           error_cause = p_error_cause, error_message = p_error_message
+           error_cause = p_error_cause, error_message = p_error_message,
+           -- A worker's last progress snapshot is saved with the result.
+           progress = coalesce(p_extra->'progress', progress)
      WHERE id = p_run_id AND status IN ('running', 'pending')
     RETURNING * INTO r;
     outcome := CASE WHEN r.id IS NULL THEN 'already' ELSE 'saved' END;

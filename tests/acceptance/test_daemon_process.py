@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,10 +69,12 @@ class DaemonProcess:
 @pytest.fixture
 def daemons(database: str, tmp_path: Path) -> Iterator[Any]:
     started: list[DaemonProcess] = []
+    sockets = Path(tempfile.mkdtemp(prefix="cw-"))  # short: a socket path has ~108 bytes
 
     def start(name: str = "d1", *extra: str) -> DaemonProcess:
         log_path = tmp_path / f"{name}.log"
         env = {**os.environ, "COORDINATOR_DSN": database}
+        env["COORDINATOR_WORKER_SOCKET"] = str(sockets / f"{name}.sock")
         env.pop("COORDINATOR_TEST_DSN", None)
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
@@ -257,7 +260,11 @@ def test_run_without_dsn_uses_and_stops_its_private_cluster(tmp_path: Path) -> N
         pytest.skip("needs PostgreSQL server binaries")
     state = tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("COORDINATOR_")}
-    env.update(COORDINATOR_STATE_DIR=str(state), COORDINATOR_PG_BIN=bin_dir)
+    env.update(
+        COORDINATOR_STATE_DIR=str(state),
+        COORDINATOR_PG_BIN=bin_dir,
+        COORDINATOR_WORKER_SOCKET=str(Path(tempfile.mkdtemp(prefix="cw-")) / "w.sock"),
+    )
     pidfile = state / "postgres" / "data" / "postmaster.pid"
     created: list[float] = []
     for attempt in range(2):  # the second start reuses the cluster the first created

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -13,12 +15,10 @@ import trio
 from coordinator.clock import SystemWallClock
 from coordinator.daemon import Daemon, DaemonSettings
 from coordinator.db import aio
-from coordinator.executors import ExecExecutor
 from coordinator.log import EventLog
+from coordinator.service import build_daemon
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import asyncpg
 
 
@@ -65,6 +65,10 @@ async def start_daemon(
     aio_loop: Any, database: str, tmp_path: Path, nursery: trio.Nursery
 ) -> AsyncIterator[StartDaemon]:
     harnesses: list[Harness] = []
+    sockets = Path(tempfile.mkdtemp(prefix="cw-"))  # short: a socket path has ~108 bytes
+
+    def worker_socket(index: int) -> Path:
+        return sockets / f"w{index}.sock"
 
     async def start(
         *,
@@ -73,16 +77,15 @@ async def start_daemon(
         spool_path: Path | None = None,
         **settings: Any,
     ) -> Harness:
-        clock = SystemWallClock()
         events: list[dict[str, Any]] = []
         log = EventLog(level="debug", stream=_Null())
         log.observers.append(events.append)
-        daemon = Daemon(
+        daemon = build_daemon(
             dsn=dsn or database,
             settings=DaemonSettings(spool_path=spool_path or tmp_path / "spool.jsonl", **settings),
-            clock=clock,
+            clock=SystemWallClock(),
             log=log,
-            executors={"exec": ExecExecutor(clock=clock)},
+            worker_socket=worker_socket(len(harnesses)),
             handle_signals=False,
         )
         harness = Harness(daemon=daemon, events=events)

@@ -1,0 +1,971 @@
+"""The ``worker`` executor: long-lived worker processes that connect to the daemon
+(DESIGN.md §4; the wire format is :mod:`coordinator.protocol`, documented in
+``docs/worker-protocol.md``).
+
+Workers connect over a Unix socket (or TCP on loopback, with a shared token), say which
+job types they serve and how many calls they take at once, then receive ``call``
+messages and answer with ``result``; ``progress`` and ``checkpoint`` may come in
+between. The daemon sees the connected workers through :meth:`WorkerExecutor.served_types`
+and :meth:`WorkerExecutor.capacity`, and hears about every change through ``on_change``.
+
+Costs: a connected, quiet worker is one task blocked in ``receive_some`` (and one in the
+writer, blocked on its empty outbox): no heartbeat, no timer, no SQL. Timers exist only
+while something is owed: a connection that has not said ``hello`` yet, a call's timeout,
+a cancel's grace period, and the spacing of progress writes for a running call.
+
+Each connection has one reader task (which handles every message synchronously, so the
+bookkeeping needs no locks) and one writer task draining an unbounded outbox: sending
+never blocks a caller and a cancelled caller can never leave half a line on the socket.
+The outbox stays small because the daemon sends at most a ``call`` and a ``cancel`` per
+slot. A worker that breaks the protocol gets an ``error`` line and is disconnected; its
+in-flight calls end ``failed``/``crashed``; nothing else is disturbed.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import hmac
+import ipaddress
+import math
+import os
+import socket
+import stat
+import struct
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import attrs
+import trio
+
+from coordinator.clock import WallClock
+from coordinator.errors import CoordinatorError, InvalidInput
+from coordinator.log import EventLog
+from coordinator.model import Outcome
+from coordinator.protocol import (
+    MAX_LINE,
+    Bye,
+    Call,
+    Cancel,
+    Checkpoint,
+    Error,
+    Hello,
+    LineBuffer,
+    Message,
+    Progress,
+    ProtocolError,
+    Result,
+    Welcome,
+    encode,
+    parse_from_worker,
+)
+
+if TYPE_CHECKING:
+    from datetime import timedelta
+
+    from coordinator.model import Claim, ErrorCause, Target
+
+#: Message of an outcome whose call was abandoned because the daemon is stopping.
+CANCELLED_MESSAGE: Final = "cancelled: daemon stopping"
+#: Diagnostic progress entries kept per run (the oldest are dropped).
+PROGRESS_LOG_LIMIT: Final = 50
+#: Finished run ids remembered per connection, so late messages about them are ignored
+#: rather than refused as "never given".
+FINISHED_MEMORY: Final = 4096
+#: Longest error message kept from a worker's result (characters).
+ERROR_MESSAGE_LIMIT: Final = 2000
+#: Longest a single progress write may take before it is abandoned (seconds).
+SAVE_LIMIT: Final = 10.0
+#: Seconds a closing connection gets to flush its last lines (an ``error``).
+_FLUSH_LIMIT: Final = 1.0
+_READ_SIZE: Final = 64 * 1024
+_UNIX_PATH_MAX: Final = 107
+_TRUNCATED: Final = "…"
+
+_Status = Literal["succeeded", "failed", "timed_out", "cancelled"]
+
+
+class WorkerSocketError(CoordinatorError):
+    """The worker socket cannot be opened (path taken by a file, too long, in use...)."""
+
+
+def default_socket_path() -> Path:
+    """``$RUNTIME_DIRECTORY/worker.sock`` under systemd, ``/run/coordinator/worker.sock``
+    for root, else ``$XDG_RUNTIME_DIR/coordinator/worker.sock`` or
+    ``/tmp/coordinator-$UID/worker.sock``."""
+    env = os.environ.get("RUNTIME_DIRECTORY")
+    if env:
+        return Path(env.split(":", 1)[0]) / "worker.sock"
+    if os.geteuid() == 0:
+        return Path("/run/coordinator/worker.sock")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "coordinator" / "worker.sock"
+    return Path(f"/tmp/coordinator-{os.geteuid()}") / "worker.sock"
+
+
+def _nothing() -> None:
+    return None
+
+
+class _Reject(Exception):
+    """The peer broke the protocol: tell it why and close the connection."""
+
+
+@attrs.define(eq=False)
+class _Call:
+    """One call in flight on one connection."""
+
+    run_id: int
+    conn: _Conn
+    #: Set when the result arrives or the connection is lost.
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: Result | None = None
+    #: Why the connection went away before the result (``crashed`` message).
+    lost: str | None = None
+    cancel_sent: bool = False
+    #: The worker did not answer the cancel within the grace and was disconnected.
+    cancel_ignored: bool = False
+    #: The caller stopped waiting (it was cancelled): a result is accepted and dropped.
+    orphaned: bool = False
+    #: The result is in (or the call is over): no more progress is kept or written.
+    finished: bool = False
+    snapshot: dict[str, Any] | None = None
+    entries: collections.deque[dict[str, Any]] = attrs.field(
+        factory=lambda: collections.deque(maxlen=PROGRESS_LOG_LIMIT)
+    )
+    entries_total: int = 0
+    last_percent: float | None = None
+    regressed: bool = False
+    cursor: Any = None
+    has_cursor: bool = False
+    # Progress writes: at most one per interval; never once the call is finished.
+    pending: dict[str, Any] | None = None
+    next_save_at: float = -math.inf
+    saver_idle: trio.Event | None = None
+    saver_sleep: trio.CancelScope | None = None
+
+    def diagnostics(self) -> dict[str, Any]:
+        """What the outcome's ``extra`` gets: the final progress snapshot, the bounded
+        log of progress entries, and the last checkpoint cursor."""
+        out: dict[str, Any] = {}
+        if self.snapshot is not None:
+            out["progress"] = self.snapshot
+        if self.entries:
+            out["log"] = list(self.entries)
+            dropped = self.entries_total - len(self.entries)
+            if dropped:
+                out["log_dropped"] = dropped
+        if self.has_cursor:
+            out["checkpoint"] = self.cursor
+        return out
+
+
+@attrs.define(eq=False)
+class _Conn:
+    """One worker connection."""
+
+    stream: trio.SocketStream
+    transport: Literal["unix", "tcp"]
+    #: ``pid=.. uid=..`` on the Unix socket, ``host:port`` over TCP (for logs).
+    peer: str
+    connected_at: datetime
+    outbox_send: trio.MemorySendChannel[bytes]
+    outbox_recv: trio.MemoryReceiveChannel[bytes]
+    reader_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    writer_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    #: Bounds the wait for ``hello``; lifted once it arrives.
+    hello_scope: trio.CancelScope | None = None
+    worker: str | None = None
+    types: tuple[str, ...] = ()
+    capacity: int = 0
+    #: run id -> call in flight (its slot is taken until the result).
+    calls: dict[int, _Call] = attrs.field(factory=dict)
+    finished: collections.OrderedDict[int, None] = attrs.field(factory=collections.OrderedDict)
+    #: Said ``bye``: no new calls; closed once the last result is in.
+    draining: bool = False
+    closing: bool = False
+
+    def send(self, message: Message) -> bool:
+        """Queue a line for the writer; ``False`` once the connection is closing."""
+        if self.closing:
+            return False
+        return self.send_bytes(encode(message))
+
+    def send_bytes(self, data: bytes) -> bool:
+        try:
+            self.outbox_send.send_nowait(data)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        return True
+
+    def remember(self, run_id: int) -> None:
+        self.finished[run_id] = None
+        while len(self.finished) > FINISHED_MEMORY:
+            self.finished.popitem(last=False)
+
+    def label(self) -> str:
+        return self.worker or f"<{self.peer}>"
+
+
+@attrs.define(eq=False, kw_only=True)
+class WorkerExecutor:
+    """Serves worker connections and calls ``worker`` targets on them."""
+
+    #: Where ``started_at``, ``finished_at`` and progress timestamps come from.
+    clock: WallClock
+    #: Where ``worker.*`` events go.
+    log: EventLog
+    #: The Unix socket workers connect to; ``None`` for TCP only.
+    socket_path: Path | None = None
+    #: ``(host, port)`` to listen on too; the host must be a loopback address.
+    tcp: tuple[str, int] | None = None
+    #: The shared secret TCP workers must send in ``hello`` (required with ``tcp``).
+    token: str | None = None
+    #: Called whenever the served types or their capacities change (a worker arrived,
+    #: left, said ``bye``, or the executor was detached).
+    on_change: Callable[[], None] = _nothing
+    #: Seconds a worker may take to stop a cancelled call before it is disconnected.
+    cancel_grace: float = 10.0
+    #: Least seconds between two progress writes for one run.
+    progress_interval: float = 3.0
+    #: Writes a run's progress snapshot (``runs.progress``); ``None`` writes nothing.
+    save_progress: Callable[[int, dict[str, Any]], Awaitable[None]] | None = None
+    #: Seconds a new connection may take to say ``hello``.
+    hello_timeout: float = 10.0
+
+    #: The TCP address actually bound (port 0 picks one), once serving.
+    bound_tcp: tuple[str, int] | None = attrs.field(default=None, init=False)
+    #: Registered (not draining) connections by worker id.
+    _conns: dict[str, _Conn] = attrs.field(factory=dict, init=False)
+    #: Connections that said ``bye`` and still have calls in flight.
+    _draining: set[_Conn] = attrs.field(factory=set, init=False)
+    #: job type -> total capacity of the registered workers serving it.
+    _capacity: dict[str, int] = attrs.field(factory=dict, init=False)
+    #: Set (and replaced) whenever a slot frees or the workers change.
+    _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _detached: bool = attrs.field(default=False, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _accept_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
+    _listeners: list[trio.SocketListener] = attrs.field(factory=list, init=False)
+    #: (st_dev, st_ino) of the socket file we bound, so we only ever unlink our own.
+    _socket_id: tuple[int, int] | None = attrs.field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.socket_path is None and self.tcp is None:
+            raise InvalidInput("worker socket", "give a socket path, a TCP address, or both")
+        if self.tcp is not None:
+            host, port = self.tcp
+            if not _is_loopback(host):
+                raise InvalidInput("worker tcp", f"{host!r} is not a loopback address")
+            if not 0 <= port <= 65535:
+                raise InvalidInput("worker tcp", f"port {port} is out of range")
+            if not self.token:
+                raise InvalidInput("worker token", "TCP workers need a shared token")
+
+    # -- the Executor protocol ---------------------------------------------------------
+
+    def available(self, target: Target) -> bool:
+        """Whether a worker serving ``target.worker_type`` is connected (capacity is
+        the daemon's admission's business: see :meth:`capacity`)."""
+        return target.kind == "worker" and self._capacity.get(target.worker_type or "", 0) > 0
+
+    async def call(self, claim: Claim, *, abandon: trio.Event) -> Outcome:
+        """Call the run on a connected worker and report how it ended; never raises for
+        anything the worker does. Only ``trio.Cancelled`` propagates (the worker is sent
+        ``cancel`` first)."""
+        job = claim.job
+        worker_type = job.target.worker_type or ""
+        if abandon.is_set():
+            return self._ended(self.clock.now(), "cancelled", None, CANCELLED_MESSAGE)
+        conn = await self._reserve(worker_type, abandon)
+        if conn is None:
+            now = self.clock.now()
+            if abandon.is_set():
+                return self._ended(now, "cancelled", None, CANCELLED_MESSAGE)
+            reason = "the daemon is stopping" if self._detached else "none is connected"
+            return self._ended(
+                now, "failed", "crashed", f"no worker serving {worker_type!r}: {reason}"
+            )
+        run_id = claim.run_id
+        call = _Call(run_id=run_id, conn=conn)
+        conn.calls[run_id] = call
+        started_at = self.clock.now()
+        timeout = job.timeout
+        problem: str | None = None
+        try:
+            message = Call(
+                run=run_id,
+                job=job.name,
+                namespace=job.namespace,
+                job_type=worker_type,
+                args=dict(claim.args),
+                params=dict(job.params),
+                deadline=None if timeout is None else started_at + timeout,
+                attempt=max(1, claim.attempt),
+                checkpoint=None,
+                trigger=claim.trigger,
+                scheduled_for=claim.scheduled_for,
+            )
+            data = encode(message)
+        except (TypeError, ValueError) as exc:
+            data, problem = b"", f"cannot send the call: {exc}"
+        else:
+            if len(data) - 1 > MAX_LINE:
+                problem = f"call message of {len(data) - 1} bytes exceeds {MAX_LINE}"
+        if problem is not None:
+            self._release(conn, call)
+            return self._ended(started_at, "failed", "handler", problem)
+        try:
+            conn.send_bytes(data)
+            ending = await self._wait(call, abandon, timeout)
+            if ending != "done":
+                await self._cancel(call, ending)
+        except BaseException:
+            if not call.done.is_set():
+                call.orphaned = True
+                if not call.cancel_sent:
+                    conn.send(Cancel(run=run_id, reason="stopping"))
+            self._finish_progress(call)
+            raise
+        await self._settle_progress(call)
+        return self._outcome(call, started_at, ending, timeout)
+
+    # -- inventory -----------------------------------------------------------------------
+
+    def served_types(self) -> list[str]:
+        """Job types some connected worker serves (none once detached)."""
+        return sorted(self._capacity)
+
+    def capacity(self, worker_type: str) -> int:
+        """Total capacity of the connected workers serving ``worker_type`` (0 if none)."""
+        return self._capacity.get(worker_type, 0)
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Connected workers, for status: id, types, capacity, busy, and how connected."""
+        out = []
+        for conn in [*self._conns.values(), *self._draining]:
+            out.append(
+                {
+                    "id": conn.worker,
+                    "types": list(conn.types),
+                    "capacity": conn.capacity,
+                    "busy": len(conn.calls),
+                    "draining": conn.draining,
+                    "transport": conn.transport,
+                    "peer": conn.peer,
+                    "connected_at": conn.connected_at.isoformat(),
+                }
+            )
+        return sorted(out, key=lambda w: str(w["id"]))
+
+    # -- serving -------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen for workers until cancelled; ``task_status.started()`` once listening.
+
+        Raises :class:`WorkerSocketError` if the socket cannot be opened; nothing a
+        worker does makes it raise.
+        """
+        unix = await self._open_unix() if self.socket_path is not None else None
+        tcp: list[trio.SocketListener] = []
+        try:
+            if self.tcp is not None:
+                tcp = await self._open_tcp()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(trio.sleep_forever)  # serve until cancelled
+                nursery.start_soon(self._accept, [unix] if unix is not None else [], tcp, nursery)
+                self.log.info(
+                    "worker.listening",
+                    socket=str(self.socket_path) if unix is not None else None,
+                    tcp=f"{self.bound_tcp[0]}:{self.bound_tcp[1]}" if self.bound_tcp else None,
+                )
+                task_status.started()
+        finally:
+            self._nursery = None
+            with trio.CancelScope(shield=True):
+                await self._close_listeners()
+
+    async def detach(self) -> None:
+        """At daemon stop: accept no more workers and send no new calls. Calls in flight
+        carry on until their result (or their timeout)."""
+        if self._detached:
+            return
+        self._detached = True
+        self._accept_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await self._close_listeners()
+        self.log.info("worker.detached", connected=len(self._conns) + len(self._draining))
+        self._inventory_changed()
+
+    async def _open_unix(self) -> trio.SocketListener:
+        path = self.socket_path
+        assert path is not None
+        if len(os.fsencode(path)) > _UNIX_PATH_MAX:
+            raise WorkerSocketError(
+                f"worker socket path is longer than {_UNIX_PATH_MAX} bytes: {path}"
+            )
+        try:
+            path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            owner = os.stat(path.parent).st_uid
+            if owner not in (0, os.geteuid()):
+                # e.g. /tmp/coordinator-UID made by someone else to catch our workers
+                raise WorkerSocketError(
+                    f"{path.parent} belongs to another user (uid {owner}); not listening there"
+                )
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                pass
+            else:
+                if not stat.S_ISSOCK(st.st_mode):
+                    raise WorkerSocketError(f"{path} exists and is not a socket; not removing it")
+                os.unlink(path)  # stale, from an earlier daemon
+            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                await sock.bind(os.fspath(path))
+                os.chmod(path, 0o660)
+                sock.listen(128)
+                st = os.stat(path)
+            except BaseException:
+                sock.close()
+                raise
+        except OSError as exc:
+            raise WorkerSocketError(f"cannot listen on {path}: {exc.strerror or exc}") from exc
+        self._socket_id = (st.st_dev, st.st_ino)
+        listener = trio.SocketListener(sock)
+        self._listeners.append(listener)
+        return listener
+
+    async def _open_tcp(self) -> list[trio.SocketListener]:
+        assert self.tcp is not None
+        host, port = self.tcp
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise WorkerSocketError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+            ) from exc
+        self._listeners.extend(listeners)
+        name = listeners[0].socket.getsockname()
+        self.bound_tcp = (str(name[0]), int(name[1]))
+        return listeners
+
+    async def _close_listeners(self) -> None:
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            with contextlib.suppress(OSError, trio.ClosedResourceError):
+                await listener.aclose()
+        if self._socket_id is not None and self.socket_path is not None:
+            with contextlib.suppress(OSError):
+                st = os.lstat(self.socket_path)
+                if (st.st_dev, st.st_ino) == self._socket_id:
+                    os.unlink(self.socket_path)
+            self._socket_id = None
+
+    async def _accept(
+        self,
+        unix: list[trio.SocketListener],
+        tcp: list[trio.SocketListener],
+        handlers: trio.Nursery,
+    ) -> None:
+        """Accept connections until :meth:`detach` (handlers run in ``handlers``)."""
+        with self._accept_scope:
+            async with trio.open_nursery() as nursery:
+                if unix:
+                    handler = functools.partial(self._handle, transport="unix")
+                    nursery.start_soon(self._accept_on, handler, unix, handlers)
+                if tcp:
+                    handler = functools.partial(self._handle, transport="tcp")
+                    nursery.start_soon(self._accept_on, handler, tcp, handlers)
+
+    @staticmethod
+    async def _accept_on(
+        handler: Callable[[trio.SocketStream], Awaitable[None]],
+        listeners: list[trio.SocketListener],
+        handlers: trio.Nursery,
+    ) -> None:
+        with contextlib.suppress(trio.ClosedResourceError):
+            await trio.serve_listeners(handler, listeners, handler_nursery=handlers)
+
+    # -- one connection ------------------------------------------------------------------
+
+    async def _handle(
+        self, stream: trio.SocketStream, *, transport: Literal["unix", "tcp"]
+    ) -> None:
+        send, recv = trio.open_memory_channel[bytes](math.inf)
+        conn = _Conn(
+            stream=stream,
+            transport=transport,
+            peer=_peer(stream, transport),
+            connected_at=self.clock.now(),
+            outbox_send=send,
+            outbox_recv=recv,
+        )
+        reason = "disconnected"
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_loop, conn)
+                error: str | None = None
+                with conn.reader_scope:
+                    try:
+                        reason = await self._read_loop(conn)
+                    except _Reject as exc:
+                        reason, error = "rejected", str(exc)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        reason = "connection lost"
+                self._disconnect(conn, reason, error=error)
+                conn.writer_scope.deadline = min(
+                    conn.writer_scope.deadline, trio.current_time() + _FLUSH_LIMIT
+                )
+        except Exception as exc:  # a bug of ours: log it, never take serve() down
+            self.log.error("worker.internal_error", worker=conn.label(), error=repr(exc))
+        finally:
+            self._disconnect(conn, reason)
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+    async def _write_loop(self, conn: _Conn) -> None:
+        with conn.writer_scope:
+            try:
+                async for data in conn.outbox_recv:
+                    await conn.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        if not conn.closing:
+            self._disconnect(conn, "connection lost")
+
+    async def _read_loop(self, conn: _Conn) -> str:
+        """Read and handle messages until the peer closes (``eof``) or is done
+        (``bye``). Raises :class:`_Reject` for a protocol violation."""
+        lines = LineBuffer()
+        with trio.CancelScope(deadline=trio.current_time() + self.hello_timeout) as hello:
+            conn.hello_scope = hello
+            while True:
+                data = await conn.stream.receive_some(_READ_SIZE)
+                if not data:
+                    return "eof"
+                try:
+                    batch = lines.feed(data)
+                except ProtocolError as exc:
+                    raise _Reject(exc.message) from None
+                for line in batch:
+                    try:
+                        message = parse_from_worker(line)
+                    except ProtocolError as exc:
+                        raise _Reject(exc.message) from None
+                    self._on_message(conn, message)
+                    if conn.closing:
+                        return "bye"
+        raise _Reject(f"no hello within {self.hello_timeout:g}s")
+
+    def _on_message(self, conn: _Conn, message: Message) -> None:
+        if conn.worker is None:
+            if not isinstance(message, Hello):
+                raise _Reject(f"expected hello first, got {message.TYPE}")
+            self._on_hello(conn, message)
+        elif isinstance(message, Result):
+            self._on_result(conn, message)
+        elif isinstance(message, Progress):
+            self._on_progress(conn, message)
+        elif isinstance(message, Checkpoint):
+            self._on_checkpoint(conn, message)
+        elif isinstance(message, Bye):
+            self._on_bye(conn)
+        elif isinstance(message, Hello):
+            raise _Reject("hello sent twice on one connection")
+        else:  # pragma: no cover - parse_from_worker admits nothing else
+            raise _Reject(f"unexpected message type {message.TYPE}")
+
+    def _on_hello(self, conn: _Conn, hello: Hello) -> None:
+        if self._detached:
+            raise _Reject("the daemon is stopping; connect again later")
+        if conn.transport == "tcp":
+            expected = (self.token or "").encode()
+            given = (hello.token or "").encode()
+            if not given or not hmac.compare_digest(given, expected):
+                raise _Reject("missing or wrong token")
+        if conn.hello_scope is not None:
+            conn.hello_scope.deadline = math.inf
+        conn.worker, conn.types, conn.capacity = hello.worker, hello.types, hello.capacity
+        conn.send(Welcome(worker=hello.worker))  # before any call can be queued
+        old = self._conns.pop(hello.worker, None)
+        if old is not None:
+            # Runs the old connection had (or just finished) are not "never given" here.
+            for run_id in [*old.finished, *old.calls]:
+                conn.remember(run_id)
+            self._disconnect(
+                old,
+                "replaced",
+                error="replaced by a new connection with the same worker id",
+                lost=f"worker {hello.worker} disconnected (replaced by a new connection)",
+            )
+        self._conns[hello.worker] = conn
+        self.log.info(
+            "worker.connected",
+            worker=hello.worker,
+            types=",".join(hello.types),
+            capacity=hello.capacity,
+            transport=conn.transport,
+            peer=conn.peer,
+            replaced=True if old is not None else None,
+        )
+        self._inventory_changed()
+
+    def _on_result(self, conn: _Conn, result: Result) -> None:
+        call = conn.calls.pop(result.run, None)
+        if call is None:
+            self._unknown_run(conn, result.run, "result")
+            return
+        conn.remember(result.run)
+        call.result = result
+        call.finished = True
+        call.done.set()
+        self._slot_freed()
+        if conn.draining and not conn.calls:
+            self._disconnect(conn, "bye")
+
+    def _on_progress(self, conn: _Conn, progress: Progress) -> None:
+        call = conn.calls.get(progress.run)
+        if call is None:
+            self._unknown_run(conn, progress.run, "progress")
+            return
+        if call.finished or call.orphaned:
+            return
+        entry: dict[str, Any] = {"at": self.clock.now().isoformat(), "mode": progress.mode}
+        percent = progress.percent
+        if percent is not None:
+            entry["percent"] = percent
+            if call.last_percent is not None and percent < call.last_percent:
+                call.regressed = True
+                entry["regressed"] = True
+                entry["previous"] = call.last_percent
+            call.last_percent = percent
+        if progress.label is not None:
+            entry["label"] = progress.label
+        if progress.message is not None:
+            entry["message"] = progress.message
+        call.entries.append(entry)
+        call.entries_total += 1
+        snapshot = {k: v for k, v in entry.items() if k not in ("regressed", "previous")}
+        if call.regressed:
+            snapshot["regressed"] = True
+        call.snapshot = snapshot
+        if self.save_progress is not None and self._nursery is not None:
+            call.pending = snapshot
+            if call.saver_idle is None:
+                call.saver_idle = trio.Event()
+                self._nursery.start_soon(self._save_loop, call)
+
+    def _on_checkpoint(self, conn: _Conn, checkpoint: Checkpoint) -> None:
+        call = conn.calls.get(checkpoint.run)
+        if call is None:
+            self._unknown_run(conn, checkpoint.run, "checkpoint")
+            return
+        if call.finished or call.orphaned:
+            return
+        call.cursor = checkpoint.cursor
+        call.has_cursor = True
+
+    def _unknown_run(self, conn: _Conn, run_id: int, what: str) -> None:
+        if run_id in conn.finished:
+            # Late, after the run's result (or its connection's replacement): ignored.
+            self.log.debug("worker.late_message", worker=conn.worker, run=run_id, type=what)
+            return
+        raise _Reject(f"{what} for run {run_id}, which this connection was never given")
+
+    def _on_bye(self, conn: _Conn) -> None:
+        assert conn.worker is not None
+        if self._conns.get(conn.worker) is conn:
+            del self._conns[conn.worker]
+        conn.draining = True
+        self.log.info("worker.bye", worker=conn.worker, busy=len(conn.calls))
+        if conn.calls:
+            self._draining.add(conn)
+        else:
+            self._disconnect(conn, "bye")
+        self._inventory_changed()
+
+    def _disconnect(
+        self, conn: _Conn, reason: str, *, error: str | None = None, lost: str | None = None
+    ) -> None:
+        """Close ``conn`` (idempotent): its calls end ``crashed``, its types stop being
+        served; ``error`` is sent first when given."""
+        if conn.closing:
+            return
+        if error is not None:
+            conn.send(Error(message=error))
+        conn.closing = True
+        conn.outbox_send.close()
+        conn.reader_scope.cancel()
+        self._draining.discard(conn)
+        registered = conn.worker is not None and self._conns.get(conn.worker) is conn
+        if registered:
+            assert conn.worker is not None
+            del self._conns[conn.worker]
+        calls = list(conn.calls.values())
+        conn.calls.clear()
+        message = lost or f"worker {conn.label()} disconnected"
+        for call in calls:
+            call.lost = message
+            call.finished = True
+            call.done.set()
+        if conn.worker is None:
+            if error is not None:
+                self.log.warning("worker.rejected", peer=conn.peer, error=error)
+        elif error is not None and reason == "rejected":
+            self.log.warning(
+                "worker.rejected",
+                worker=conn.worker,
+                peer=conn.peer,
+                error=error,
+                crashed=len(calls) or None,
+            )
+        else:
+            self.log.event(
+                "worker.disconnected",
+                "warning" if calls else "info",
+                worker=conn.worker,
+                reason=reason,
+                crashed=len(calls) or None,
+            )
+        if registered:
+            self._inventory_changed()
+        elif calls:
+            self._slot_freed()
+
+    def _inventory_changed(self) -> None:
+        capacity: dict[str, int] = {}
+        if not self._detached:
+            for conn in self._conns.values():
+                for worker_type in conn.types:
+                    capacity[worker_type] = capacity.get(worker_type, 0) + conn.capacity
+        self._slot_freed()
+        if capacity == self._capacity:
+            return
+        self._capacity = capacity
+        try:
+            self.on_change()
+        except Exception as exc:  # the daemon's bug; keep serving
+            self.log.error("worker.on_change_failed", error=repr(exc))
+
+    def _slot_freed(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # -- calling -------------------------------------------------------------------------
+
+    async def _reserve(self, worker_type: str, abandon: trio.Event) -> _Conn | None:
+        """The least busy registered worker serving ``worker_type`` with a free slot,
+        waiting for one if all are busy; ``None`` if none serves it (or on abandon)."""
+        while True:
+            if self._detached or abandon.is_set():
+                return None
+            best: _Conn | None = None
+            serving = False
+            for conn in self._conns.values():
+                if worker_type not in conn.types:
+                    continue
+                serving = True
+                busy = len(conn.calls)
+                if busy < conn.capacity and (
+                    best is None or (busy, -conn.capacity) < (len(best.calls), -best.capacity)
+                ):
+                    best = conn
+            if best is not None:
+                return best
+            if not serving:
+                return None
+            await _wait_any(self._changed, abandon)
+
+    def _release(self, conn: _Conn, call: _Call) -> None:
+        if conn.calls.get(call.run_id) is call:
+            del conn.calls[call.run_id]
+            self._slot_freed()
+        call.finished = True
+
+    async def _wait(
+        self, call: _Call, abandon: trio.Event, time_limit: timedelta | None
+    ) -> Literal["done", "timeout", "abandon"]:
+        limit = math.inf if time_limit is None else max(time_limit.total_seconds(), 0.0)
+        with trio.move_on_after(limit):
+            await _wait_any(call.done, abandon)
+        if call.done.is_set():
+            return "done"
+        return "abandon" if abandon.is_set() else "timeout"
+
+    async def _cancel(self, call: _Call, ending: Literal["timeout", "abandon"]) -> None:
+        """Send ``cancel``; disconnect the worker if it does not answer within the grace."""
+        conn = call.conn
+        call.cancel_sent = True
+        conn.send(Cancel(run=call.run_id, reason="timeout" if ending == "timeout" else "stopping"))
+        with trio.move_on_after(self.cancel_grace):
+            await call.done.wait()
+        if call.done.is_set():
+            return
+        call.cancel_ignored = True
+        self.log.warning(
+            "worker.cancel_ignored",
+            worker=conn.worker,
+            run=call.run_id,
+            grace_s=self.cancel_grace,
+        )
+        self._disconnect(
+            conn,
+            "cancel ignored",
+            error=f"run {call.run_id} ignored cancel for {self.cancel_grace:g}s; disconnecting",
+        )
+
+    def _outcome(
+        self,
+        call: _Call,
+        started_at: datetime,
+        ending: Literal["done", "timeout", "abandon"],
+        timeout: timedelta | None,
+    ) -> Outcome:
+        extra = call.diagnostics()
+        if ending == "timeout":
+            assert timeout is not None
+            message = f"timed out after {_seconds(timeout)}s"
+            if call.cancel_ignored:
+                message += f"; worker {call.conn.worker} ignored cancel and was disconnected"
+            elif call.result is None and call.lost is not None:
+                message += f"; then {call.lost}"
+            return self._ended(started_at, "timed_out", "timeout", message, extra)
+        if ending == "abandon":
+            return self._ended(started_at, "cancelled", None, CANCELLED_MESSAGE, extra)
+        result = call.result
+        if result is None:
+            return self._ended(started_at, "failed", "crashed", call.lost or "worker lost", extra)
+        merged = dict(result.extra or {})
+        merged.update(extra)
+        if result.ok:
+            return Outcome(
+                status="succeeded",
+                started_at=started_at,
+                finished_at=self.clock.now(),
+                count=result.count,
+                extra=merged,
+            )
+        error = (result.error or "").strip() or "the worker reported a failure"
+        if len(error) > ERROR_MESSAGE_LIMIT:
+            error = error[:ERROR_MESSAGE_LIMIT] + _TRUNCATED
+        return Outcome(
+            status="failed",
+            started_at=started_at,
+            finished_at=self.clock.now(),
+            count=result.count,
+            extra=merged,
+            error_cause="handler",
+            error_message=error,
+        )
+
+    def _ended(
+        self,
+        started_at: datetime,
+        status: _Status,
+        cause: ErrorCause | None,
+        message: str,
+        extra: dict[str, Any] | None = None,
+    ) -> Outcome:
+        return Outcome(
+            status=status,
+            started_at=started_at,
+            finished_at=self.clock.now(),
+            extra=extra or {},
+            error_cause=cause,
+            error_message=message,
+        )
+
+    # -- progress writes -----------------------------------------------------------------
+
+    async def _save_loop(self, call: _Call) -> None:
+        """Write the latest snapshot at most once per ``progress_interval``; stop as
+        soon as the call is finished (the outcome carries the final snapshot)."""
+        save = self.save_progress
+        assert save is not None
+        assert call.saver_idle is not None
+        try:
+            while call.pending is not None and not call.finished:
+                with trio.CancelScope() as call.saver_sleep:
+                    await trio.sleep_until(call.next_save_at)
+                call.saver_sleep = None
+                if call.finished:
+                    return
+                snapshot, call.pending = call.pending, None
+                call.next_save_at = trio.current_time() + self.progress_interval
+                try:
+                    with trio.move_on_after(SAVE_LIMIT) as limit:
+                        await save(call.run_id, snapshot)
+                except Exception as exc:  # the store's failure: the outcome still has it
+                    self.log.warning("progress.save_failed", run=call.run_id, error=str(exc))
+                else:
+                    if limit.cancelled_caught:
+                        self.log.warning("progress.save_failed", run=call.run_id, error="timeout")
+        finally:
+            idle, call.saver_idle = call.saver_idle, None
+            idle.set()
+
+    def _finish_progress(self, call: _Call) -> None:
+        call.finished = True
+        call.pending = None
+        if call.saver_sleep is not None:
+            call.saver_sleep.cancel()
+
+    async def _settle_progress(self, call: _Call) -> None:
+        """Stop progress writes for a finished call; wait for one under way, so no
+        write can land after the result is handed to the daemon."""
+        self._finish_progress(call)
+        idle = call.saver_idle
+        if idle is not None:
+            await idle.wait()
+
+
+async def _wait_any(*events: trio.Event) -> None:
+    """Return once any of ``events`` is set."""
+    if any(event.is_set() for event in events):
+        return
+    async with trio.open_nursery() as nursery:
+        for event in events:
+            nursery.start_soon(_set_then_cancel, event, nursery.cancel_scope)
+
+
+async def _set_then_cancel(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _peer(stream: trio.SocketStream, transport: str) -> str:
+    sock = stream.socket
+    try:
+        if transport == "unix":
+            so_peercred = getattr(socket, "SO_PEERCRED", None)
+            if so_peercred is None:
+                return "unix"
+            raw = sock.getsockopt(socket.SOL_SOCKET, so_peercred, struct.calcsize("3i"))
+            pid, uid, _gid = struct.unpack("3i", raw)
+            return f"pid={pid} uid={uid}"
+        name = sock.getpeername()
+        return f"{name[0]}:{name[1]}"
+    except OSError:
+        return transport
+
+
+def _seconds(delta: timedelta) -> str:
+    seconds = delta.total_seconds()
+    if seconds.is_integer():
+        return str(int(seconds))
+    return f"{seconds:.3f}".rstrip("0").rstrip(".")

@@ -1,0 +1,671 @@
+"""The worker protocol's wire format (``docs/worker-protocol.md``), pure: no I/O.
+
+A connection carries newline-delimited JSON (UTF-8) in both directions: one object per
+line, at most :data:`MAX_LINE` bytes without the newline. Every object has ``"v": 1``
+and a ``"type"``; unknown fields are ignored (room to grow), an unknown type is an
+error. Workers send ``hello`` (first), ``progress``, ``checkpoint``, ``result`` and
+``bye``; the daemon sends ``welcome``, ``call``, ``cancel`` and ``error``.
+
+Each message is a frozen attrs value whose validators hold the protocol's limits, so a
+message built by the daemon or by the SDK is as valid as one that was parsed.
+:func:`parse` (and its one-sided forms :func:`parse_from_worker` and
+:func:`parse_from_daemon`) raise :class:`ProtocolError` with a message meant for the
+peer; :func:`encode` returns one line ready to send. :class:`LineBuffer` splits a byte
+stream into lines and refuses oversized ones.
+
+Layering: imports nothing from the shell (only :mod:`coordinator.errors`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypeAlias, cast
+
+import attrs
+
+from coordinator.errors import CoordinatorError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+#: The protocol version every message carries as ``"v"``.
+VERSION: Final = 1
+#: Longest line (bytes, newline excluded) either side accepts.
+MAX_LINE: Final = 64 * 1024
+#: Longest progress ``message`` (characters).
+MAX_MESSAGE: Final = 500
+#: Longest step ``label`` (characters).
+MAX_LABEL: Final = 200
+#: Longest worker id or job type (characters).
+MAX_NAME: Final = 200
+#: Most job types one worker may serve.
+MAX_TYPES: Final = 256
+#: Largest capacity a worker may declare.
+MAX_CAPACITY: Final = 1024
+#: Largest checkpoint cursor: its compact JSON encoding, in bytes.
+MAX_CURSOR: Final = 16 * 1024
+
+ProgressMode = Literal["determinate", "indeterminate", "step"]
+PROGRESS_MODES: Final[tuple[ProgressMode, ...]] = ("determinate", "indeterminate", "step")
+
+_BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
+
+
+class ProtocolError(CoordinatorError, ValueError):
+    """A message that breaks the protocol; ``message`` is what the peer is told."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+# -- validators ---------------------------------------------------------------------------
+
+
+def _check_name(what: str) -> Any:
+    def check(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, str) or not value.strip():
+            raise ProtocolError(f"{what}: '{attr.name}' must be a non-empty string")
+        if len(value) > MAX_NAME:
+            raise ProtocolError(f"{what}: '{attr.name}' is longer than {MAX_NAME} characters")
+
+    return check
+
+
+def _check_positive(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if not _is_int(value) or not 1 <= value <= _BIGINT_MAX:  # type: ignore[operator]
+        raise ProtocolError(f"'{attr.name}' must be a positive 64-bit integer, not {_shown(value)}")
+
+
+def _check_types(_inst: object, _attr: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    if not value:
+        raise ProtocolError("hello: 'types' must list at least one job type")
+    if len(value) > MAX_TYPES:
+        raise ProtocolError(f"hello: 'types' lists more than {MAX_TYPES} job types")
+    for item in value:
+        if not isinstance(item, str) or not item.strip() or len(item) > MAX_NAME:
+            raise ProtocolError(
+                f"hello: every job type must be a non-empty string of at most {MAX_NAME} "
+                f"characters, not {_shown(item)}"
+            )
+    if len(set(value)) != len(value):
+        raise ProtocolError("hello: 'types' lists a job type twice")
+
+
+def _check_capacity(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+    if not _is_int(value) or not 1 <= value <= MAX_CAPACITY:  # type: ignore[operator]
+        raise ProtocolError(
+            f"hello: 'capacity' must be an integer from 1 to {MAX_CAPACITY}, not {_shown(value)}"
+        )
+
+
+def _check_optional_text(what: str, limit: int) -> Any:
+    def check(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+        if value is None:
+            return
+        if not isinstance(value, str):
+            raise ProtocolError(f"{what}: '{attr.name}' must be a string")
+        if len(value) > limit:
+            raise ProtocolError(f"{what}: '{attr.name}' is longer than {limit} characters")
+
+    return check
+
+
+def _check_count(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if not _is_int(value) or not _BIGINT_MIN <= value <= _BIGINT_MAX:  # type: ignore[operator]
+        raise ProtocolError(f"result: 'count' must be a 64-bit integer, not {_shown(value)}")
+
+
+def _check_cursor(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+    try:
+        size = len(_dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"checkpoint: 'cursor' is not JSON: {exc}") from None
+    if size > MAX_CURSOR:
+        raise ProtocolError(
+            f"checkpoint: 'cursor' is {size} bytes as JSON; the limit is {MAX_CURSOR}"
+        )
+
+
+def _check_aware(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise ProtocolError(f"call: '{attr.name}' must be an aware datetime or null")
+
+
+def _as_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise ProtocolError("hello: 'types' must be a list of job types")
+    return tuple(value)
+
+
+# -- messages -----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Hello:
+    """worker → daemon, first message: who the worker is and what it serves."""
+
+    TYPE: ClassVar[str] = "hello"
+
+    #: The worker's id; a second connection with the same id replaces the first.
+    worker: str = attrs.field(validator=_check_name("hello"))
+    #: The job types it serves (``Target.worker_type``).
+    types: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_check_types)
+    #: How many calls it runs at once (1 to :data:`MAX_CAPACITY`).
+    capacity: int = attrs.field(validator=_check_capacity)
+    #: The shared secret; required over TCP, ignored on the Unix socket.
+    token: str | None = attrs.field(default=None, validator=_check_optional_text("hello", 1024))
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"worker": self.worker, "types": list(self.types)}
+        out["capacity"] = self.capacity
+        if self.token is not None:
+            out["token"] = self.token
+        return out
+
+
+def _check_progress(inst: Progress, _attr: attrs.Attribute[Any], value: object) -> None:
+    if inst.mode == "determinate" and value is None:
+        raise ProtocolError("progress: mode 'determinate' needs a 'percent'")
+    if inst.mode == "indeterminate" and value is not None:
+        raise ProtocolError("progress: mode 'indeterminate' takes no 'percent'")
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= 100
+    ):
+        raise ProtocolError(f"progress: 'percent' must be a number from 0 to 100, not {value!r}")
+
+
+def _check_label(inst: Progress, attr: attrs.Attribute[Any], value: object) -> None:
+    if inst.mode == "step" and (not isinstance(value, str) or not value.strip()):
+        raise ProtocolError("progress: mode 'step' needs a non-empty 'label'")
+    _check_optional_text("progress", MAX_LABEL)(inst, attr, value)
+
+
+@attrs.frozen(kw_only=True)
+class Progress:
+    """worker → daemon: how far a run has got (the latest one wins)."""
+
+    TYPE: ClassVar[str] = "progress"
+
+    #: The run (as given by ``call``).
+    run: int = attrs.field(validator=_check_positive)
+    #: ``determinate`` (a percent), ``indeterminate`` (busy), ``step`` (a named stage).
+    mode: ProgressMode = attrs.field(validator=attrs.validators.in_(PROGRESS_MODES))
+    #: 0 to 100: required with ``determinate``, optional with ``step``, absent otherwise.
+    percent: float | None = attrs.field(default=None, validator=_check_progress)
+    #: The stage's name: required with ``step``, optional otherwise.
+    label: str | None = attrs.field(default=None, validator=_check_label)
+    #: A short human line (at most :data:`MAX_MESSAGE` characters).
+    message: str | None = attrs.field(
+        default=None, validator=_check_optional_text("progress", MAX_MESSAGE)
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"run": self.run, "mode": self.mode}
+        if self.percent is not None:
+            out["percent"] = self.percent
+        if self.label is not None:
+            out["label"] = self.label
+        if self.message is not None:
+            out["message"] = self.message
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class Checkpoint:
+    """worker → daemon: a cursor the run could resume from (any JSON, bounded)."""
+
+    TYPE: ClassVar[str] = "checkpoint"
+
+    #: The run (as given by ``call``).
+    run: int = attrs.field(validator=_check_positive)
+    #: Opaque to the daemon; handed back in ``call.checkpoint`` when the run resumes.
+    cursor: Any = attrs.field(validator=_check_cursor)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"run": self.run, "cursor": self.cursor}
+
+
+@attrs.frozen(kw_only=True)
+class Result:
+    """worker → daemon: how a call ended; frees the worker's slot."""
+
+    TYPE: ClassVar[str] = "result"
+
+    #: The run (as given by ``call``).
+    run: int = attrs.field(validator=_check_positive)
+    #: Whether the handler succeeded.
+    ok: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    #: The run's primary scalar (64-bit), if any.
+    count: int | None = attrs.field(default=None, validator=_check_count)
+    #: Anything else worth keeping on the run (a JSON object).
+    extra: dict[str, Any] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(dict))
+    )
+    #: Why it failed (``ok`` false).
+    error: str | None = attrs.field(
+        default=None, validator=_check_optional_text("result", MAX_LINE)
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"run": self.run, "ok": self.ok}
+        if self.count is not None:
+            out["count"] = self.count
+        if self.extra is not None:
+            out["extra"] = self.extra
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class Bye:
+    """worker → daemon: send me nothing new; close once my calls have their results."""
+
+    TYPE: ClassVar[str] = "bye"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {}
+
+
+@attrs.frozen(kw_only=True)
+class Welcome:
+    """daemon → worker: the ``hello`` was accepted; calls may follow."""
+
+    TYPE: ClassVar[str] = "welcome"
+
+    #: The worker id, echoed.
+    worker: str = attrs.field(validator=_check_name("welcome"))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"worker": self.worker}
+
+
+@attrs.frozen(kw_only=True)
+class Call:
+    """daemon → worker: run a job now."""
+
+    TYPE: ClassVar[str] = "call"
+
+    #: The run id; every later message about this call names it.
+    run: int = attrs.field(validator=_check_positive)
+    #: The job's name and namespace.
+    job: str = attrs.field(validator=attrs.validators.instance_of(str))
+    namespace: str = attrs.field(validator=attrs.validators.instance_of(str))
+    #: The job type (one of the worker's ``types``); ``job_type`` on the wire too, since
+    #: ``type`` names the message.
+    job_type: str = attrs.field(validator=attrs.validators.instance_of(str))
+    #: The dispatch arguments (``force`` and friends).
+    args: dict[str, Any] = attrs.field(factory=dict, validator=attrs.validators.instance_of(dict))
+    #: The job's static parameters.
+    params: dict[str, Any] = attrs.field(factory=dict, validator=attrs.validators.instance_of(dict))
+    #: When the daemon will cancel the call (the job's timeout), or ``None``.
+    deadline: datetime | None = attrs.field(default=None, validator=_check_aware)
+    #: 1 for a first attempt.
+    attempt: int = attrs.field(default=1, validator=_check_positive)
+    #: The cursor to resume from, or ``None`` for a fresh start.
+    checkpoint: Any = None
+    #: ``schedule`` | ``manual`` | ``retry``, when known.
+    trigger: str | None = None
+    #: The deadline this run serves (scheduled runs).
+    scheduled_for: datetime | None = attrs.field(default=None, validator=_check_aware)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "run": self.run,
+            "job": self.job,
+            "namespace": self.namespace,
+            "job_type": self.job_type,
+            "args": self.args,
+            "params": self.params,
+            "deadline": _iso(self.deadline),
+            "attempt": self.attempt,
+            "checkpoint": self.checkpoint,
+        }
+        if self.trigger is not None:
+            out["trigger"] = self.trigger
+        if self.scheduled_for is not None:
+            out["scheduled_for"] = _iso(self.scheduled_for)
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class Cancel:
+    """daemon → worker: stop this run (its timeout passed, or the daemon is stopping)."""
+
+    TYPE: ClassVar[str] = "cancel"
+
+    #: The run to stop.
+    run: int = attrs.field(validator=_check_positive)
+    #: ``timeout`` or ``stopping``: why.
+    reason: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"run": self.run, "reason": self.reason}
+
+
+@attrs.frozen(kw_only=True)
+class Error:
+    """daemon → worker: the last message broke the protocol; the connection closes."""
+
+    TYPE: ClassVar[str] = "error"
+
+    #: What was wrong, for a human.
+    message: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"message": self.message}
+
+
+WorkerMessage: TypeAlias = Hello | Progress | Checkpoint | Result | Bye
+DaemonMessage: TypeAlias = Welcome | Call | Cancel | Error
+Message: TypeAlias = WorkerMessage | DaemonMessage
+
+
+# -- encoding -----------------------------------------------------------------------------
+
+
+def encode(message: Message) -> bytes:
+    """One line (newline included). Raises ``TypeError``/``ValueError`` for values that
+    are not JSON (the SDK turns that into a failed result); never checks the length:
+    compare with :data:`MAX_LINE` where it matters."""
+    body = message.to_wire()
+    body["v"] = VERSION
+    body["type"] = message.TYPE
+    return _dumps(body) + b"\n"
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+# -- parsing ------------------------------------------------------------------------------
+
+
+def parse(line: bytes | str) -> Message:
+    """Any message, from either side. Raises :class:`ProtocolError`."""
+    return _parse(line, None)
+
+
+def parse_from_worker(line: bytes | str) -> WorkerMessage:
+    """A message a worker may send; a daemon-side type is refused."""
+    message = _parse(line, _FROM_WORKER)
+    assert isinstance(message, Hello | Progress | Checkpoint | Result | Bye)
+    return message
+
+
+def parse_from_daemon(line: bytes | str) -> DaemonMessage:
+    """A message the daemon may send; a worker-side type is refused."""
+    message = _parse(line, _FROM_DAEMON)
+    assert isinstance(message, Welcome | Call | Cancel | Error)
+    return message
+
+
+def _parse(line: bytes | str, allowed: frozenset[str] | None) -> Message:
+    obj = _load(line)
+    kind = obj["type"]
+    reader = _READERS.get(kind)
+    if reader is None:
+        raise ProtocolError(f"unknown message type {_shown(kind)}")
+    if allowed is not None and kind not in allowed:
+        if kind in _FROM_WORKER:
+            raise ProtocolError(f"message type '{kind}' is sent by a worker, not the daemon")
+        raise ProtocolError(f"message type '{kind}' is sent by the daemon, not a worker")
+    try:
+        return reader(obj)
+    except ProtocolError:
+        raise
+    except (TypeError, ValueError) as exc:  # a validator or converter of ours
+        raise ProtocolError(f"{kind}: {exc}") from None
+
+
+def _load(line: bytes | str) -> dict[str, Any]:
+    if isinstance(line, bytes | bytearray):
+        if len(line) > MAX_LINE:
+            raise ProtocolError(f"line of {len(line)} bytes is longer than {MAX_LINE}")
+        try:
+            text = bytes(line).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"not UTF-8: {exc.reason} at byte {exc.start}") from None
+    else:
+        text = line
+        if len(text.encode("utf-8", "surrogatepass")) > MAX_LINE:
+            raise ProtocolError(f"line is longer than {MAX_LINE} bytes")
+    try:
+        obj: Any = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ProtocolError("malformed JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise ProtocolError(f"malformed JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"a message must be a JSON object, not {type(obj).__name__}")
+    if "\\u" in text:  # only escapes can smuggle in NUL or an unpaired surrogate
+        obj = storable(obj)
+    version = obj.get("v")
+    if version is None:
+        raise ProtocolError("missing 'v' (the protocol version)")
+    if not _is_int(version) or version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {_shown(version)}; expected {VERSION}")
+    if not isinstance(obj.get("type"), str):
+        raise ProtocolError("missing 'type' (a string)")
+    return cast("dict[str, Any]", obj)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def storable(value: Any) -> Any:
+    """``value`` with every string made acceptable to PostgreSQL's jsonb: NUL and
+    unpaired surrogates become U+FFFD."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            value = value.replace("\x00", "\ufffd")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
+        return value
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    return value
+
+
+def _field(obj: dict[str, Any], kind: str, name: str, expected: type | tuple[type, ...]) -> Any:
+    if name not in obj:
+        raise ProtocolError(f"{kind}: missing '{name}'")
+    value = obj[name]
+    if not isinstance(value, expected) or (isinstance(value, bool) and expected is int):
+        raise ProtocolError(f"{kind}: '{name}' must be {_describe(expected)}, not {_shown(value)}")
+    return value
+
+
+def _optional(obj: dict[str, Any], kind: str, name: str, expected: type | tuple[type, ...]) -> Any:
+    if obj.get(name) is None:
+        return None
+    return _field(obj, kind, name, expected)
+
+
+def _describe(expected: type | tuple[type, ...]) -> str:
+    names = {
+        int: "an integer",
+        str: "a string",
+        bool: "true or false",
+        dict: "a JSON object",
+        list: "a JSON array",
+        float: "a number",
+    }
+    if isinstance(expected, tuple):
+        return " or ".join(names.get(t, t.__name__) for t in expected)
+    return names.get(expected, expected.__name__)
+
+
+def _datetime(obj: dict[str, Any], name: str) -> datetime | None:
+    value = _optional(obj, "call", name, str)
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ProtocolError(f"call: '{name}' is not an ISO 8601 timestamp: {value!r}") from None
+    if parsed.utcoffset() is None:
+        raise ProtocolError(f"call: '{name}' needs a UTC offset: {value!r}")
+    return parsed
+
+
+def _read_hello(obj: dict[str, Any]) -> Hello:
+    types = _field(obj, "hello", "types", list)
+    return Hello(
+        worker=_field(obj, "hello", "worker", str),
+        types=tuple(types),
+        capacity=_field(obj, "hello", "capacity", int),
+        token=_optional(obj, "hello", "token", str),
+    )
+
+
+def _read_progress(obj: dict[str, Any]) -> Progress:
+    mode = _field(obj, "progress", "mode", str)
+    if mode not in PROGRESS_MODES:
+        raise ProtocolError(
+            f"progress: 'mode' must be one of {', '.join(PROGRESS_MODES)}, not {_shown(mode)}"
+        )
+    return Progress(
+        run=_field(obj, "progress", "run", int),
+        mode=mode,
+        percent=_optional(obj, "progress", "percent", (int, float)),
+        label=_optional(obj, "progress", "label", str),
+        message=_optional(obj, "progress", "message", str),
+    )
+
+
+def _read_checkpoint(obj: dict[str, Any]) -> Checkpoint:
+    if "cursor" not in obj:
+        raise ProtocolError("checkpoint: missing 'cursor'")
+    return Checkpoint(run=_field(obj, "checkpoint", "run", int), cursor=obj["cursor"])
+
+
+def _read_result(obj: dict[str, Any]) -> Result:
+    return Result(
+        run=_field(obj, "result", "run", int),
+        ok=_field(obj, "result", "ok", bool),
+        count=_optional(obj, "result", "count", int),
+        extra=_optional(obj, "result", "extra", dict),
+        error=_optional(obj, "result", "error", str),
+    )
+
+
+def _read_bye(_obj: dict[str, Any]) -> Bye:
+    return Bye()
+
+
+def _read_welcome(obj: dict[str, Any]) -> Welcome:
+    return Welcome(worker=_field(obj, "welcome", "worker", str))
+
+
+def _read_call(obj: dict[str, Any]) -> Call:
+    return Call(
+        run=_field(obj, "call", "run", int),
+        job=_field(obj, "call", "job", str),
+        namespace=_field(obj, "call", "namespace", str),
+        job_type=_field(obj, "call", "job_type", str),
+        args=_optional(obj, "call", "args", dict) or {},
+        params=_optional(obj, "call", "params", dict) or {},
+        deadline=_datetime(obj, "deadline"),
+        attempt=_optional(obj, "call", "attempt", int) or 1,
+        checkpoint=obj.get("checkpoint"),
+        trigger=_optional(obj, "call", "trigger", str),
+        scheduled_for=_datetime(obj, "scheduled_for"),
+    )
+
+
+def _read_cancel(obj: dict[str, Any]) -> Cancel:
+    return Cancel(
+        run=_field(obj, "cancel", "run", int),
+        reason=_optional(obj, "cancel", "reason", str) or "",
+    )
+
+
+def _read_error(obj: dict[str, Any]) -> Error:
+    return Error(message=_optional(obj, "error", "message", str) or "")
+
+
+_FROM_WORKER: Final = frozenset({"hello", "progress", "checkpoint", "result", "bye"})
+_FROM_DAEMON: Final = frozenset({"welcome", "call", "cancel", "error"})
+_READERS: Final[dict[str, Callable[[dict[str, Any]], Message]]] = {
+    "hello": _read_hello,
+    "progress": _read_progress,
+    "checkpoint": _read_checkpoint,
+    "result": _read_result,
+    "bye": _read_bye,
+    "welcome": _read_welcome,
+    "call": _read_call,
+    "cancel": _read_cancel,
+    "error": _read_error,
+}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "…"
+
+
+# -- framing ------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class LineBuffer:
+    """Splits received bytes into lines; memory stays bounded by ``limit``."""
+
+    #: Longest line accepted (bytes, newline excluded).
+    limit: int = MAX_LINE
+    _buf: bytearray = attrs.field(factory=bytearray, init=False)
+
+    def feed(self, data: bytes | bytearray) -> list[bytes]:
+        """The complete lines ``data`` finishes (without their newline; blank lines are
+        skipped). Raises :class:`ProtocolError` once a line exceeds ``limit``."""
+        buf = self._buf
+        if b"\n" not in data:
+            buf += data
+            if len(buf) > self.limit:
+                raise ProtocolError(f"line longer than {self.limit} bytes")
+            return []
+        buf += data
+        lines: list[bytes] = []
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            if end - start > self.limit:
+                raise ProtocolError(f"line of {end - start} bytes is longer than {self.limit}")
+            line = bytes(buf[start:end])
+            if line.strip():
+                lines.append(line)
+            start = end + 1
+        del buf[:start]
+        if len(buf) > self.limit:
+            raise ProtocolError(f"line longer than {self.limit} bytes")
+        return lines
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an unfinished line."""
+        return len(self._buf)

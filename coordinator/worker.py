@@ -1,0 +1,677 @@
+"""The Python worker SDK: serve job types from your own process (``docs/worker-protocol.md``).
+
+::
+
+    from coordinator.worker import Worker
+
+    worker = Worker(capacity=4)
+
+    @worker.job("billing.sweep")
+    async def sweep(ctx):
+        rows = await load_rows(ctx.params["table"])
+        for i, row in enumerate(rows):
+            await handle(row)
+            await ctx.progress(100 * (i + 1) / len(rows), message=f"row {row.id}")
+        return len(rows)                      # or {"count": n, "extra": {...}}, or None
+
+Run it with ``coordinator worker mymodule:worker`` (or ``await worker.run(path)``). The
+worker connects to the daemon's socket, says which types it serves, runs up to
+``capacity`` calls at once, and reconnects with capped exponential backoff (0.5 s up to
+30 s) whenever the connection drops. A handler that raises reports a failure with the
+exception's message; a handler whose job times out (or whose daemon stops) sees
+``ctx.cancelled`` set and is then cancelled (trio cancellation).
+
+Written on trio only; it needs nothing from the daemon's side (no database driver).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import inspect
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final, TypeAlias, TypeVar
+
+import attrs
+import trio
+
+from coordinator.protocol import (
+    MAX_CAPACITY,
+    MAX_LABEL,
+    MAX_LINE,
+    MAX_MESSAGE,
+    Bye,
+    Call,
+    Cancel,
+    Checkpoint,
+    Error,
+    Hello,
+    LineBuffer,
+    Message,
+    Progress,
+    ProgressMode,
+    ProtocolError,
+    Result,
+    Welcome,
+    encode,
+    parse_from_daemon,
+)
+
+__all__ = ["Context", "Handler", "HandlerResult", "Worker", "amain", "build_parser", "load", "main"]
+
+logger = logging.getLogger("coordinator.worker")
+
+#: What a handler may return: a count, ``{"count": .., "extra": {..}}`` (other keys go
+#: to ``extra`` too), ``(count, extra)``, or ``None``.
+HandlerResult: TypeAlias = int | dict[str, Any] | tuple[int | None, dict[str, Any]] | None
+Handler: TypeAlias = Callable[["Context"], Awaitable[HandlerResult]]
+_H = TypeVar("_H", bound=Handler)
+
+#: Reconnect backoff: first delay and cap (seconds).
+BACKOFF_FIRST: Final = 0.5
+BACKOFF_CAP: Final = 30.0
+#: Least seconds between two progress messages of one run (a changed step always goes).
+PROGRESS_SPACING: Final = 0.1
+#: Characters of a failing handler's traceback kept in the result's ``extra``.
+TRACEBACK_LIMIT: Final = 8000
+#: Characters of a failing handler's error message.
+ERROR_LIMIT: Final = 2000
+_READ_SIZE: Final = 64 * 1024
+_OUTBOX: Final = 64
+_UNSENT: Final = object()
+
+
+def backoff(attempt: int) -> float:
+    """0.5, 1, 2, 4 ... seconds, at most 30."""
+    return float(min(BACKOFF_CAP, BACKOFF_FIRST * 2 ** max(0, attempt - 1)))
+
+
+@attrs.define(eq=False)
+class _Session:
+    """One connection to the daemon."""
+
+    outbox: trio.MemorySendChannel[bytes]
+    #: run id -> (context, the handler's cancel scope)
+    running: dict[int, tuple[Context, trio.CancelScope]] = attrs.field(factory=dict)
+    welcomed: bool = False
+
+    async def send(self, message: Message) -> None:
+        """Queue a message; a connection that is gone swallows it (the handler that
+        sent it is about to be cancelled)."""
+        data = encode(message)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.outbox.send(data)
+
+
+@attrs.define(eq=False)
+class Context:
+    """What a handler gets: the call, and ways to report progress and checkpoints."""
+
+    #: The run being executed.
+    run_id: int
+    #: The job's name and namespace.
+    job: str
+    namespace: str
+    #: The job type this call is for.
+    type: str
+    #: Dispatch arguments (``force`` and friends).
+    args: dict[str, Any]
+    #: The job's static parameters.
+    params: dict[str, Any]
+    #: 1 for a first attempt.
+    attempt: int
+    #: When the daemon will cancel the call (the job's timeout), or ``None``.
+    deadline: datetime | None
+    #: ``schedule`` | ``manual`` | ``retry``, when the daemon says.
+    trigger: str | None
+    #: The deadline this run serves (scheduled runs).
+    scheduled_for: datetime | None
+    #: Where to resume from: the cursor the daemon handed back (``None`` for a fresh
+    #: start); :meth:`checkpoint` updates it.
+    cursor: Any
+    #: Set when the daemon cancels the call (timeout or stop); the handler is then
+    #: cancelled too (after the worker's ``cancel_delay``).
+    cancelled: trio.Event = attrs.field(factory=trio.Event)
+    #: Why the call was cancelled (``timeout`` or ``stopping``), once it was.
+    cancel_reason: str | None = None
+    _session: _Session | None = attrs.field(default=None, repr=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, repr=False)
+    _last_label: object = attrs.field(default=_UNSENT, repr=False)
+    _next_send_at: float = attrs.field(default=-math.inf, repr=False)
+    _pending: Progress | None = attrs.field(default=None, repr=False)
+    _flushing: bool = attrs.field(default=False, repr=False)
+
+    async def progress(
+        self,
+        percent: float | None = None,
+        *,
+        step: str | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Report progress: a ``percent`` (0-100), a named ``step`` (optionally with a
+        percent), or neither (busy, no estimate); ``message`` is a short line.
+
+        Cheap to call often: messages are spaced at least :data:`PROGRESS_SPACING`
+        apart (the latest wins; a new step is sent at once; the last one is always sent
+        before the result). Raises ``ValueError`` for a percent outside 0-100.
+        """
+        mode: ProgressMode
+        label = None if step is None else str(step)[:MAX_LABEL]
+        if label is not None:
+            mode = "step"
+        elif percent is not None:
+            mode = "determinate"
+        else:
+            mode = "indeterminate"
+        text = None if message is None else str(message)[:MAX_MESSAGE]
+        update = Progress(run=self.run_id, mode=mode, percent=percent, label=label, message=text)
+        now = trio.current_time()
+        if label != self._last_label or now >= self._next_send_at:
+            self._pending = None
+            self._last_label = label
+            self._next_send_at = now + PROGRESS_SPACING
+            await self._send(update)
+            return
+        self._pending = update
+        if not self._flushing and self._nursery is not None:
+            self._flushing = True
+            self._nursery.start_soon(self._flush_later)
+
+    async def checkpoint(self, cursor: Any) -> None:
+        """Report a cursor the run could resume from (any JSON value, at most 16 KiB
+        encoded); it is kept with the run. Raises ``ValueError`` if it is not JSON or
+        too large."""
+        await self._send(Checkpoint(run=self.run_id, cursor=cursor))
+        self.cursor = cursor
+
+    async def _send(self, message: Message) -> None:
+        if self._session is not None:
+            await self._session.send(message)
+
+    async def _flush_later(self) -> None:
+        try:
+            await trio.sleep_until(self._next_send_at)
+            await self._flush()
+        finally:
+            self._flushing = False
+
+    async def _flush(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._next_send_at = trio.current_time() + PROGRESS_SPACING
+            await self._send(pending)
+
+
+def _check_capacity(_inst: object, _attr: object, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_CAPACITY:
+        raise ValueError(f"capacity must be an integer from 1 to {MAX_CAPACITY}, not {value!r}")
+
+
+def _worker_id(value: str | None) -> str:
+    """``hostname-pid`` unless given."""
+    return f"{socket.gethostname()}-{os.getpid()}" if value is None else str(value)
+
+
+@attrs.define(eq=False)
+class Worker:
+    """A set of job handlers served over one connection to the daemon."""
+
+    #: How the daemon knows this worker; a new connection with the same id replaces the
+    #: old one. Default: ``hostname-pid``.
+    worker_id: str = attrs.field(default=None, converter=_worker_id)
+    #: Calls run at once (1 to 1024).
+    capacity: int = attrs.field(default=4, validator=_check_capacity)
+    #: Seconds between ``ctx.cancelled`` being set and the handler being cancelled.
+    cancel_delay: float = attrs.field(default=0.0, kw_only=True)
+    _handlers: dict[str, Handler] = attrs.field(factory=dict, init=False)
+    _stop: trio.Event | None = attrs.field(default=None, init=False)
+
+    @property
+    def types(self) -> list[str]:
+        """The job types handled, in registration order."""
+        return list(self._handlers)
+
+    def job(self, job_type: str) -> Callable[[_H], _H]:
+        """Decorator: ``@worker.job("type")`` on ``async def handler(ctx)``."""
+        if not isinstance(job_type, str) or not job_type.strip():
+            raise ValueError("a job type must be a non-empty string")
+
+        def register(handler: _H) -> _H:
+            func: Any = handler
+            if not inspect.iscoroutinefunction(func):
+                raise TypeError(f"handler for {job_type!r} must be an async function")
+            if job_type in self._handlers:
+                raise ValueError(f"job type {job_type!r} already has a handler")
+            self._handlers[job_type] = handler
+            return handler
+
+        return register
+
+    def stop(self) -> None:
+        """Leave cleanly: say ``bye`` (no new calls), let running calls finish and send
+        their results, then make :meth:`run` return."""
+        if self._stop is not None:
+            self._stop.set()
+
+    async def run(
+        self,
+        address: str | os.PathLike[str] | tuple[str, int],
+        *,
+        token: str | None = None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve until :meth:`stop` (or cancellation): a path is the daemon's Unix
+        socket, ``(host, port)`` its loopback TCP listener (which needs ``token``).
+        ``task_status.started()`` once the daemon first welcomed this worker."""
+        if not self._handlers:
+            raise ValueError("no job types: register handlers with @worker.job(TYPE)")
+        stop = self._stop = trio.Event()
+        attempt = 0
+        started = False
+        where = address if isinstance(address, tuple) else os.fspath(address)
+
+        def welcomed() -> None:
+            nonlocal attempt, started
+            attempt = 0
+            if not started:
+                started = True
+                task_status.started()
+
+        while not stop.is_set():
+            try:
+                stream = await _connect(address)
+            except OSError as exc:
+                logger.warning("cannot connect to %s: %s", where, exc.strerror or exc)
+            else:
+                await self._session(stream, token, welcomed)
+            if stop.is_set():
+                break
+            attempt += 1
+            delay = backoff(attempt)
+            logger.info("reconnecting in %gs", delay)
+            with trio.move_on_after(delay):
+                await stop.wait()
+        logger.info("worker %s stopped", self.worker_id)
+
+    # -- one connection ------------------------------------------------------------------
+
+    async def _session(
+        self, stream: trio.abc.Stream, token: str | None, welcomed: Callable[[], None]
+    ) -> None:
+        send, recv = trio.open_memory_channel[bytes](_OUTBOX)
+        session = _Session(outbox=send)
+        async with stream, trio.open_nursery() as nursery:
+            nursery.start_soon(_write_loop, stream, recv, nursery.cancel_scope)
+            nursery.start_soon(self._on_stop, session, nursery.cancel_scope)
+            hello = Hello(
+                worker=self.worker_id, types=self.types, capacity=self.capacity, token=token
+            )
+            await session.send(hello)
+            try:
+                await self._read_loop(stream, session, nursery, welcomed)
+            except ProtocolError as exc:
+                logger.error("the daemon sent a bad message (%s); reconnecting", exc)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                logger.warning("connection to the daemon lost")
+            if session.running:
+                logger.warning(
+                    "connection closed with %d call(s) running; cancelling them",
+                    len(session.running),
+                )
+            nursery.cancel_scope.cancel()
+
+    async def _read_loop(
+        self,
+        stream: trio.abc.Stream,
+        session: _Session,
+        nursery: trio.Nursery,
+        welcomed: Callable[[], None],
+    ) -> None:
+        lines = LineBuffer()
+        while True:
+            data = await stream.receive_some(_READ_SIZE)
+            if not data:
+                if session.welcomed and not (self._stop is not None and self._stop.is_set()):
+                    logger.warning("the daemon closed the connection")
+                return
+            for line in lines.feed(data):
+                message = parse_from_daemon(line)
+                if isinstance(message, Welcome):
+                    session.welcomed = True
+                    logger.info(
+                        "connected as %s: %s (capacity %d)",
+                        message.worker,
+                        ", ".join(self.types),
+                        self.capacity,
+                    )
+                    welcomed()
+                elif isinstance(message, Call):
+                    self._on_call(session, message, nursery)
+                elif isinstance(message, Cancel):
+                    self._on_cancel(session, message, nursery)
+                elif isinstance(message, Error):
+                    logger.error("the daemon refused this worker: %s", message.message)
+                    return
+
+    async def _on_stop(self, session: _Session, connection: trio.CancelScope) -> None:
+        """On :meth:`stop`: say ``bye`` and let the daemon close the connection once the
+        running calls have sent their results (or just hang up if not welcomed yet)."""
+        assert self._stop is not None
+        await self._stop.wait()
+        if not session.welcomed:
+            connection.cancel()
+            return
+        logger.info("stopping: %d call(s) to finish", len(session.running))
+        await session.send(Bye())
+
+    def _on_cancel(self, session: _Session, cancel: Cancel, nursery: trio.Nursery) -> None:
+        running = session.running.get(cancel.run)
+        if running is None:
+            return  # finished meanwhile
+        ctx, scope = running
+        ctx.cancel_reason = cancel.reason or "cancelled"
+        ctx.cancelled.set()
+        if self.cancel_delay > 0:
+            nursery.start_soon(_cancel_after, scope, self.cancel_delay)
+        else:
+            scope.cancel()
+
+    def _on_call(self, session: _Session, call: Call, nursery: trio.Nursery) -> None:
+        """Register the call at once (a ``cancel`` right behind it must find it), then
+        run it in its own task."""
+        handler = self._handlers.get(call.job_type)
+        error = None
+        if handler is None:
+            error = f"worker {self.worker_id} does not serve {call.job_type!r}"
+        elif len(session.running) >= self.capacity or call.run in session.running:
+            error = f"worker {self.worker_id} is at capacity ({self.capacity})"
+        if handler is None or error is not None:
+            nursery.start_soon(session.send, Result(run=call.run, ok=False, error=error))
+            return
+        ctx = Context(
+            run_id=call.run,
+            job=call.job,
+            namespace=call.namespace,
+            type=call.job_type,
+            args=call.args,
+            params=call.params,
+            attempt=call.attempt,
+            deadline=call.deadline,
+            trigger=call.trigger,
+            scheduled_for=call.scheduled_for,
+            cursor=call.checkpoint,
+            session=session,
+        )
+        scope = trio.CancelScope()
+        session.running[call.run] = (ctx, scope)
+        nursery.start_soon(self._serve_call, session, handler, ctx, scope)
+
+    async def _serve_call(
+        self, session: _Session, handler: Handler, ctx: Context, scope: trio.CancelScope
+    ) -> None:
+        try:
+            result = await self._invoke(handler, ctx, scope)
+            await ctx._flush()
+        finally:
+            del session.running[ctx.run_id]
+        await session.send(result)
+
+    async def _invoke(self, handler: Handler, ctx: Context, scope: trio.CancelScope) -> Result:
+        """Run the handler; whatever it does becomes a result that fits on one line."""
+        async with trio.open_nursery() as nursery:
+            ctx._nursery = nursery
+            try:
+                with scope:
+                    value = await handler(ctx)
+                if scope.cancelled_caught:
+                    result = Result(
+                        run=ctx.run_id, ok=False, error=f"cancelled ({ctx.cancel_reason})"
+                    )
+                else:
+                    result = _result(ctx.run_id, value)
+            except Exception as exc:
+                result = _failure(ctx.run_id, exc)
+            ctx._nursery = None
+            nursery.cancel_scope.cancel()
+        return result
+
+
+async def _write_loop(
+    stream: trio.abc.Stream, outbox: trio.MemoryReceiveChannel[bytes], session: trio.CancelScope
+) -> None:
+    try:
+        async for data in outbox:
+            await stream.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        logger.warning("connection to the daemon lost while sending")
+        session.cancel()
+
+
+async def _cancel_after(scope: trio.CancelScope, delay: float) -> None:
+    await trio.sleep(delay)
+    scope.cancel()
+
+
+async def _connect(address: str | os.PathLike[str] | tuple[str, int]) -> trio.abc.Stream:
+    if isinstance(address, tuple):
+        host, port = address
+        return await trio.open_tcp_stream(host, port)
+    return await trio.open_unix_socket(os.fspath(address))
+
+
+def _result(run_id: int, value: object) -> Result:
+    """The result for what a handler returned (a bad value is a failure)."""
+    try:
+        count: Any = None
+        extra: Any = None
+        if value is None:
+            pass
+        elif isinstance(value, bool):
+            raise TypeError("a handler returns a count, not a bool")
+        elif isinstance(value, int):
+            count = value
+        elif isinstance(value, tuple) and len(value) == 2:
+            count, extra = value
+            if extra is not None and not isinstance(extra, dict):
+                raise TypeError(f"extra must be a dict, not {type(extra).__name__}")
+        elif isinstance(value, dict):
+            extra = dict(value)
+            count = extra.pop("count", None)
+            nested = extra.pop("extra", None)
+            if isinstance(nested, dict):
+                extra.update(nested)
+            elif nested is not None:
+                extra["extra"] = nested
+        else:
+            raise TypeError(
+                "a handler returns None, a count, (count, extra) or a dict, "
+                f"not {type(value).__name__}"
+            )
+        if extra is not None:
+            # Anything JSON cannot say (datetimes, decimals, ...) becomes its str().
+            extra = json.loads(json.dumps(extra, default=str, allow_nan=False))
+        result = Result(run=run_id, ok=True, count=count, extra=extra or None)
+        size = len(encode(result)) - 1
+    except (TypeError, ValueError, RecursionError) as exc:
+        return Result(run=run_id, ok=False, error=_clip(f"bad return value: {exc}"))
+    if size > MAX_LINE:
+        return Result(
+            run=run_id,
+            ok=False,
+            count=count,
+            error=f"result of {size} bytes exceeds the {MAX_LINE}-byte limit",
+        )
+    return result
+
+
+def _failure(run_id: int, exc: BaseException) -> Result:
+    text = str(exc)
+    error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    tb = "".join(traceback.format_exception(exc))
+    if len(tb) > TRACEBACK_LIMIT:
+        tb = "…" + tb[-TRACEBACK_LIMIT:]
+    return Result(run=run_id, ok=False, error=_clip(error), extra={"traceback": tb})
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= ERROR_LIMIT else text[:ERROR_LIMIT] + "…"
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def build_parser(prog: str = "coordinator worker") -> argparse.ArgumentParser:
+    """The ``coordinator worker`` command line."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run a Python worker: serve the job types of a coordinator.worker.Worker.",
+    )
+    parser.add_argument(
+        "target", metavar="MODULE:OBJECT", help="where the Worker is, e.g. myapp.jobs:worker"
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="the daemon's worker socket (default: $COORDINATOR_WORKER_SOCKET, else the "
+        "daemon's default runtime path)",
+    )
+    where.add_argument("--tcp", metavar="HOST:PORT", help="connect over loopback TCP instead")
+    parser.add_argument(
+        "--token", help="shared token for --tcp (default: $COORDINATOR_WORKER_TOKEN)"
+    )
+    parser.add_argument("--id", dest="worker_id", help="worker id (overrides the Worker's)")
+    parser.add_argument("--capacity", type=int, help="calls at once (overrides the Worker's)")
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error")
+    )
+    return parser
+
+
+def load(target: str) -> Worker:
+    """Import ``MODULE:OBJECT`` (the current directory is importable) and return the
+    Worker it names. Raises ``ValueError`` saying what is wrong."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"expected MODULE:OBJECT, not {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"{module_name} has no attribute {attr}") from None
+    if not isinstance(obj, Worker):
+        raise ValueError(f"{target} is a {type(obj).__name__}, not a coordinator.worker.Worker")
+    return obj
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``coordinator worker MODULE:OBJECT [--socket PATH | --tcp HOST:PORT]``: run the
+    worker until SIGINT/SIGTERM (the first leaves cleanly, letting running calls finish;
+    a second one cancels them). Returns the exit status. Starts its own trio run; from
+    inside one (trio or trio-asyncio) use :func:`amain`."""
+    prepared = _prepare(argv)
+    if isinstance(prepared, int):
+        return prepared
+    trio.run(_serve_until_signalled, *prepared)
+    return 0
+
+
+async def amain(argv: Sequence[str] | None = None) -> int:
+    """:func:`main` for a caller already running trio (in the main thread, for signals)."""
+    prepared = _prepare(argv)
+    if isinstance(prepared, int):
+        return prepared
+    await _serve_until_signalled(*prepared)
+    return 0
+
+
+def _prepare(
+    argv: Sequence[str] | None,
+) -> int | tuple[Worker, Path | tuple[str, int], str | None]:
+    """Parse, set up logging and load the worker; an exit status if that fails."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        worker = load(args.target)
+        if args.worker_id:
+            worker.worker_id = args.worker_id
+        if args.capacity is not None:
+            worker.capacity = args.capacity
+        address = _address(args)
+    except ValueError as exc:
+        print(f"coordinator worker: {exc}", file=sys.stderr)
+        return 2
+    token = args.token or os.environ.get("COORDINATOR_WORKER_TOKEN") or None
+    if isinstance(address, tuple) and not token:
+        print(
+            "coordinator worker: --tcp needs --token (or COORDINATOR_WORKER_TOKEN)", file=sys.stderr
+        )
+        return 2
+    return worker, address, token
+
+
+def _address(args: argparse.Namespace) -> Path | tuple[str, int]:
+    if args.tcp:
+        host, sep, port = str(args.tcp).rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"--tcp: expected HOST:PORT, not {args.tcp!r}")
+        return (host.strip("[]"), int(port))
+    if args.socket:
+        return Path(args.socket)
+    env = os.environ.get("COORDINATOR_WORKER_SOCKET")
+    if env:
+        return Path(env)
+    from coordinator.executors.worker import default_socket_path
+
+    return default_socket_path()
+
+
+async def _serve_until_signalled(
+    worker: Worker, address: Path | tuple[str, int], token: str | None
+) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, worker, nursery.cancel_scope)
+        await worker.run(address, token=token)
+        nursery.cancel_scope.cancel()
+
+
+async def _watch_signals(worker: Worker, everything: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        count = 0
+        async for signum in signals:
+            count += 1
+            if count == 1:
+                logger.info("%s: leaving cleanly", signal.Signals(signum).name)
+                worker.stop()
+            else:
+                logger.warning("%s again: cancelling running calls", signal.Signals(signum).name)
+                everything.cancel()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    # ``python -m coordinator.worker``: use the importable module, so the application's
+    # ``Worker`` and the one ``load`` checks for are the same class.
+    from coordinator.worker import main as _main
+
+    sys.exit(_main())

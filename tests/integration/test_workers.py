@@ -1,0 +1,275 @@
+"""Workers against a real daemon and PostgreSQL: availability, capacity, crashes, progress."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+from coordinator.db import aio
+from coordinator.worker import Context, Worker
+
+from .conftest import StartDaemon, define, refreshes
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import asyncpg
+
+    from coordinator.embedded import StatementLog
+
+    from .conftest import Harness
+
+
+def socket_of(harness: Harness) -> Path:
+    path: Path = harness.daemon.executors["worker"].socket_path  # type: ignore[attr-defined]
+    return path
+
+
+async def run_worker(nursery: trio.Nursery, worker: Worker, harness: Harness) -> None:
+    await nursery.start(lambda task_status: worker.run(socket_of(harness), task_status=task_status))
+
+
+async def runs_of(conn: asyncpg.Connection, job_id: int) -> list[asyncpg.Record]:
+    return await aio(conn.fetch)(
+        "SELECT * FROM coordinator.runs WHERE job_id = $1 ORDER BY id", job_id
+    )
+
+
+async def test_worker_serves_manual_and_cron_jobs(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    manual = await define(
+        conn, "thumbs", target={"kind": "worker", "type": "images"}, params={"size": 64}
+    )
+    cron = await define(
+        conn,
+        "sweep",
+        schedule_kind="cron",
+        schedule="* * * * *",
+        target={"kind": "worker", "type": "images"},
+    )
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = now() - interval '1 minute' WHERE id = $1",
+        cron,
+    )
+    harness = await start_daemon(refresh_spacing=0.2)
+    worker = Worker(worker_id="w1", capacity=4)
+    seen: list[dict[str, Any]] = []
+
+    @worker.job("images")
+    async def handle(ctx: Context) -> dict[str, Any]:
+        seen.append({"job": ctx.job, "params": ctx.params, "args": ctx.args})
+        return {"count": 3, "extra": {"job": ctx.job}}
+
+    await run_worker(nursery, worker, harness)
+    run_id = await aio(conn.fetchval)(
+        "SELECT coordinator.trigger('default', 'thumbs', '{\"force\": true}')"
+    )
+    await harness.wait_event("job.run", run=run_id)
+    await harness.wait_event("job.run", job="default/sweep")
+    [m] = await runs_of(conn, manual)
+    assert (m["status"], m["count"], json.loads(m["extra"])["job"]) == ("succeeded", 3, "thumbs")
+    [c] = await runs_of(conn, cron)
+    assert (c["status"], c["trigger"]) == ("succeeded", "schedule")
+    assert {"job": "thumbs", "params": {"size": 64}, "args": {"force": True}} in seen
+    worker.stop()
+
+
+@pytest.mark.slow
+async def test_absent_worker_costs_no_sql_and_overdue_jobs_run_once_on_arrival(
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    sql_log: StatementLog,
+    database_name: str,
+    nursery: trio.Nursery,
+) -> None:
+    await aio(conn.execute)(
+        "INSERT INTO coordinator.jobs (name, schedule_kind, schedule, target, next_run_at) "
+        "SELECT 'due' || g, 'cron', '0 0 1 1 *', '{\"kind\": \"worker\", \"type\": \"absent\"}', "
+        "now() - interval '1 hour' FROM generate_series(1, 100) g"
+    )
+    harness = await start_daemon()
+    assert len(harness.daemon.deadlines) == 0  # inert: nobody serves "absent"
+    await trio.sleep(0.5)
+    sql_log.mark()
+    await trio.sleep(21.0)
+    assert sql_log.statements(app="coordinator", db=database_name) == []
+
+    calls: list[int] = []
+    worker = Worker(worker_id="late", capacity=16)
+
+    @worker.job("absent")
+    async def handle(ctx: Context) -> int:
+        calls.append(ctx.run_id)
+        return 1
+
+    await run_worker(nursery, worker, harness)
+    await harness.wait_event("job.run", count=100, timeout=30)
+    await trio.sleep(1.0)
+    assert len(calls) == len(set(calls)) == 100
+    statuses = await aio(conn.fetch)(
+        "SELECT status, count(*) FROM coordinator.runs GROUP BY status"
+    )
+    assert [(r["status"], r["count"]) for r in statuses] == [("succeeded", 100)]
+    # Each ran once; the next deadline is next January, armed now that a worker serves it.
+    assert len(harness.daemon.deadlines) == 100
+    assert refreshes(sql_log.statements(app="coordinator", db=database_name)) <= 1
+    worker.stop()
+
+
+async def test_worker_killed_mid_call_fails_the_run_and_the_job_turns_inert(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    job = await define(
+        conn,
+        "slow",
+        schedule_kind="interval",
+        schedule="1h",
+        target={"kind": "worker", "type": "slow"},
+    )
+    harness = await start_daemon()
+    module = tmp_path / "slowworker.py"
+    started = tmp_path / "started"
+    module.write_text(
+        "import trio\nfrom pathlib import Path\nfrom coordinator.worker import Worker\n"
+        "worker = Worker(worker_id='doomed')\n"
+        "@worker.job('slow')\n"
+        "async def slow(ctx):\n"
+        f"    Path({str(started)!r}).touch()\n"
+        "    await trio.sleep(60)\n"
+    )
+    proc = await trio.lowlevel.open_process(
+        [
+            sys.executable,
+            "-m",
+            "coordinator.worker",
+            "slowworker:worker",
+            "--socket",
+            str(socket_of(harness)),
+        ],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        await harness.wait_event("wake", reason="workers.changed")
+        run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'slow')")
+        with trio.fail_after(15):
+            while not started.exists():
+                await trio.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        event = (await harness.wait_event("job.run", run=run_id))[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        with trio.fail_after(10):
+            await proc.wait()
+    assert (event["outcome"], event["cause"]) == ("failed", "crashed")
+    [run] = await runs_of(conn, job)
+    assert (run["status"], run["error_cause"]) == ("failed", "crashed")
+    assert "disconnected" in run["error_message"]
+    await trio.sleep(0.3)
+    assert job not in harness.daemon.deadlines  # inert until a worker returns
+    assert harness.daemon.worker_types() == []
+
+
+async def test_capacity_per_worker_and_priority(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    overdue = datetime.now(UTC) - timedelta(minutes=5)
+    names = [
+        ("b1", "background"),
+        ("b2", "background"),
+        ("b3", "background"),
+        ("i1", "interactive"),
+        ("i2", "interactive"),
+    ]
+    for i, (name, priority) in enumerate(names):
+        job = await define(
+            conn,
+            name,
+            schedule_kind="interval",
+            schedule="1h",
+            priority=priority,
+            target={"kind": "worker", "type": "t"},
+        )
+        await aio(conn.execute)(
+            "UPDATE coordinator.jobs SET next_run_at = $2 WHERE id = $1",
+            job,
+            overdue + timedelta(seconds=i),
+        )
+    harness = await start_daemon(concurrency=10)
+    busy: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    order: list[str] = []
+    gate = trio.Event()
+
+    def make(worker_id: str) -> Worker:
+        worker = Worker(worker_id=worker_id, capacity=1)
+
+        @worker.job("t")
+        async def handle(ctx: Context) -> int:
+            order.append(ctx.job)
+            busy[worker_id] = busy.get(worker_id, 0) + 1
+            peak[worker_id] = max(peak.get(worker_id, 0), busy[worker_id])
+            await gate.wait()
+            await trio.sleep(0.2)
+            busy[worker_id] -= 1
+            return 1
+
+        return worker
+
+    # One worker first: the single slot goes to the first interactive job.
+    await run_worker(nursery, make("w1"), harness)
+    await run_worker(nursery, make("w2"), harness)
+    gate.set()
+    await harness.wait_event("job.run", count=5, timeout=20)
+    assert peak == {"w1": 1, "w2": 1}
+    assert set(order[:2]) == {"i1", "i2"}
+    assert order[2:] == ["b1", "b2", "b3"]
+
+
+async def test_progress_is_coalesced_flagged_and_saved_with_the_result(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    job = await define(conn, "report", target={"kind": "worker", "type": "reports"})
+    harness = await start_daemon()
+    worker = Worker(worker_id="reporter")
+    checked = trio.Event()
+    mid: list[Any] = []
+
+    @worker.job("reports")
+    async def handle(ctx: Context) -> int:
+        for percent in (10, 20, 30, 40):
+            await ctx.progress(percent, message=f"at {percent}")
+            await trio.sleep(0.12)
+        await ctx.progress(25, message="went back")  # a regression, to be flagged
+        await trio.sleep(0.3)
+        mid.append(
+            await aio(conn.fetchval)(
+                "SELECT progress FROM coordinator.runs WHERE id = $1", ctx.run_id
+            )
+        )
+        checked.set()
+        await ctx.progress(100, message="done")
+        return 7
+
+    await run_worker(nursery, worker, harness)
+    await harness.wait_event("wake", reason="workers.changed")
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'report')")
+    await harness.wait_event("job.run", run=run_id)
+    # Coalesced: within one progress interval only the first snapshot was written.
+    assert mid
+    assert json.loads(mid[0])["percent"] == 10
+    [run] = await runs_of(conn, job)
+    final = json.loads(run["progress"])
+    assert final["percent"] == 100
+    extra = json.loads(run["extra"])
+    assert any(entry.get("regressed") for entry in extra["log"])
+    assert run["count"] == 7
+    worker.stop()

@@ -1,0 +1,269 @@
+"""The worker protocol's wire format: round trips, limits and rejections (pure)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from coordinator.errors import CoordinatorError
+from coordinator.protocol import (
+    MAX_CAPACITY,
+    MAX_CURSOR,
+    MAX_LINE,
+    MAX_MESSAGE,
+    VERSION,
+    Bye,
+    Call,
+    Cancel,
+    Checkpoint,
+    Error,
+    Hello,
+    LineBuffer,
+    Message,
+    Progress,
+    ProtocolError,
+    Result,
+    Welcome,
+    encode,
+    parse,
+    parse_from_daemon,
+    parse_from_worker,
+    storable,
+)
+
+T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+
+MESSAGES: list[Message] = [
+    Hello(worker="w1", types=("billing", "mail"), capacity=4),
+    Hello(worker="w1", types=["a"], capacity=MAX_CAPACITY, token="s3cret"),
+    Progress(run=7, mode="determinate", percent=42.5, message="halfway"),
+    Progress(run=7, mode="determinate", percent=0),
+    Progress(run=7, mode="indeterminate", message="busy"),
+    Progress(run=7, mode="step", label="upload"),
+    Progress(run=7, mode="step", label="upload", percent=100, message="done"),
+    Checkpoint(run=7, cursor={"offset": 1200, "ids": [1, 2, 3]}),
+    Checkpoint(run=7, cursor=None),
+    Checkpoint(run=7, cursor="page-3"),
+    Result(run=7, ok=True),
+    Result(run=7, ok=True, count=12, extra={"files": ["a", "b"], "nested": {"x": 1.5}}),
+    Result(run=7, ok=False, error="boom", count=3),
+    Bye(),
+    Welcome(worker="w1"),
+    Call(
+        run=7,
+        job="sweep",
+        namespace="billing",
+        job_type="billing",
+        args={"force": True},
+        params={"table": "t"},
+        deadline=T0 + timedelta(seconds=30),
+        attempt=2,
+        checkpoint={"offset": 10},
+        trigger="schedule",
+        scheduled_for=T0,
+    ),
+    Call(run=8, job="j", namespace="default", job_type="t"),
+    Cancel(run=7, reason="timeout"),
+    Error(message="malformed JSON"),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_round_trip(message: Message) -> None:
+    line = encode(message)
+    assert line.endswith(b"\n")
+    assert line.count(b"\n") == 1
+    body = json.loads(line)
+    assert body["v"] == VERSION
+    assert body["type"] == message.TYPE
+    assert parse(line) == message
+    assert parse(line.decode()) == message
+
+
+def test_one_sided_parsers() -> None:
+    assert isinstance(parse_from_worker(encode(Bye())), Bye)
+    assert isinstance(parse_from_daemon(encode(Welcome(worker="w"))), Welcome)
+    with pytest.raises(ProtocolError, match="sent by the daemon"):
+        parse_from_worker(encode(Cancel(run=1, reason="timeout")))
+    with pytest.raises(ProtocolError, match="sent by a worker"):
+        parse_from_daemon(encode(Result(run=1, ok=True)))
+
+
+def test_call_wire_shape() -> None:
+    """What a worker in another language reads (docs/worker-protocol.md)."""
+    call = Call(
+        run=7,
+        job="sweep",
+        namespace="billing",
+        job_type="billing.sweep",
+        deadline=datetime(2024, 3, 1, 12, 0, 30, tzinfo=UTC),
+    )
+    assert json.loads(encode(call)) == {
+        "v": 1,
+        "type": "call",
+        "run": 7,
+        "job": "sweep",
+        "namespace": "billing",
+        "job_type": "billing.sweep",
+        "args": {},
+        "params": {},
+        "deadline": "2024-03-01T12:00:30+00:00",
+        "attempt": 1,
+        "checkpoint": None,
+    }
+
+
+def test_unknown_fields_are_ignored() -> None:
+    line = b'{"v":1,"type":"bye","future":"field"}'
+    assert parse(line) == Bye()
+    line = b'{"v":1,"type":"result","run":3,"ok":true,"count":1,"later":[1]}'
+    assert parse(line) == Result(run=3, ok=True, count=1)
+
+
+def test_nulls_count_as_absent() -> None:
+    line = b'{"v":1,"type":"result","run":3,"ok":false,"count":null,"extra":null,"error":null}'
+    assert parse(line) == Result(run=3, ok=False)
+
+
+REJECTED = [
+    (b"{not json", "malformed JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    (b'"hello"', "must be a JSON object"),
+    (b"\xff\xfe{}", "not UTF-8"),
+    (b'{"type":"bye"}', "missing 'v'"),
+    (b'{"v":2,"type":"bye"}', "unsupported protocol version 2"),
+    (b'{"v":true,"type":"bye"}', "unsupported protocol version"),
+    (b'{"v":1}', "missing 'type'"),
+    (b'{"v":1,"type":5}', "missing 'type'"),
+    (b'{"v":1,"type":"launch"}', "unknown message type 'launch'"),
+    (b'{"v":1,"type":"hello","types":["a"],"capacity":1}', "missing 'worker'"),
+    (b'{"v":1,"type":"hello","worker":"","types":["a"],"capacity":1}', "non-empty string"),
+    (b'{"v":1,"type":"hello","worker":"w","types":[],"capacity":1}', "at least one job type"),
+    (b'{"v":1,"type":"hello","worker":"w","types":"a","capacity":1}', "must be a JSON array"),
+    (b'{"v":1,"type":"hello","worker":"w","types":[1],"capacity":1}', "every job type"),
+    (b'{"v":1,"type":"hello","worker":"w","types":["a","a"],"capacity":1}', "twice"),
+    (b'{"v":1,"type":"hello","worker":"w","types":["a"],"capacity":0}', "from 1 to 1024"),
+    (b'{"v":1,"type":"hello","worker":"w","types":["a"],"capacity":1025}', "from 1 to 1024"),
+    (b'{"v":1,"type":"hello","worker":"w","types":["a"],"capacity":2.5}', "an integer"),
+    (b'{"v":1,"type":"hello","worker":"w","types":["a"],"capacity":true}', "an integer"),
+    (b'{"v":1,"type":"progress","run":1,"mode":"fast"}', "'mode' must be one of"),
+    (b'{"v":1,"type":"progress","run":1,"mode":"determinate"}', "needs a 'percent'"),
+    (b'{"v":1,"type":"progress","run":1,"mode":"determinate","percent":101}', "0 to 100"),
+    (b'{"v":1,"type":"progress","run":1,"mode":"determinate","percent":-1}', "0 to 100"),
+    (b'{"v":1,"type":"progress","run":1,"mode":"determinate","percent":NaN}', "malformed"),
+    (b'{"v":1,"type":"progress","run":1,"mode":"indeterminate","percent":5}', "takes no"),
+    (b'{"v":1,"type":"progress","run":1,"mode":"step"}', "needs a non-empty 'label'"),
+    (b'{"v":1,"type":"progress","run":0,"mode":"indeterminate"}', "positive"),
+    (b'{"v":1,"type":"progress","run":"7","mode":"indeterminate"}', "'run' must be an integer"),
+    (b'{"v":1,"type":"checkpoint","run":1}', "missing 'cursor'"),
+    (b'{"v":1,"type":"result","run":1}', "missing 'ok'"),
+    (b'{"v":1,"type":"result","run":1,"ok":"yes"}', "true or false"),
+    (b'{"v":1,"type":"result","run":1,"ok":true,"count":1.5}', "'count' must be an integer"),
+    (b'{"v":1,"type":"result","run":1,"ok":true,"count":9223372036854775808}', "64-bit"),
+    (b'{"v":1,"type":"result","run":1,"ok":true,"extra":[1]}', "a JSON object"),
+    (b'{"v":1,"type":"call","run":1,"job":"j","namespace":"n"}', "missing 'job_type'"),
+    (
+        b'{"v":1,"type":"call","run":1,"job":"j","namespace":"n","job_type":"t","deadline":"soon"}',
+        "ISO 8601",
+    ),
+    (
+        b'{"v":1,"type":"call","run":1,"job":"j","namespace":"n","job_type":"t",'
+        b'"deadline":"2024-03-01T12:00:00"}',
+        "UTC offset",
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "expected"), REJECTED)
+def test_rejections(line: bytes, expected: str) -> None:
+    with pytest.raises(ProtocolError, match=expected) as info:
+        parse(line)
+    assert isinstance(info.value, CoordinatorError)
+    assert isinstance(info.value, ValueError)
+    assert info.value.message == str(info.value)
+
+
+def test_too_deep_is_rejected() -> None:
+    line = b'{"v":1,"type":"bye","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(ProtocolError):
+        parse(line[:MAX_LINE])
+
+
+def test_oversized_line_is_rejected() -> None:
+    padding = "x" * MAX_LINE
+    with pytest.raises(ProtocolError, match="longer than"):
+        parse(json.dumps({"v": 1, "type": "bye", "pad": padding}).encode())
+    with pytest.raises(ProtocolError, match="longer than"):
+        parse(json.dumps({"v": 1, "type": "bye", "pad": padding}))
+
+
+def test_limits_on_construction() -> None:
+    with pytest.raises(ProtocolError, match="longer than 500"):
+        Progress(run=1, mode="indeterminate", message="m" * (MAX_MESSAGE + 1))
+    Progress(run=1, mode="indeterminate", message="m" * MAX_MESSAGE)
+    with pytest.raises(ProtocolError, match="16384"):
+        Checkpoint(run=1, cursor="c" * MAX_CURSOR)
+    with pytest.raises(ProtocolError, match="not JSON"):
+        Checkpoint(run=1, cursor=object())
+    with pytest.raises(ProtocolError, match="not JSON"):
+        Checkpoint(run=1, cursor=float("nan"))
+    with pytest.raises(ProtocolError, match="aware"):
+        Call(run=1, job="j", namespace="n", job_type="t", deadline=datetime(2024, 1, 1))
+    with pytest.raises(ProtocolError, match="list of job types"):
+        Hello(worker="w", types="abc", capacity=1)  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match="percent"):
+        Progress(run=1, mode="determinate", percent=True)
+
+
+def test_escaped_nul_and_lone_surrogate_become_storable() -> None:
+    line = (
+        b'{"v":1,"type":"result","run":1,"ok":false,"error":"a\\u0000b",'
+        b'"extra":{"k\\ud800":"\\udc00x","ok":"\\ud83d\\ude00"}}'
+    )
+    message = parse(line)
+    assert isinstance(message, Result)
+    assert message.error == "a\ufffdb"
+    assert message.extra == {"k\ufffd": "\ufffdx", "ok": "\U0001f600"}
+    assert storable(["\x00", {"a": 1}]) == ["\ufffd", {"a": 1}]
+
+
+def test_datetimes_keep_their_offset() -> None:
+    cet = timezone(timedelta(hours=1))
+    call = Call(run=1, job="j", namespace="n", job_type="t", deadline=T0.astimezone(cet))
+    parsed = parse(encode(call))
+    assert isinstance(parsed, Call)
+    assert parsed.deadline == T0
+
+
+def test_line_buffer_splits_and_skips_blank_lines() -> None:
+    buf = LineBuffer()
+    assert buf.feed(b'{"a":1}\n{"b"') == [b'{"a":1}']
+    assert buf.pending == 4
+    assert buf.feed(b':2}\n\n  \r\n{"c":3}\r\n') == [b'{"b":2}', b'{"c":3}\r']
+    assert buf.pending == 0
+
+
+def test_line_buffer_refuses_oversized_lines() -> None:
+    buf = LineBuffer(limit=10)
+    assert buf.feed(b"0123456789\n") == [b"0123456789"]
+    with pytest.raises(ProtocolError, match="longer than 10"):
+        buf.feed(b"0123456789A\n")
+    buf = LineBuffer(limit=10)
+    buf.feed(b"01234")
+    with pytest.raises(ProtocolError, match="longer than 10"):
+        buf.feed(b"56789AB")  # no newline yet: refused before it grows further
+    with pytest.raises(ProtocolError):
+        LineBuffer(limit=10).feed(b"ok\n" + b"x" * 11)
+
+
+def test_line_buffer_full_size_line() -> None:
+    line = encode(Result(run=1, ok=True, extra={"pad": "x" * (MAX_LINE - 100)}))
+    assert len(line) - 1 <= MAX_LINE
+    buf = LineBuffer()
+    chunks = [line[i : i + 4096] for i in range(0, len(line), 4096)]
+    out: list[bytes] = []
+    for chunk in chunks:
+        out += buf.feed(chunk)
+    assert out == [line[:-1]]

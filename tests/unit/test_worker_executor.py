@@ -1,0 +1,872 @@
+"""The ``worker`` executor with real Unix sockets, driven by the SDK and by raw workers.
+
+Raw workers (a socket and hand-written lines) play the misbehaving peers: the ones that
+send garbage, ignore cancel or claim results for runs they were never given. Every test
+runs under a ``trio.fail_after`` guard on trio's real clock (socket I/O and a mock
+clock's autojump do not mix).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import itertools
+import json
+import os
+import stat
+import tempfile
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import pytest
+import trio
+
+from coordinator.clock import SystemWallClock
+from coordinator.errors import InvalidInput
+from coordinator.executors.worker import (
+    CANCELLED_MESSAGE,
+    PROGRESS_LOG_LIMIT,
+    WorkerExecutor,
+    WorkerSocketError,
+)
+from coordinator.log import EventLog
+from coordinator.model import Claim, Job, Outcome, Schedule, Target
+from coordinator.protocol import MAX_LINE
+from coordinator.worker import Context, Worker
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+GUARD = 10.0
+
+
+@pytest.fixture
+def sock_path(tmp_path: Path) -> Path:
+    """A socket path short enough for AF_UNIX (107 bytes), under tmp_path if possible."""
+    path = tmp_path / "w.sock"
+    if len(os.fsencode(path)) < 100:
+        return path
+    return Path(tempfile.mkdtemp(prefix="cw-")) / "w.sock"
+
+
+def make_claim(
+    run_id: int,
+    worker_type: str = "echo",
+    *,
+    timeout: float | None = None,
+    args: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
+) -> Claim:
+    job = Job(
+        id=run_id,
+        namespace="billing",
+        name=f"job{run_id}",
+        schedule=Schedule(kind="manual"),
+        target=Target(kind="worker", worker_type=worker_type),
+        params=params or {},
+        timeout=None if timeout is None else timedelta(seconds=timeout),
+    )
+    return Claim(
+        run_id=run_id,
+        job=job,
+        trigger="manual",
+        scheduled_for=None,
+        args=args or {},
+        attempt=1,
+        claimed_at=datetime.now(UTC),
+    )
+
+
+@attrs.define(eq=False)
+class Harness:
+    """An executor serving in a nursery, with its log and change notifications."""
+
+    executor: WorkerExecutor
+    nursery: trio.Nursery
+    events: list[dict[str, Any]]
+    changes: int = 0
+    changed: trio.Event = attrs.field(factory=trio.Event)
+    raws: list[RawWorker] = attrs.field(factory=list)
+
+    def on_change(self) -> None:
+        self.changes += 1
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await self.changed.wait()
+
+    async def serving(self, worker_type: str) -> None:
+        await self.until(lambda: worker_type in self.executor.served_types())
+
+    async def connect(self) -> RawWorker:
+        """A raw worker connection, closed when the harness exits."""
+        path = self.executor.socket_path
+        assert path is not None
+        raw = RawWorker(await trio.open_unix_socket(str(path)))
+        self.raws.append(raw)
+        return raw
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == name]
+
+    async def call(
+        self, claim: Claim, abandon: trio.Event | None = None, *, check: bool = True
+    ) -> Outcome:
+        outcome = await self.executor.call(
+            claim, abandon=abandon if abandon is not None else trio.Event()
+        )
+        if check:
+            json.dumps(outcome.extra, allow_nan=False)
+            assert outcome.started_at <= outcome.finished_at
+        return outcome
+
+
+@asynccontextmanager
+async def harness(sock_path: Path, **kwargs: Any) -> AsyncIterator[Harness]:
+    events: list[dict[str, Any]] = []
+    log = EventLog(stream=io.StringIO(), level="debug", observers=[events.append])
+    async with trio.open_nursery() as nursery:
+        h = Harness(executor=None, nursery=nursery, events=events)  # type: ignore[arg-type]
+        kwargs.setdefault("socket_path", sock_path)
+        h.executor = WorkerExecutor(
+            clock=SystemWallClock(), log=log, on_change=h.on_change, **kwargs
+        )
+        await nursery.start(h.executor.serve)
+        try:
+            yield h
+        finally:
+            for raw in h.raws:
+                await raw.aclose()
+            nursery.cancel_scope.cancel()
+
+
+def sdk_worker(worker_id: str = "sdk", capacity: int = 4) -> Worker:
+    worker = Worker(worker_id, capacity=capacity)
+
+    @worker.job("echo")
+    async def echo(ctx: Context) -> Any:
+        return ctx.args.get("reply")
+
+    return worker
+
+
+@attrs.define(eq=False)
+class RawWorker:
+    """A hand-driven worker connection."""
+
+    stream: trio.SocketStream
+    buf: bytearray = attrs.field(factory=bytearray)
+
+    async def send(self, message: dict[str, Any] | bytes) -> None:
+        if isinstance(message, dict):
+            message = json.dumps({"v": 1, **message}).encode() + b"\n"
+        await self.stream.send_all(message)
+
+    async def hello(
+        self, worker: str = "raw", types: list[str] | None = None, **extra: Any
+    ) -> None:
+        fields = {"worker": worker, "types": types or ["echo"], "capacity": 2, **extra}
+        await self.send({"type": "hello", **fields})
+        welcome = await self.recv()
+        assert welcome == {"v": 1, "type": "welcome", "worker": worker}
+
+    async def recv(self) -> dict[str, Any] | None:
+        """The next message, or ``None`` at end of stream."""
+        while b"\n" not in self.buf:
+            data = await self.stream.receive_some(65536)
+            if not data:
+                return None
+            self.buf += data
+        line, _, rest = bytes(self.buf).partition(b"\n")
+        self.buf = bytearray(rest)
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    async def expect_error_and_close(self, fragment: str) -> str:
+        message = await self.recv()
+        assert message is not None
+        assert message["type"] == "error", message
+        assert fragment in message["message"]
+        assert await self.recv() is None
+        return str(message["message"])
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+# -- connecting ----------------------------------------------------------------------------
+
+
+async def test_a_worker_connecting_changes_the_inventory(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            ex = h.executor
+            target = Target(kind="worker", worker_type="echo")
+            assert not ex.available(target)
+            assert ex.served_types() == []
+            assert ex.capacity("echo") == 0
+            assert stat.S_IMODE(os.stat(sock_path).st_mode) == 0o660
+
+            a = await h.connect()
+            await a.hello("a", ["echo", "mail"], capacity=3)
+            assert h.changes == 1
+            assert ex.available(target)
+            assert not ex.available(Target(kind="worker", worker_type="other"))
+            assert not ex.available(Target(kind="exec", argv=("true",)))
+            assert ex.served_types() == ["echo", "mail"]
+            assert ex.capacity("echo") == 3
+
+            b = await h.connect()
+            await b.hello("b", ["echo"], capacity=5)
+            assert h.changes == 2
+            assert ex.capacity("echo") == 8
+            assert ex.capacity("mail") == 3
+            workers = ex.workers()
+            assert [(w["id"], w["types"], w["capacity"], w["busy"]) for w in workers] == [
+                ("a", ["echo", "mail"], 3, 0),
+                ("b", ["echo"], 5, 0),
+            ]
+            assert workers[0]["transport"] == "unix"
+            assert workers[0]["peer"].startswith("pid=")
+
+            await a.aclose()
+            await h.until(lambda: "mail" not in ex.served_types())
+            assert h.changes == 3
+            assert ex.capacity("echo") == 5
+            await b.aclose()
+            await h.until(lambda: not ex.served_types())
+            assert not ex.available(target)
+            assert [e["worker"] for e in h.named("worker.connected")] == ["a", "b"]
+            assert [e["worker"] for e in h.named("worker.disconnected")] == ["a", "b"]
+
+
+async def test_sdk_worker_call_returns_count_and_extra(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            worker = Worker("sdk", capacity=2)
+
+            @worker.job("echo")
+            async def echo(ctx: Context) -> Any:
+                assert ctx.run_id == 41
+                assert (ctx.job, ctx.namespace, ctx.type) == ("job41", "billing", "echo")
+                assert ctx.params == {"table": "t"}
+                assert ctx.args == {"force": True}
+                assert ctx.attempt == 1
+                assert ctx.trigger == "manual"
+                assert ctx.deadline is not None
+                assert ctx.cursor is None
+                await ctx.progress(50, message="half")
+                await ctx.checkpoint({"offset": 10})
+                return {"count": 7, "extra": {"files": 2}, "note": "kept"}
+
+            await h.nursery.start(worker.run, sock_path)
+            assert h.executor.served_types() == ["echo"]
+            claim = make_claim(41, timeout=30, args={"force": True}, params={"table": "t"})
+            outcome = await h.call(claim)
+            assert outcome.status == "succeeded"
+            assert outcome.count == 7
+            assert outcome.error_cause is None
+            assert outcome.extra["files"] == 2
+            assert outcome.extra["note"] == "kept"
+            assert outcome.extra["progress"]["percent"] == 50
+            assert outcome.extra["progress"]["message"] == "half"
+            assert outcome.extra["checkpoint"] == {"offset": 10}
+            assert len(outcome.extra["log"]) == 1
+            assert h.executor.workers()[0]["busy"] == 0
+
+
+async def test_handler_exception_is_a_handler_failure(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            worker = Worker("sdk")
+
+            @worker.job("echo")
+            async def fails(ctx: Context) -> int:
+                raise RuntimeError(f"no table {ctx.params['table']}")
+
+            await h.nursery.start(worker.run, sock_path)
+            outcome = await h.call(make_claim(1, params={"table": "t"}))
+            assert outcome.status == "failed"
+            assert outcome.error_cause == "handler"
+            assert outcome.error_message == "RuntimeError: no table t"
+            assert "Traceback" in outcome.extra["traceback"]
+            # The worker is still there and serves the next call.
+            assert h.executor.served_types() == ["echo"]
+
+
+async def test_no_worker_serving_the_type(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            outcome = await h.call(make_claim(1, "absent"))
+            assert outcome.status == "failed"
+            assert outcome.error_cause == "crashed"
+            assert "no worker serving 'absent'" in (outcome.error_message or "")
+
+
+# -- timeout, cancel, abandon ----------------------------------------------------------------
+
+
+async def test_timeout_sends_cancel_and_records_timed_out(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            seen: dict[str, Any] = {}
+            worker = Worker("sdk")
+
+            @worker.job("echo")
+            async def slow(ctx: Context) -> None:
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    seen["cancelled"] = ctx.cancelled.is_set()
+                    seen["reason"] = ctx.cancel_reason
+
+            await h.nursery.start(worker.run, sock_path)
+            outcome = await h.call(make_claim(1, timeout=0.2))
+            assert outcome.status == "timed_out"
+            assert outcome.error_cause == "timeout"
+            assert outcome.error_message == "timed out after 0.2s"
+            assert seen == {"cancelled": True, "reason": "timeout"}
+            # It acknowledged the cancel: still connected, slot free.
+            assert h.executor.workers()[0]["busy"] == 0
+            assert not h.named("worker.cancel_ignored")
+
+
+async def test_raw_worker_sees_cancel(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, cancel_grace=5) as h:
+            raw = await h.connect()
+            await raw.hello()
+            result: list[Outcome] = []
+
+            async def call() -> None:
+                result.append(await h.call(make_claim(9, timeout=0.1)))
+
+            h.nursery.start_soon(call)
+            message = await raw.recv()
+            assert message is not None
+            assert message["type"] == "call"
+            assert message["run"] == 9
+            assert message["job_type"] == "echo"
+            assert message["deadline"] is not None
+            assert await raw.recv() == {"v": 1, "type": "cancel", "run": 9, "reason": "timeout"}
+            await raw.send({"type": "result", "run": 9, "ok": False, "error": "stopped"})
+            while not result:
+                await trio.sleep(0.01)
+            assert result[0].status == "timed_out"
+            await raw.aclose()
+
+
+async def test_worker_ignoring_cancel_is_disconnected_after_grace(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, cancel_grace=0.3) as h:
+            raw = await h.connect()
+            await raw.hello("stubborn")
+            outcomes: dict[int, Outcome] = {}
+
+            async def call(claim: Claim) -> None:
+                outcomes[claim.run_id] = await h.call(claim)
+
+            h.nursery.start_soon(call, make_claim(1))  # no timeout: crashes with the worker
+            assert (await raw.recv() or {})["run"] == 1
+            started = trio.current_time()
+            h.nursery.start_soon(call, make_claim(2, timeout=0.1))
+            assert (await raw.recv() or {})["run"] == 2
+            assert (await raw.recv() or {})["type"] == "cancel"
+            text = await raw.expect_error_and_close("ignored cancel")
+            assert "run 2" in text
+            assert trio.current_time() - started >= 0.1 + 0.3
+            while len(outcomes) < 2:
+                await trio.sleep(0.01)
+            assert outcomes[2].status == "timed_out"
+            assert outcomes[2].error_cause == "timeout"
+            assert "ignored cancel and was disconnected" in (outcomes[2].error_message or "")
+            assert outcomes[1].status == "failed"
+            assert outcomes[1].error_cause == "crashed"
+            assert outcomes[1].error_message == "worker stubborn disconnected"
+            assert h.named("worker.cancel_ignored")[0]["worker"] == "stubborn"
+            assert h.executor.served_types() == []
+            await raw.aclose()
+
+
+async def test_abandon_cancels_the_call(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            started = trio.Event()
+            worker = Worker("sdk")
+
+            @worker.job("echo")
+            async def slow(ctx: Context) -> None:
+                started.set()
+                await trio.sleep_forever()
+
+            await h.nursery.start(worker.run, sock_path)
+            abandon = trio.Event()
+            outcomes: list[Outcome] = []
+
+            async def call() -> None:
+                outcomes.append(await h.call(make_claim(1), abandon))
+
+            h.nursery.start_soon(call)
+            await started.wait()
+            abandon.set()
+            while not outcomes:
+                await trio.sleep(0.01)
+            assert outcomes[0].status == "cancelled"
+            assert outcomes[0].error_message == CANCELLED_MESSAGE
+            assert h.executor.workers()[0]["busy"] == 0
+            # Already abandoned: nothing is sent.
+            again = await h.call(make_claim(2), abandon)
+            assert again.status == "cancelled"
+
+
+async def test_disconnect_mid_call_is_crashed(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello("w7")
+            outcomes: list[Outcome] = []
+
+            async def call() -> None:
+                outcomes.append(await h.call(make_claim(3)))
+
+            h.nursery.start_soon(call)
+            assert (await raw.recv() or {})["type"] == "call"
+            await raw.send({"type": "progress", "run": 3, "mode": "determinate", "percent": 30})
+            await raw.aclose()
+            while not outcomes:
+                await trio.sleep(0.01)
+            outcome = outcomes[0]
+            assert outcome.status == "failed"
+            assert outcome.error_cause == "crashed"
+            assert outcome.error_message == "worker w7 disconnected"
+            assert outcome.extra["progress"]["percent"] == 30
+            assert h.executor.served_types() == []
+
+
+async def test_reregistration_replaces_the_old_connection(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            old = await h.connect()
+            await old.hello("same")
+            outcomes: list[Outcome] = []
+
+            async def call(claim: Claim) -> None:
+                outcomes.append(await h.call(claim))
+
+            h.nursery.start_soon(call, make_claim(1))
+            assert (await old.recv() or {})["run"] == 1
+            changes = h.changes
+
+            new = await h.connect()
+            await new.hello("same", capacity=2)
+            await old.expect_error_and_close("replaced by a new connection")
+            while not outcomes:
+                await trio.sleep(0.01)
+            assert outcomes[0].error_cause == "crashed"
+            assert "replaced" in (outcomes[0].error_message or "")
+            assert [w["id"] for w in h.executor.workers()] == ["same"]
+            assert h.changes == changes  # same types, same capacity: no change to report
+            # A late result for the crashed run, on the new connection, is ignored.
+            await new.send({"type": "result", "run": 1, "ok": True})
+            h.nursery.start_soon(call, make_claim(2))
+            assert (await new.recv() or {})["run"] == 2
+            await new.send({"type": "result", "run": 2, "ok": True, "count": 5})
+            while len(outcomes) < 2:
+                await trio.sleep(0.01)
+            assert outcomes[1].status == "succeeded"
+            assert outcomes[1].count == 5
+            assert h.named("worker.connected")[-1]["replaced"] is True
+            await old.aclose()
+            await new.aclose()
+
+
+# -- protocol violations -------------------------------------------------------------------
+
+HELLO = {"type": "hello", "worker": "bad", "types": ["echo"], "capacity": 1}
+
+VIOLATIONS: list[tuple[str, list[dict[str, Any] | bytes], str]] = [
+    ("malformed JSON", [HELLO, b"{this is not json\n"], "malformed JSON"),
+    ("unknown type", [HELLO, {"type": "launch", "run": 1}], "unknown message type 'launch'"),
+    ("oversized line", [HELLO, b"[" + b" " * (MAX_LINE + 10)], "longer than 65536"),
+    (
+        "result never given",
+        [HELLO, {"type": "result", "run": 999, "ok": True}],
+        "result for run 999, which this connection was never given",
+    ),
+    (
+        "progress never given",
+        [HELLO, {"type": "progress", "run": 5, "mode": "indeterminate"}],
+        "progress for run 5",
+    ),
+    ("hello twice", [HELLO, HELLO], "hello sent twice"),
+    ("before hello", [{"type": "bye"}], "expected hello first, got bye"),
+    ("capacity", [{**HELLO, "capacity": 0}], "'capacity' must be an integer from 1 to 1024"),
+    ("daemon-side type", [HELLO, {"type": "call", "run": 1}], "sent by the daemon"),
+    ("bad version", [{**HELLO, "v": 9}], "unsupported protocol version 9"),
+]
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"), [v[1:] for v in VIOLATIONS], ids=[v[0] for v in VIOLATIONS]
+)
+async def test_protocol_violation_closes_only_that_connection(
+    sock_path: Path, lines: list[dict[str, Any] | bytes], expected: str
+) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            good = sdk_worker("good")
+            await h.nursery.start(good.run, sock_path)
+            # A call in flight on the good worker while the bad one misbehaves.
+            gate = trio.Event()
+            slow = Worker("good-slow")
+
+            @slow.job("slow")
+            async def wait_gate(ctx: Context) -> int:
+                await gate.wait()
+                return 1
+
+            await h.nursery.start(slow.run, sock_path)
+            outcomes: list[Outcome] = []
+
+            async def call_slow() -> None:
+                outcomes.append(await h.call(make_claim(100, "slow")))
+
+            h.nursery.start_soon(call_slow)
+
+            bad = await h.connect()
+            for line in lines:
+                await bad.send(line)
+            message = await bad.recv()
+            if message is not None and message["type"] == "welcome":
+                message = await bad.recv()
+            assert message is not None
+            assert message["type"] == "error"
+            assert expected in message["message"]
+            assert await bad.recv() is None
+            await bad.aclose()
+
+            rejected = h.named("worker.rejected")
+            assert len(rejected) == 1
+            assert expected in rejected[0]["error"]
+            # The others are unaffected: a new call succeeds, the slow one finishes.
+            assert (await h.call(make_claim(1, args={"reply": 3}))).count == 3
+            gate.set()
+            while not outcomes:
+                await trio.sleep(0.01)
+            assert outcomes[0].status == "succeeded"
+            assert sorted(w["id"] for w in h.executor.workers()) == ["good", "good-slow"]
+
+
+async def test_silent_connection_is_closed_after_hello_timeout(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, hello_timeout=0.2) as h:
+            raw = await h.connect()
+            await raw.expect_error_and_close("no hello within 0.2s")
+            assert h.named("worker.rejected")
+            await raw.aclose()
+
+
+async def test_late_progress_and_duplicate_result_are_ignored(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello("w")
+            outcomes: list[Outcome] = []
+
+            async def call() -> None:
+                outcomes.append(await h.call(make_claim(4)))
+
+            h.nursery.start_soon(call)
+            assert (await raw.recv() or {})["run"] == 4
+            await raw.send({"type": "result", "run": 4, "ok": True, "count": 1})
+            await raw.send({"type": "progress", "run": 4, "mode": "determinate", "percent": 99})
+            await raw.send({"type": "checkpoint", "run": 4, "cursor": 1})
+            await raw.send({"type": "result", "run": 4, "ok": False})
+            await raw.send({"type": "bye"})
+            assert await raw.recv() is None  # closed because of bye, with no error
+            assert outcomes[0].status == "succeeded"
+            assert "progress" not in outcomes[0].extra
+            assert not h.named("worker.rejected")
+            await raw.aclose()
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+async def test_progress_writes_are_coalesced_and_flag_regressions(sock_path: Path) -> None:
+    interval = 0.3
+    saves: list[tuple[float, int, dict[str, Any]]] = []
+
+    async def save(run_id: int, snapshot: dict[str, Any]) -> None:
+        saves.append((trio.current_time(), run_id, snapshot))
+        await trio.sleep(0.01)
+
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, save_progress=save, progress_interval=interval) as h:
+            raw = await h.connect()
+            await raw.hello("w")
+            outcomes: list[Outcome] = []
+
+            async def call() -> None:
+                outcomes.append(await h.call(make_claim(6)))
+
+            h.nursery.start_soon(call)
+            assert (await raw.recv() or {})["run"] == 6
+            await raw.send({"type": "progress", "run": 6, "mode": "determinate", "percent": 10})
+            while not saves:
+                await trio.sleep(0.01)
+            for percent in (20, 30, 25):
+                await raw.send(
+                    {"type": "progress", "run": 6, "mode": "determinate", "percent": percent}
+                )
+            await raw.send({"type": "progress", "run": 6, "mode": "step", "label": "upload"})
+            while len(saves) < 2:
+                await trio.sleep(0.02)
+            # First write at once (10), the next one interval later with the latest.
+            assert saves[0][1:] == (6, saves[0][2])
+            assert saves[0][2]["percent"] == 10
+            assert "regressed" not in saves[0][2]
+            assert saves[1][2]["mode"] == "step"
+            assert saves[1][2]["label"] == "upload"
+            assert saves[1][2]["regressed"] is True  # 30 -> 25 happened in between
+            assert saves[1][0] - saves[0][0] >= interval - 0.01
+
+            await raw.send({"type": "progress", "run": 6, "mode": "determinate", "percent": 90})
+            await raw.send({"type": "result", "run": 6, "ok": True, "count": 1})
+            while not outcomes:
+                await trio.sleep(0.01)
+            count = len(saves)
+            await trio.sleep(interval * 2)
+            assert len(saves) == count  # nothing written after the result
+            extra = outcomes[0].extra
+            assert extra["progress"]["percent"] == 90
+            assert extra["progress"]["regressed"] is True
+            assert [e.get("percent") for e in extra["log"]] == [10, 20, 30, 25, None, 90]
+            assert extra["log"][3]["regressed"] is True
+            assert extra["log"][3]["previous"] == 30
+            for (t1, _, _), (t2, _, _) in itertools.pairwise(saves):
+                assert t2 - t1 >= interval - 0.01
+            await raw.aclose()
+
+
+async def test_progress_log_is_bounded(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello("w")
+            outcomes: list[Outcome] = []
+
+            async def call() -> None:
+                outcomes.append(await h.call(make_claim(8)))
+
+            h.nursery.start_soon(call)
+            assert (await raw.recv() or {})["run"] == 8
+            lines = b"".join(
+                json.dumps(
+                    {"v": 1, "type": "progress", "run": 8, "mode": "step", "label": f"s{i}"}
+                ).encode()
+                + b"\n"
+                for i in range(120)
+            )
+            await raw.send(lines)
+            await raw.send({"type": "result", "run": 8, "ok": True})
+            while not outcomes:
+                await trio.sleep(0.01)
+            log = outcomes[0].extra["log"]
+            assert len(log) == PROGRESS_LOG_LIMIT
+            assert log[-1]["label"] == "s119"
+            assert outcomes[0].extra["log_dropped"] == 120 - PROGRESS_LOG_LIMIT
+            await raw.aclose()
+
+
+async def test_failing_progress_write_does_not_disturb_the_call(sock_path: Path) -> None:
+    async def save(run_id: int, snapshot: dict[str, Any]) -> None:
+        raise OSError("database away")
+
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, save_progress=save) as h:
+            worker = Worker("sdk")
+
+            @worker.job("echo")
+            async def job(ctx: Context) -> int:
+                await ctx.progress(10)
+                await trio.sleep(0.05)
+                return 1
+
+            await h.nursery.start(worker.run, sock_path)
+            outcome = await h.call(make_claim(1))
+            assert outcome.status == "succeeded"
+            assert h.named("progress.save_failed")
+
+
+# -- capacity ------------------------------------------------------------------------------
+
+
+async def test_capacity_bounds_concurrent_calls(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            running = 0
+            peak = 0
+            worker = Worker("two", capacity=2)
+
+            @worker.job("echo")
+            async def job(ctx: Context) -> int:
+                nonlocal running, peak
+                running += 1
+                peak = max(peak, running)
+                await trio.sleep(0.05)
+                running -= 1
+                return ctx.run_id
+
+            await h.nursery.start(worker.run, sock_path)
+            assert h.executor.capacity("echo") == 2
+            outcomes: list[Outcome] = []
+            busy_seen: list[int] = []
+
+            async def call(run_id: int) -> None:
+                outcomes.append(await h.call(make_claim(run_id)))
+                busy_seen.append(h.executor.workers()[0]["busy"])
+
+            async with trio.open_nursery() as calls:
+                for run_id in range(1, 6):
+                    calls.start_soon(call, run_id)
+            assert peak == 2
+            assert max(busy_seen) <= 2
+            assert sorted(o.count or 0 for o in outcomes) == [1, 2, 3, 4, 5]
+
+
+async def test_calls_go_to_the_least_busy_worker(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            a = await h.connect()
+            await a.hello("a", capacity=4)
+            b = await h.connect()
+            await b.hello("b", capacity=4)
+            outcomes: list[Outcome] = []
+
+            async def call(run_id: int) -> None:
+                outcomes.append(await h.call(make_claim(run_id)))
+
+            for run_id in (1, 2, 3, 4):
+                h.nursery.start_soon(call, run_id)
+            while sum(w["busy"] for w in h.executor.workers()) < 4:
+                await trio.sleep(0.01)
+            assert [w["busy"] for w in h.executor.workers()] == [2, 2]
+            for raw in (a, b):
+                for _ in range(2):
+                    message = await raw.recv()
+                    assert message is not None
+                    await raw.send({"type": "result", "run": message["run"], "ok": True})
+            while len(outcomes) < 4:
+                await trio.sleep(0.01)
+            assert {o.status for o in outcomes} == {"succeeded"}
+            await a.aclose()
+            await b.aclose()
+
+
+# -- bye, detach, sockets --------------------------------------------------------------------
+
+
+async def test_bye_stops_new_calls_and_lets_running_ones_finish(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello("leaving")
+            outcomes: list[Outcome] = []
+
+            async def call() -> None:
+                outcomes.append(await h.call(make_claim(1)))
+
+            h.nursery.start_soon(call)
+            assert (await raw.recv() or {})["run"] == 1
+            await raw.send({"type": "bye"})
+            await h.until(lambda: not h.executor.served_types())
+            assert h.executor.workers()[0]["draining"] is True
+            await raw.send({"type": "result", "run": 1, "ok": True, "count": 2})
+            assert await raw.recv() is None  # closed once the last result is in
+            while not outcomes:
+                await trio.sleep(0.01)
+            assert outcomes[0].count == 2
+            assert h.executor.workers() == []
+            await raw.aclose()
+
+
+async def test_detach_stops_accepting_but_running_calls_finish(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello("w")
+            outcomes: list[Outcome] = []
+
+            async def call() -> None:
+                outcomes.append(await h.call(make_claim(1)))
+
+            h.nursery.start_soon(call)
+            assert (await raw.recv() or {})["run"] == 1
+            changes = h.changes
+            await h.executor.detach()
+            assert h.changes == changes + 1
+            assert h.executor.served_types() == []
+            assert not await trio.Path(sock_path).exists()
+            with pytest.raises(FileNotFoundError):
+                await trio.open_unix_socket(str(sock_path))
+            refused = await h.call(make_claim(2))
+            assert refused.error_cause == "crashed"
+            assert "stopping" in (refused.error_message or "")
+            await raw.send({"type": "result", "run": 1, "ok": True, "count": 9})
+            while not outcomes:
+                await trio.sleep(0.01)
+            assert outcomes[0].count == 9
+            await raw.aclose()
+
+
+async def test_stale_socket_is_replaced_but_a_file_is_not(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        stale = trio.socket.socket(trio.socket.AF_UNIX)
+        await stale.bind(str(sock_path))
+        stale.close()
+        assert await trio.Path(sock_path).exists()
+        async with harness(sock_path) as h:
+            await h.nursery.start(sdk_worker().run, sock_path)
+            assert (await h.call(make_claim(1, args={"reply": 1}))).count == 1
+        assert not await trio.Path(sock_path).exists()  # removed at exit
+
+        await trio.Path(sock_path).write_text("not a socket")
+        executor = WorkerExecutor(clock=SystemWallClock(), log=EventLog(), socket_path=sock_path)
+        with pytest.raises(WorkerSocketError, match="not a socket"):
+            await executor.serve()
+        assert await trio.Path(sock_path).read_text() == "not a socket"
+
+
+async def test_tcp_on_loopback_requires_the_token(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, socket_path=None, tcp=("127.0.0.1", 0), token="s3") as h:
+            assert h.executor.bound_tcp is not None
+            host, port = h.executor.bound_tcp
+            stream = await trio.open_tcp_stream(host, port)
+            raw = RawWorker(stream)
+            await raw.send({**HELLO, "token": "wrong"})
+            await raw.expect_error_and_close("missing or wrong token")
+            await raw.aclose()
+
+            worker = sdk_worker("tcp")
+            await h.nursery.start(functools.partial(worker.run, (host, port), token="s3"))
+            assert h.executor.workers()[0]["transport"] == "tcp"
+            assert (await h.call(make_claim(1, args={"reply": 4}))).count == 4
+
+
+def test_configuration_is_checked() -> None:
+    clock, log = SystemWallClock(), EventLog()
+    with pytest.raises(InvalidInput, match="socket path"):
+        WorkerExecutor(clock=clock, log=log)
+    with pytest.raises(InvalidInput, match="loopback"):
+        WorkerExecutor(clock=clock, log=log, tcp=("0.0.0.0", 9000), token="t")
+    with pytest.raises(InvalidInput, match="token"):
+        WorkerExecutor(clock=clock, log=log, tcp=("127.0.0.1", 9000))
+    WorkerExecutor(clock=clock, log=log, tcp=("::1", 9000), token="t")
+    WorkerExecutor(clock=clock, log=log, tcp=("localhost", 9000), token="t")

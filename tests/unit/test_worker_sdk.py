@@ -1,0 +1,700 @@
+"""The Python worker SDK against a hand-driven fake daemon (real Unix sockets), and the
+``coordinator worker`` command as a process against the real executor.
+
+Every test runs under a ``trio.fail_after`` guard on trio's real clock.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import pytest
+import trio
+
+from coordinator.clock import SystemWallClock
+from coordinator.executors.worker import WorkerExecutor
+from coordinator.log import EventLog
+from coordinator.model import Claim, Job, Schedule, Target
+from coordinator.protocol import MAX_LINE
+from coordinator.worker import Context, Worker, backoff, load, main
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+GUARD = 10.0
+
+
+@pytest.fixture
+def sock_path(tmp_path: Path) -> Path:
+    """A socket path short enough for AF_UNIX (107 bytes), under tmp_path if possible."""
+    path = tmp_path / "d.sock"
+    if len(os.fsencode(path)) < 100:
+        return path
+    return Path(tempfile.mkdtemp(prefix="cw-")) / "d.sock"
+
+
+@attrs.define(eq=False)
+class Peer:
+    """The daemon's end of one worker connection, driven by hand."""
+
+    stream: trio.SocketStream
+    buf: bytearray = attrs.field(factory=bytearray)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.stream.send_all(json.dumps({"v": 1, **message}).encode() + b"\n")
+
+    async def recv(self) -> dict[str, Any] | None:
+        while b"\n" not in self.buf:
+            data = await self.stream.receive_some(65536)
+            if not data:
+                return None
+            self.buf += data
+        line, _, rest = bytes(self.buf).partition(b"\n")
+        self.buf = bytearray(rest)
+        message: dict[str, Any] = json.loads(line)
+        assert message.pop("v") == 1
+        return message
+
+    async def recv_type(self, kind: str) -> dict[str, Any]:
+        """The next message of type ``kind``, skipping progress and checkpoints."""
+        while True:
+            message = await self.recv()
+            assert message is not None, f"closed while waiting for {kind}"
+            if message["type"] == kind:
+                return message
+            assert message["type"] in ("progress", "checkpoint"), message
+
+    async def welcome(self) -> dict[str, Any]:
+        hello = await self.recv()
+        assert hello is not None
+        assert hello["type"] == "hello"
+        await self.send({"type": "welcome", "worker": hello["worker"]})
+        return hello
+
+    async def call(self, run: int, job_type: str = "echo", **fields: Any) -> None:
+        body = {
+            "type": "call",
+            "run": run,
+            "job": f"job{run}",
+            "namespace": "ns",
+            "job_type": job_type,
+            "args": {},
+            "params": {},
+            "deadline": None,
+            "attempt": 1,
+            "checkpoint": None,
+        }
+        body.update(fields)
+        await self.send(body)
+
+
+@attrs.define(eq=False)
+class FakeDaemon:
+    listener: trio.SocketListener
+    peers: list[Peer] = attrs.field(factory=list)
+
+    async def accept(self) -> Peer:
+        peer = Peer(await self.listener.accept())
+        self.peers.append(peer)
+        return peer
+
+
+@asynccontextmanager
+async def fake_daemon(path: Path) -> AsyncIterator[FakeDaemon]:
+    sock = trio.socket.socket(trio.socket.AF_UNIX)
+    await sock.bind(str(path))
+    sock.listen(8)
+    daemon = FakeDaemon(trio.SocketListener(sock))
+    try:
+        yield daemon
+    finally:
+        for peer in daemon.peers:
+            await peer.stream.aclose()
+        await daemon.listener.aclose()
+        await trio.Path(path).unlink(missing_ok=True)
+
+
+def echo_worker(**kwargs: Any) -> Worker:
+    worker = Worker("w", **kwargs)
+
+    @worker.job("echo")
+    async def echo(ctx: Context) -> Any:
+        return ctx.args.get("reply")
+
+    return worker
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+class Odd:
+    def __str__(self) -> str:
+        return "odd"
+
+
+RETURNS: list[tuple[Any, dict[str, Any]]] = [
+    (None, {"ok": True}),
+    (5, {"ok": True, "count": 5}),
+    ({"count": 2, "extra": {"a": 1}, "b": 2}, {"ok": True, "count": 2, "extra": {"a": 1, "b": 2}}),
+    ({"files": 3}, {"ok": True, "extra": {"files": 3}}),
+    ((4, {"when": datetime(2024, 1, 1, tzinfo=UTC)}), {"ok": True, "count": 4, "extra": {}}),
+    ((None, {"o": Odd()}), {"ok": True, "extra": {"o": "odd"}}),
+    ({"count": 1, "extra": [1, 2]}, {"ok": True, "count": 1, "extra": {"extra": [1, 2]}}),
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), RETURNS)
+async def test_return_values_become_results(
+    sock_path: Path, value: Any, expected: dict[str, Any]
+) -> None:
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> Any:
+        return value
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            result = await peer.recv_type("result")
+            assert result.pop("type") == "result"
+            assert result.pop("run") == 1
+            if isinstance(value, tuple) and "when" in value[1]:
+                assert result["extra"] == {"when": "2024-01-01 00:00:00+00:00"}
+                result["extra"] = {}
+            assert result == expected
+            nursery.cancel_scope.cancel()
+
+
+BAD_RETURNS: list[tuple[Any, str]] = [
+    (True, "not a bool"),
+    ("done", "not str"),
+    ((1, 2), "extra must be a dict"),
+    ({"count": "many"}, "'count' must be a 64-bit integer"),
+    ({"x": float("nan")}, "bad return value"),
+    ({"big": "x" * MAX_LINE}, f"exceeds the {MAX_LINE}-byte limit"),
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), BAD_RETURNS)
+async def test_bad_return_values_are_failures(sock_path: Path, value: Any, expected: str) -> None:
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> Any:
+        return value
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            result = await peer.recv_type("result")
+            assert result["ok"] is False
+            assert expected in result["error"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_exception_is_reported_with_traceback(sock_path: Path) -> None:
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        raise KeyError("table")
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            result = await peer.recv_type("result")
+            assert result["ok"] is False
+            assert result["error"] == "KeyError: 'table'"
+            assert "raise KeyError" in result["extra"]["traceback"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_context_carries_the_call(sock_path: Path) -> None:
+    seen: dict[str, Any] = {}
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> None:
+        seen.update(
+            run_id=ctx.run_id,
+            job=ctx.job,
+            namespace=ctx.namespace,
+            type=ctx.type,
+            args=ctx.args,
+            params=ctx.params,
+            attempt=ctx.attempt,
+            deadline=ctx.deadline,
+            trigger=ctx.trigger,
+            cursor=ctx.cursor,
+        )
+        await ctx.checkpoint({"page": 4})
+        seen["after"] = ctx.cursor
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            hello = await peer.welcome()
+            assert hello == {"type": "hello", "worker": "w", "types": ["echo"], "capacity": 4}
+            await peer.call(
+                12,
+                args={"force": True},
+                params={"p": 1},
+                attempt=2,
+                deadline="2024-03-01T12:00:00+00:00",
+                checkpoint={"page": 3},
+                trigger="retry",
+            )
+            assert await peer.recv() == {"type": "checkpoint", "run": 12, "cursor": {"page": 4}}
+            assert (await peer.recv_type("result"))["ok"] is True
+            assert seen == {
+                "run_id": 12,
+                "job": "job12",
+                "namespace": "ns",
+                "type": "echo",
+                "args": {"force": True},
+                "params": {"p": 1},
+                "attempt": 2,
+                "deadline": datetime(2024, 3, 1, 12, 0, tzinfo=UTC),
+                "trigger": "retry",
+                "cursor": {"page": 3},
+                "after": {"page": 4},
+            }
+            nursery.cancel_scope.cancel()
+
+
+async def test_progress_is_spaced_and_the_last_one_sent(sock_path: Path) -> None:
+    errors: list[str] = []
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        for step in ("a", "b", "c"):
+            await ctx.progress(step=step)
+        for i in range(1, 1001):
+            await ctx.progress(i / 10, message="m" * 600)
+        await ctx.progress()
+        for bad in (101, -1):
+            try:
+                await ctx.progress(bad)
+            except ValueError as exc:
+                errors.append(str(exc))
+        try:
+            await ctx.checkpoint("x" * 20000)
+        except ValueError as exc:
+            errors.append(str(exc))
+        return 1
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            messages = []
+            while (message := await peer.recv()) is not None and message["type"] != "result":
+                messages.append(message)
+            assert [m.get("label") for m in messages[:3]] == ["a", "b", "c"]
+            determinate = [m for m in messages if m["mode"] == "determinate"]
+            assert 1 <= len(determinate) < 20
+            assert len(determinate[0]["message"]) == 500
+            assert messages[-1] == {"type": "progress", "run": 1, "mode": "indeterminate"}
+            assert len(errors) == 3
+            assert "0 to 100" in errors[0]
+            assert "16384" in errors[2]
+            nursery.cancel_scope.cancel()
+
+
+async def test_pending_progress_is_flushed_before_the_result(sock_path: Path) -> None:
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        await ctx.progress(10)
+        await ctx.progress(20)  # within the spacing: held back
+        await trio.sleep(0.3)  # ... and sent by the flusher meanwhile
+        await ctx.progress(30)
+        await ctx.progress(40)  # held back, flushed before the result
+        return 1
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            percents = []
+            while (message := await peer.recv()) is not None and message["type"] == "progress":
+                percents.append(message["percent"])
+            assert message is not None
+            assert message["type"] == "result"
+            assert percents == [10, 20, 30, 40]
+            nursery.cancel_scope.cancel()
+
+
+# -- cancel, capacity, unknown types ---------------------------------------------------------
+
+
+async def test_cancel_sets_the_event_and_cancels_the_handler(sock_path: Path) -> None:
+    seen: list[bool] = []
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        try:
+            await trio.sleep_forever()
+        finally:
+            seen.append(ctx.cancelled.is_set())
+        return 1  # pragma: no cover
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            await peer.send({"type": "cancel", "run": 1, "reason": "timeout"})
+            result = await peer.recv_type("result")
+            assert result == {
+                "type": "result",
+                "run": 1,
+                "ok": False,
+                "error": "cancelled (timeout)",
+            }
+            assert seen == [True]
+            await peer.send({"type": "cancel", "run": 99, "reason": "timeout"})  # unknown: ignored
+            await peer.call(2, args={"reply": 1})
+            nursery.cancel_scope.cancel()
+
+
+async def test_cancel_delay_lets_a_handler_finish_cooperatively(sock_path: Path) -> None:
+    worker = Worker("w", cancel_delay=5.0)
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> dict[str, Any]:
+        await ctx.cancelled.wait()
+        await ctx.checkpoint({"at": 7})
+        return {"count": 7, "stopped": ctx.cancel_reason}
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            await peer.send({"type": "cancel", "run": 1, "reason": "stopping"})
+            assert await peer.recv() == {"type": "checkpoint", "run": 1, "cursor": {"at": 7}}
+            result = await peer.recv_type("result")
+            assert result["count"] == 7
+            assert result["extra"] == {"stopped": "stopping"}
+            nursery.cancel_scope.cancel()
+
+
+async def test_unknown_type_and_over_capacity_are_refused(sock_path: Path) -> None:
+    gate = trio.Event()
+    worker = Worker("w", capacity=1)
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        await gate.wait()
+        return 1
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1, "other")
+            result = await peer.recv_type("result")
+            assert result["ok"] is False
+            assert "does not serve 'other'" in result["error"]
+            await peer.call(2)
+            await peer.call(3)
+            result = await peer.recv_type("result")
+            assert result["run"] == 3
+            assert "at capacity (1)" in result["error"]
+            gate.set()
+            result = await peer.recv_type("result")
+            assert result == {"type": "result", "run": 2, "ok": True, "count": 1}
+            nursery.cancel_scope.cancel()
+
+
+# -- connection lifecycle ------------------------------------------------------------------
+
+
+def test_backoff_is_capped_exponential() -> None:
+    assert [backoff(n) for n in range(1, 10)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
+
+
+async def test_reconnects_with_backoff_and_cancels_orphaned_handlers(sock_path: Path) -> None:
+    cancelled: list[int] = []
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.append(ctx.run_id)
+        return 1  # pragma: no cover
+
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)  # no daemon yet: retries
+            await trio.sleep(0.8)  # attempts at 0, 0.5 (then 1.5, ...)
+            async with fake_daemon(sock_path) as daemon:
+                started = trio.current_time()
+                peer = await daemon.accept()
+                assert trio.current_time() - started < 1.5
+                await peer.welcome()
+                await peer.call(1)
+                while True:
+                    await trio.sleep(0.01)
+                    if cancelled or peer.buf:
+                        break
+                    if trio.current_time() - started > 0.3:
+                        break
+                await peer.stream.aclose()  # the daemon goes away mid-call
+                with trio.move_on_after(2):
+                    while not cancelled:
+                        await trio.sleep(0.01)
+                assert cancelled == [1]
+                # Welcomed before, so the next attempt comes after the first delay.
+                started = trio.current_time()
+                peer = await daemon.accept()
+                assert trio.current_time() - started < 1.0
+                await peer.welcome()
+                await peer.call(2)
+                await peer.send({"type": "cancel", "run": 2, "reason": "timeout"})
+                assert (await peer.recv_type("result"))["run"] == 2
+            nursery.cancel_scope.cancel()
+
+
+async def test_error_from_the_daemon_means_reconnect(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(echo_worker().run, sock_path)
+            peer = await daemon.accept()
+            assert (await peer.recv() or {})["type"] == "hello"
+            await peer.send({"type": "error", "message": "missing or wrong token"})
+            peer = await daemon.accept()
+            await peer.welcome()
+            nursery.cancel_scope.cancel()
+
+
+async def test_bad_daemon_message_means_reconnect(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(echo_worker().run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.stream.send_all(b"garbage\n")
+            assert await peer.recv() is None  # the worker hung up
+            peer = await daemon.accept()
+            await peer.welcome()
+            nursery.cancel_scope.cancel()
+
+
+async def test_stop_says_bye_and_finishes_running_calls(sock_path: Path) -> None:
+    release = trio.Event()
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        await release.wait()
+        return 3
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            done = trio.Event()
+
+            async def run() -> None:
+                await worker.run(sock_path)
+                done.set()
+
+            nursery.start_soon(run)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            await trio.sleep(0.05)
+            worker.stop()
+            assert await peer.recv() == {"type": "bye"}
+            release.set()
+            assert (await peer.recv_type("result"))["count"] == 3
+            assert not done.is_set()
+            await peer.stream.aclose()  # the daemon closes once the results are in
+            await done.wait()
+
+
+async def test_stop_before_welcome_returns(sock_path: Path) -> None:
+    worker = echo_worker()
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            done = trio.Event()
+
+            async def run() -> None:
+                await worker.run(sock_path)
+                done.set()
+
+            nursery.start_soon(run)
+            peer = await daemon.accept()
+            assert (await peer.recv() or {})["type"] == "hello"
+            worker.stop()
+            await done.wait()
+            assert await peer.recv() is None
+
+
+async def test_started_after_the_first_welcome(sock_path: Path) -> None:
+    events = io.StringIO()
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            executor = WorkerExecutor(
+                clock=SystemWallClock(), log=EventLog(stream=events), socket_path=sock_path
+            )
+            await nursery.start(executor.serve)
+            await nursery.start(echo_worker(capacity=3).run, sock_path)
+            assert executor.capacity("echo") == 3
+            nursery.cancel_scope.cancel()
+
+
+# -- construction and the command ------------------------------------------------------------
+
+
+async def test_worker_validation() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        Worker(capacity=0)
+    with pytest.raises(ValueError, match="capacity"):
+        Worker(capacity=1025)
+    worker = Worker()
+    assert worker.worker_id.endswith(f"-{os.getpid()}")
+    with pytest.raises(ValueError, match="no job types"):
+        await worker.run("/nonexistent")
+    with pytest.raises(ValueError, match="non-empty"):
+        worker.job("")
+
+    def sync(ctx: Context) -> None:
+        return None
+
+    with pytest.raises(TypeError, match="async function"):
+        worker.job("t")(sync)  # type: ignore[arg-type]
+
+    async def handler(ctx: Context) -> None:
+        return None
+
+    assert worker.job("t")(handler) is handler
+    with pytest.raises(ValueError, match="already has a handler"):
+        worker.job("t")(handler)
+    assert worker.types == ["t"]
+
+
+WORKER_MODULE = """
+from coordinator.worker import Worker
+
+worker = Worker("cli-worker", capacity=2)
+not_a_worker = 42
+
+
+@worker.job("echo")
+async def echo(ctx):
+    return {"count": ctx.args["n"], "extra": {"pid": __import__("os").getpid()}}
+"""
+
+
+def test_load_and_main_report_bad_targets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "cw_app_bad.py").write_text(textwrap.dedent(WORKER_MODULE))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert isinstance(load("cw_app_bad:worker"), Worker)
+    with pytest.raises(ValueError, match="MODULE:OBJECT"):
+        load("cw_app_bad")
+    with pytest.raises(ValueError, match="cannot import"):
+        load("no_such_module_here:worker")
+    with pytest.raises(ValueError, match="has no attribute"):
+        load("cw_app_bad:missing")
+    with pytest.raises(ValueError, match=r"is a int, not a coordinator\.worker\.Worker"):
+        load("cw_app_bad:not_a_worker")
+    assert main(["cw_app_bad:missing", "--socket", "/nonexistent"]) == 2
+    assert "has no attribute" in capsys.readouterr().err
+    assert main(["cw_app_bad:worker", "--tcp", "127.0.0.1:1"]) == 2
+    assert "needs --token" in capsys.readouterr().err
+    sys.modules.pop("cw_app_bad", None)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="signals and sockets: Linux")
+async def test_command_serves_and_stops_cleanly_on_sigterm(sock_path: Path, tmp_path: Path) -> None:
+    (tmp_path / "cw_app.py").write_text(textwrap.dedent(WORKER_MODULE))
+    served = trio.Event()
+    events: list[dict[str, Any]] = []
+    log = EventLog(stream=io.StringIO(), observers=[events.append])
+    executor = WorkerExecutor(
+        clock=SystemWallClock(), log=log, socket_path=sock_path, on_change=served.set
+    )
+    job = Job(
+        id=1,
+        namespace="ns",
+        name="j",
+        schedule=Schedule(kind="manual"),
+        target=Target(kind="worker", worker_type="echo"),
+    )
+    claim = Claim(
+        run_id=5,
+        job=job,
+        trigger="manual",
+        scheduled_for=None,
+        args={"n": 6},
+        claimed_at=datetime.now(UTC),
+    )
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(executor.serve)
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "coordinator.worker", "cw_app:worker"],
+                cwd=tmp_path,
+                env={**os.environ, "COORDINATOR_WORKER_SOCKET": str(sock_path)},
+                stderr=subprocess.PIPE,
+            )
+            try:
+                await served.wait()
+                assert executor.workers()[0]["id"] == "cli-worker"
+                outcome = await executor.call(claim, abandon=trio.Event())
+                assert outcome.status == "succeeded"
+                assert outcome.count == 6
+                assert outcome.extra["pid"] == proc.pid
+                proc.send_signal(signal.SIGTERM)
+                assert await proc.wait() == 0
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+                assert proc.stderr is not None
+                stderr = b""
+                while chunk := await proc.stderr.receive_some(65536):
+                    stderr += chunk
+                await proc.stderr.aclose()
+            assert b"leaving cleanly" in stderr
+            assert [e["reason"] for e in events if e["event"] == "worker.disconnected"] == ["bye"]
+            nursery.cancel_scope.cancel()
