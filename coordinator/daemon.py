@@ -623,11 +623,9 @@ class Daemon:
             run_id=None,
             run_status=None,
         )
+        # If the schedule was edited during the run, what is saved now is the editor's
+        # deadline (or none yet): arm that; the editor's wake brings the new definition.
         self.jobs[job_id] = entry
-        if state.schedule_version != claim.job.schedule_version:
-            # The schedule was edited during the run; the editor's wake brings the new
-            # definition with the next refresh. Arm what is saved meanwhile.
-            pass
         self._arm(entry, set(self.worker_types()))
 
     # -- dispatch -----------------------------------------------------------------------
