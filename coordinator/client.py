@@ -32,6 +32,7 @@ import asyncpg
 import attrs
 
 from . import schedule as schedules
+from .db import one_line
 from .errors import (
     Conflict,
     CoordinatorError,
@@ -316,10 +317,10 @@ def translate_errors(
         raise _from_postgres(exc, namespace, name, run_id, field) from exc
     except asyncpg.InterfaceError as exc:
         if isinstance(exc, asyncpg.ConnectionDoesNotExistError) or "closed" in str(exc):
-            raise DatabaseUnavailable(f"connection lost: {_one_line(exc)}") from exc
-        raise DatabaseError(_one_line(exc)) from exc
+            raise DatabaseUnavailable(f"connection lost: {one_line(exc)}") from exc
+        raise DatabaseError(one_line(exc)) from exc
     except (OSError, ConnectionError) as exc:  # TimeoutError included
-        raise DatabaseUnavailable(f"database unreachable: {_one_line(exc)}") from exc
+        raise DatabaseUnavailable(f"database unreachable: {one_line(exc)}") from exc
 
 
 def _from_postgres(
@@ -331,7 +332,7 @@ def _from_postgres(
 ) -> CoordinatorError:
     state: str = getattr(exc, "sqlstate", None) or ""
     hint: str = getattr(exc, "hint", None) or ""
-    message = _one_line(exc)
+    message = one_line(exc)
     if hint == "coordinator.job_not_found":
         return JobNotFound(namespace or "?", name or "?")
     if hint == "coordinator.run_not_found":
@@ -355,11 +356,6 @@ def _from_postgres(
     if state[:2] in _UNAVAILABLE_CLASSES:
         return DatabaseUnavailable(message)
     return DatabaseError(message)
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 # --------------------------------------------------------------------------- checks

@@ -67,13 +67,14 @@ async def connect(
             dsn, server_settings=settings, timeout=connect_timeout, statement_cache_size=256
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {_one_line(exc)}") from exc
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {one_line(exc)}") from exc
     if daemon:
         _enable_keepalive(conn)
     return conn
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (asyncpg's run to several)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
