@@ -1,0 +1,137 @@
+"""Scale: 10,000 / 100,000 / 1,000,000 far-future cron jobs (``--quick``: the first two).
+
+Per size, in a fresh database (jobs written with one INSERT ... SELECT generate_series):
+
+* **cold start**: no deadline saved yet, so the startup refresh computes one per job
+  (croniter) and saves them in one batched statement;
+* **warm start**: a restart with every deadline saved (the steady state);
+* **wake refresh**: on the warm daemon, one ``NOTIFY coordinator`` from the bench asks for
+  a refresh (``--refresh-spacing 1s`` so it is granted at once).
+
+Figures: time to ``ready`` (spawn -> the ``ready`` line), the ``refresh`` event's
+``elapsed_ms``, the daemon's peak RSS (``VmHWM``), and the daemon's statements (server
+log): at startup, and for the wake refresh (must not grow with the job count).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from . import common
+from .common import APP_DAEMON, DAEMON_ROLE, BenchCluster, DaemonProcess
+from .jobs import insert_jobs
+
+
+async def _start(bc: BenchCluster, db: str, state: Any, *, timeout: float) -> dict[str, Any]:
+    bc.log.mark()
+    daemon = DaemonProcess(
+        bc.dsn(db, user=DAEMON_ROLE), state_dir=state, args=("--refresh-spacing", "1s")
+    )
+    await daemon.start()
+    try:
+        _, ready = await daemon.wait_event("ready", timeout=timeout)
+        ready_s = ready["_received"] - daemon.spawned_at
+        refresh = daemon.named("refresh")[0]
+        startup = bc.log.statements(app=APP_DAEMON, db=db)
+        mem_ready = daemon.memory()
+        out: dict[str, Any] = {
+            "ready_s": ready_s,
+            "refresh_ms": refresh.get("elapsed_ms"),
+            "refresh_event": {k: v for k, v in refresh.items() if k != "_received"},
+            "startup_statements": len(startup),
+            "startup_sql": [" ".join(s.sql.split())[:80] for s in startup],
+            "rss_kb_at_ready": mem_ready.get("VmRSS"),
+            "peak_rss_kb_at_ready": mem_ready.get("VmHWM"),
+        }
+        # One wake -> one refresh, counted alone.
+        await asyncio.sleep(1.5)
+        bc.log.mark()
+        since = len(daemon.events)
+        conn = await bc.connect(db)
+        try:
+            t0 = time.time()
+            await conn.execute('NOTIFY coordinator, \'{"bench": "wake"}\'')
+        finally:
+            await conn.close()
+        _, wake_refresh = await daemon.wait_event("refresh", since=since, timeout=timeout)
+        wake_refresh_seen = wake_refresh["_received"] - t0
+        await asyncio.sleep(0.5)
+        wake_statements = bc.log.statements(app=APP_DAEMON, db=db)
+        mem = daemon.memory()
+        out.update(
+            wake_refresh_ms=wake_refresh.get("elapsed_ms"),
+            wake_refresh_seen_s=wake_refresh_seen,
+            wake_refresh_statements=len(wake_statements),
+            wake_refresh_sql=[" ".join(s.sql.split())[:80] for s in wake_statements],
+            peak_rss_kb=mem.get("VmHWM"),
+            rss_kb=mem.get("VmRSS"),
+        )
+    finally:
+        out_code = await daemon.stop(timeout=120)
+    out["exit_code"] = out_code
+    return out
+
+
+async def run(*, quick: bool) -> dict[str, Any]:
+    sizes = [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]
+    common.banner(f"scale: {', '.join(f'{n:,}' for n in sizes)} far-future cron jobs")
+    results: list[dict[str, Any]] = []
+    async with BenchCluster("scale") as bc:
+        for n in sizes:
+            db = await bc.create_database(f"scale_{n}")
+            conn = await bc.connect(db)
+            try:
+                t0 = time.monotonic()
+                await insert_jobs(conn, "cron", n)
+                await conn.execute("ANALYZE coordinator.jobs")
+                insert_s = time.monotonic() - t0
+            finally:
+                await conn.close()
+            timeout = max(120.0, n / 1000)
+            for phase in ("cold", "warm"):
+                r = await _start(bc, db, bc.tmp / f"state-{n}-{phase}", timeout=timeout)
+                r.update(jobs=n, phase=phase, insert_s=insert_s)
+                results.append(r)
+                common.note(
+                    f"{n:,} {phase}: ready {r['ready_s']:.2f} s, refresh "
+                    f"{r['refresh_ms']} ms, peak RSS {r['peak_rss_kb'] / 1024:.0f} MB, "
+                    f"wake refresh {r['wake_refresh_statements']} statements"
+                )
+        server_version = bc.server_version
+    headers = [
+        "jobs",
+        "start",
+        "ready s",
+        "startup refresh ms",
+        "startup stmts",
+        "wake refresh ms",
+        "stmts per wake refresh",
+        "peak RSS MB",
+    ]
+    rows = [
+        [
+            r["jobs"],
+            r["phase"],
+            r["ready_s"],
+            r["refresh_ms"],
+            r["startup_statements"],
+            r["wake_refresh_ms"],
+            r["wake_refresh_statements"],
+            r["peak_rss_kb"] / 1024,
+        ]
+        for r in results
+    ]
+    text = common.table(headers, rows)
+    print()
+    print("scale (cold: no deadline saved yet; warm: restart with deadlines saved)")
+    print(text, flush=True)
+    return {
+        "benchmark": "scale",
+        "quick": quick,
+        "machine": common.machine_info(server_version),
+        "server_settings": common.SERVER_SETTINGS,
+        "table": text,
+        "results": results,
+    }
