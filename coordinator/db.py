@@ -63,9 +63,16 @@ async def connect(
     if daemon:
         settings["coordinator.origin"] = "daemon"
     try:
-        conn = await aio(asyncpg.connect)(
-            dsn, server_settings=settings, timeout=connect_timeout, statement_cache_size=256
-        )
+        # Bounded by trio, not by asyncpg's timeout: under trio-asyncio that one leaves an
+        # asyncio timer behind which later wakes an otherwise idle process.
+        with trio.fail_after(connect_timeout):
+            conn = await aio(asyncpg.connect)(
+                dsn, server_settings=settings, timeout=None, statement_cache_size=256
+            )
+    except trio.TooSlowError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL: no answer within {connect_timeout:g}s"
+        ) from exc
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {one_line(exc)}") from exc
     if daemon:

@@ -130,12 +130,15 @@ SELECT j.id, j.namespace, j.name, j.schedule_kind, j.schedule, j.timezone, j.pri
         OR r.id IS NOT NULL)
 """
 
+# Batches arrive as one JSON text parameter: array parameters would make asyncpg look up
+# their types with extra statements the first time each connection uses them.
+#
 # Locks each row it writes, and never overwrites a deadline that a settlement (or an
 # application) wrote meanwhile, nor one for a schedule that has changed since it was read.
 _INIT_DEADLINES = """
 UPDATE coordinator.jobs j
    SET next_run_at = v.at, updated_at = now()
-  FROM unnest($1::bigint[], $2::timestamptz[], $3::integer[]) AS v(id, at, version)
+  FROM json_to_recordset($1::text::json) AS v(id bigint, at timestamptz, version integer)
  WHERE j.id = v.id AND j.schedule_version = v.version AND j.next_run_at IS NULL
 RETURNING j.id, j.next_run_at
 """
@@ -143,7 +146,7 @@ RETURNING j.id, j.next_run_at
 _MARK_INVALID = """
 UPDATE coordinator.jobs j
    SET invalid_reason = v.reason, next_run_at = NULL, updated_at = now()
-  FROM unnest($1::bigint[], $2::text[], $3::integer[]) AS v(id, reason, version)
+  FROM json_to_recordset($1::text::json) AS v(id bigint, reason text, version integer)
  WHERE j.id = v.id AND j.schedule_version = v.version AND j.invalid_reason IS NULL
 RETURNING j.id
 """
@@ -233,12 +236,18 @@ class Store:
     leader_pid: int | None = None
 
     async def _call(self, what: str, method: str, sql: str, *args: Any) -> Any:
+        # The bound is trio's, not asyncpg's: asyncpg's timeout leaves an asyncio timer
+        # behind under trio-asyncio that wakes the idle process when it expires.
         try:
-            async with self.pool.acquire() as conn:
-                fn = getattr(conn, method)
-                return await aio(fn)(sql, *args, timeout=self.statement_timeout)
+            with trio.fail_after(self.statement_timeout):
+                async with self.pool.acquire() as conn:
+                    return await aio(getattr(conn, method))(sql, *args)
         except DatabaseUnavailable as exc:
             raise StoreUnavailable(f"{what}: {exc}") from exc
+        except trio.TooSlowError as exc:
+            raise StoreUnavailable(
+                f"{what}: no answer within {self.statement_timeout:g}s"
+            ) from exc
         except Exception as exc:
             raise _wrap(exc, what) from exc
 
@@ -293,20 +302,16 @@ class Store:
         returns those actually written."""
         if not items:
             return {}
-        ids, ats, versions = zip(*items, strict=True)
-        rows = await self._call(
-            "init_deadlines", "fetch", _INIT_DEADLINES, list(ids), list(ats), list(versions)
-        )
+        batch = [{"id": i, "at": at.isoformat(), "version": v} for i, at, v in items]
+        rows = await self._call("init_deadlines", "fetch", _INIT_DEADLINES, json.dumps(batch))
         return {r["id"]: r["next_run_at"] for r in rows}
 
     async def mark_invalid(self, items: Sequence[tuple[int, str, int]]) -> set[int]:
         """Make jobs with unusable schedules inert (job id, reason, schedule version)."""
         if not items:
             return set()
-        ids, reasons, versions = zip(*items, strict=True)
-        rows = await self._call(
-            "mark_invalid", "fetch", _MARK_INVALID, list(ids), list(reasons), list(versions)
-        )
+        batch = [{"id": i, "reason": reason, "version": v} for i, reason, v in items]
+        rows = await self._call("mark_invalid", "fetch", _MARK_INVALID, json.dumps(batch))
         return {r["id"] for r in rows}
 
     # -- claim and settlement -----------------------------------------------------------
