@@ -277,23 +277,37 @@ class Store:
     async def refresh(self) -> list[JobEntry]:
         """Read every job that may need a timer or a dispatch, in one statement."""
         rows: list[Record] = await self._call("refresh", "fetch", _REFRESH)
-        return [
-            JobEntry(
-                id=r["id"],
-                key=f"{r['namespace']}/{r['name']}",
-                schedule=Schedule(
-                    kind=r["schedule_kind"], expression=r["schedule"], timezone=r["timezone"]
-                ),
-                priority=r["priority"],
-                worker_type=r["worker_type"],
-                next_run_at=r["next_run_at"],
-                schedule_version=r["schedule_version"],
-                run_id=r["run_id"],
-                run_status=r["run_status"],
-                run_created_at=r["run_created_at"],
+        # Many jobs share a schedule, a priority, a worker type: keep one object of each,
+        # so memory grows with distinct values, not with the job count.
+        schedules: dict[tuple[str, str | None, str], Schedule] = {}
+        texts: dict[str, str] = {}
+        entries = []
+        for r in rows:
+            shape = (r["schedule_kind"], r["schedule"], r["timezone"])
+            schedule = schedules.get(shape)
+            if schedule is None:
+                schedule = schedules[shape] = Schedule(
+                    kind=shape[0], expression=shape[1], timezone=shape[2]
+                )
+            worker_type = r["worker_type"]
+            entries.append(
+                JobEntry(
+                    id=r["id"],
+                    key=f"{r['namespace']}/{r['name']}",
+                    schedule=schedule,
+                    priority=texts.setdefault(r["priority"], r["priority"]),
+                    worker_type=(
+                        texts.setdefault(worker_type, worker_type) if worker_type else None
+                    ),
+                    next_run_at=r["next_run_at"],
+                    schedule_version=r["schedule_version"],
+                    run_id=r["run_id"],
+                    run_status=r["run_status"],
+                    run_created_at=r["run_created_at"],
+                )
             )
-            for r in rows
-        ]
+        del rows
+        return entries
 
     async def init_deadlines(
         self, items: Sequence[tuple[int, datetime, int]]
