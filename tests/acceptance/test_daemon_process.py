@@ -287,3 +287,46 @@ def test_run_without_dsn_uses_and_stops_its_private_cluster(tmp_path: Path) -> N
         assert d.proc.wait(60) == 0
         assert not pidfile.exists()  # stopped with the daemon
     assert created[0] == created[1]  # initdb ran once
+
+
+def test_systemd_notify_ready_status_stopping(database: str, tmp_path: Path) -> None:
+    """`coordinator run` under a (simulated) systemd: the notify datagrams arrive."""
+    import socket as socketlib
+
+    sock_dir = Path(tempfile.mkdtemp(prefix="cn-"))
+    address = str(sock_dir / "notify")
+    receiver = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_DGRAM)
+    receiver.bind(address)
+    receiver.settimeout(30)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COORDINATOR_")}
+    env.update(
+        COORDINATOR_DSN=database,
+        COORDINATOR_WORKER_SOCKET=str(sock_dir / "w.sock"),
+        NOTIFY_SOCKET=address,
+    )
+    log_path = tmp_path / "d.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [*COORDINATOR, "run", "--log-format", "json", "--state-dir", str(tmp_path / "s")],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=env,
+        )
+    messages: list[str] = []
+    try:
+        while "READY=1" not in messages:
+            messages.append(receiver.recv(4096).decode())
+        while not messages[-1].startswith("STATUS=ready:"):  # a summary follows READY
+            messages.append(receiver.recv(4096).decode())
+        assert "armed" in messages[-1]
+        DaemonProcess(proc=proc, log_path=log_path).wait_event("ready")
+        proc.send_signal(signal.SIGTERM)
+        while "STOPPING=1" not in messages:
+            messages.append(receiver.recv(4096).decode())
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        receiver.close()
+    # Without WATCHDOG_USEC there is no watchdog ping: nothing periodic at all.
+    assert not any(m.startswith("WATCHDOG") for m in messages)
