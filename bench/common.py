@@ -369,8 +369,9 @@ class DaemonProcess:
         return proc_memory(self.pid)
 
     def switches(self) -> int:
-        """Context switches (voluntary + involuntary) over all the daemon's threads:
-        every wake-up of the process shows here."""
+        """Context switches (voluntary + involuntary) of the daemon's main thread, the one
+        the trio loop runs on: every wake-up of the loop shows here. (Summing over all
+        threads would go down when a helper thread exits.)"""
         return proc_switches(self.pid)
 
 
@@ -396,11 +397,9 @@ def proc_memory(pid: int) -> dict[str, int]:
 
 def proc_switches(pid: int) -> int:
     total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                    total += int(line.split()[1])
+    for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines():
+        if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+            total += int(line.split()[1])
     return total
 
 

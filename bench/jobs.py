@@ -9,6 +9,7 @@ from typing import Any
 
 NOOP = json.dumps({"kind": "exec", "argv": ["true"]})
 ABSENT_WORKER = json.dumps({"kind": "worker", "type": "absent"})
+NOOP_WORKER = '{"kind": "worker", "type": "noop"}'  # bench/noop_worker.py serves it
 NAMESPACE = "bench"
 
 
@@ -34,6 +35,7 @@ KINDS: dict[str, tuple[str, str, str, bool]] = {
     "paused": ("cron", "__CRON__", NOOP, True),
     "invalid": ("cron", "'61 25 * * * bogus ' || g::text", NOOP, False),
     "worker": ("cron", "__CRON__", ABSENT_WORKER, False),
+    "manual-worker": ("manual", "NULL", NOOP_WORKER, False),
 }
 
 

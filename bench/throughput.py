@@ -1,6 +1,6 @@
 """Throughput and cost per run.
 
-M manual jobs (exec ``true``: the no-op that exists until the worker SDK lands) are all
+M manual jobs (exec ``true``, then a no-op SDK worker, ``bench/noop_worker.py``) are all
 triggered in one statement (one transaction, M dispatch wakes at its commit); the
 daemon runs with ``--concurrency`` 16, then 64. Per burst: runs per second (from the
 trigger's COMMIT to the moment every run is settled in the table, polled every 20 ms by
@@ -12,6 +12,7 @@ apart, as the reaped children's).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -23,7 +24,7 @@ TERMINAL = ("succeeded", "failed", "timed_out", "cancelled")
 
 
 async def burst(
-    bc: BenchCluster, db: str, daemon: DaemonProcess, conn: Any, m: int
+    bc: BenchCluster, db: str, daemon: DaemonProcess, conn: Any, m: int, prefix: str
 ) -> dict[str, Any]:
     last = await conn.fetchval("SELECT coalesce(max(id), 0) FROM coordinator.runs")
     bc.log.mark()
@@ -31,10 +32,11 @@ async def burst(
     cpu0 = daemon.cpu()
     t0 = time.time()
     await conn.execute(
-        "SELECT count(coordinator.trigger($1, 'manual-' || g::text, '{}'::jsonb)) "
+        "SELECT count(coordinator.trigger($1, $3 || g::text, '{}'::jsonb)) "
         "FROM generate_series(1, $2::integer) AS g",
         NAMESPACE,
         m,
+        prefix,
     )
     t_commit = time.time()
     loop = asyncio.get_running_loop()
@@ -92,41 +94,71 @@ async def burst(
 async def run(*, quick: bool) -> dict[str, Any]:
     m = 1000 if quick else 5000
     bursts = 2 if quick else 3
-    common.banner(f"throughput: bursts of {m} exec `true` runs, concurrency 16 and 64")
+    common.banner(
+        f"throughput: bursts of {m} runs, exec `true` and a no-op SDK worker "
+        "(capacity 64), concurrency 16 and 64"
+    )
     results: list[dict[str, Any]] = []
     async with BenchCluster("throughput") as bc:
         db = await bc.create_database("throughput")
         conn = await bc.connect(db)
         try:
-            await insert_jobs(conn, "manual", m, prefix="manual-")
-            for concurrency in (16, 64):
-                daemon = DaemonProcess(
-                    bc.dsn(db, user=DAEMON_ROLE),
-                    state_dir=bc.tmp / f"state-{concurrency}",
-                    args=("--concurrency", str(concurrency)),
-                )
-                await daemon.start()
-                try:
-                    await daemon.wait_event("ready", timeout=120)
-                    for b in range(bursts):
-                        r = await burst(bc, db, daemon, conn, m)
-                        r.update(concurrency=concurrency, burst=b + 1)
-                        results.append(r)
-                        common.note(
-                            f"concurrency {concurrency} burst {b + 1}: {r['runs_per_s']:.0f} "
-                            f"runs/s, {r['statements_per_run']:.2f} statements/run"
-                        )
-                        await asyncio.sleep(1.0)
-                    rss = daemon.memory()
-                    for r in results:
-                        if r["concurrency"] == concurrency:
-                            r["peak_rss_kb"] = rss.get("VmHWM")
-                finally:
-                    await daemon.stop()
+            await insert_jobs(conn, "manual", m, prefix="exec-")
+            await insert_jobs(conn, "manual-worker", m, prefix="worker-")
+            for target in ("exec", "worker"):
+                for concurrency in (16, 64):
+                    socket_path = bc.tmp / f"w-{target}-{concurrency}.sock"
+                    daemon = DaemonProcess(
+                        bc.dsn(db, user=DAEMON_ROLE),
+                        state_dir=bc.tmp / f"state-{target}-{concurrency}",
+                        args=("--concurrency", str(concurrency)),
+                        env={"COORDINATOR_WORKER_SOCKET": str(socket_path)},
+                    )
+                    await daemon.start()
+                    worker = None
+                    try:
+                        await daemon.wait_event("ready", timeout=120)
+                        if target == "worker":
+                            worker = await asyncio.create_subprocess_exec(
+                                str(common.COORDINATOR_BIN),
+                                "worker",
+                                "bench.noop_worker:worker",
+                                "--socket",
+                                str(socket_path),
+                                "--log-level",
+                                "warning",
+                                cwd=str(common.REPO),
+                                env={**os.environ, "PYTHONPATH": str(common.REPO)},
+                            )
+                            await daemon.wait_event(
+                                "wake",
+                                timeout=30,
+                                where=lambda e: e.get("reason") == "workers.changed",
+                            )
+                        for b in range(bursts):
+                            r = await burst(bc, db, daemon, conn, m, f"{target}-")
+                            r.update(target=target, concurrency=concurrency, burst=b + 1)
+                            results.append(r)
+                            common.note(
+                                f"{target} concurrency {concurrency} burst {b + 1}: "
+                                f"{r['runs_per_s']:.0f} runs/s, "
+                                f"{r['statements_per_run']:.2f} statements/run"
+                            )
+                            await asyncio.sleep(1.0)
+                        rss = daemon.memory()
+                        for r in results:
+                            if (r["target"], r["concurrency"]) == (target, concurrency):
+                                r["peak_rss_kb"] = rss.get("VmHWM")
+                    finally:
+                        if worker is not None:
+                            worker.terminate()
+                            await worker.wait()
+                        await daemon.stop()
         finally:
             await conn.close()
         server_version = bc.server_version
     headers = [
+        "target",
         "slots",
         "burst",
         "runs",
@@ -138,6 +170,7 @@ async def run(*, quick: bool) -> dict[str, Any]:
     ]
     rows = [
         [
+            r["target"],
             r["concurrency"],
             r["burst"],
             r["settled"],
@@ -151,7 +184,7 @@ async def run(*, quick: bool) -> dict[str, Any]:
     ]
     text = common.table(headers, rows)
     print()
-    print(f"throughput, bursts of {m} manual runs of exec `true` (pool_size 4, the default)")
+    print(f"throughput, bursts of {m} manual runs (pool_size 4, the default)")
     print(text, flush=True)
     return {
         "benchmark": "throughput",

@@ -162,7 +162,7 @@ class Daemon:
 
     def wake(self, reason: str, *, urgent: bool = False) -> None:
         """A lifecycle wake (worker arrived or left, ...): goes through the coalescer."""
-        self.log.debug("wake", reason=reason, urgent=urgent or None)
+        self.log.info("wake", reason=reason, urgent=urgent or None)
         self.coalescer.wake(trio.current_time(), urgent=urgent)
         self._kick.set()
 
