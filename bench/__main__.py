@@ -1,4 +1,4 @@
-"""``python -m bench [all|idle|latency|lateness|throughput|scale|peers] [--quick]``
+"""``python -m bench [all|idle|latency|lateness|throughput|scale|peers|durability] [--quick]``
 
 Each benchmark starts its own PostgreSQL cluster, prints a table and writes
 ``bench/results/<name>.json``. See bench/README.md.
@@ -17,7 +17,7 @@ from . import common
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-BENCHMARKS = ("idle", "latency", "peers", "lateness", "throughput", "scale")
+BENCHMARKS = ("idle", "latency", "peers", "lateness", "throughput", "scale", "durability")
 
 
 def _runner(name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
@@ -33,6 +33,8 @@ def _runner(name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
         from .throughput import run
     elif name == "scale":
         from .scale import run
+    elif name == "durability":
+        from .durability import run
     else:
         raise ValueError(name)
     return run
