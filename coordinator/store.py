@@ -245,9 +245,7 @@ class Store:
         except DatabaseUnavailable as exc:
             raise StoreUnavailable(f"{what}: {exc}") from exc
         except trio.TooSlowError as exc:
-            raise StoreUnavailable(
-                f"{what}: no answer within {self.statement_timeout:g}s"
-            ) from exc
+            raise StoreUnavailable(f"{what}: no answer within {self.statement_timeout:g}s") from exc
         except Exception as exc:
             raise _wrap(exc, what) from exc
 
