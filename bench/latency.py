@@ -6,8 +6,9 @@ the statement's response comes after the commit), waits for the daemon's ``job.r
 event, pauses 5-20 ms, and goes on. Afterwards it reads each run's ``started_at``: the
 exec executor's wall clock just before it spawns the command. So the figure is
 notification delivery + admission + the claim (one statement and its commit) + executor
-start-up, and **excludes** process spawn. The worker target (an SDK no-op worker, the
-issue's intended measurement) does not exist yet; when it lands it gets a variant here.
+start-up, and **excludes** process spawn. With the no-op SDK worker
+(``bench/noop_worker.py``) the handler reports its own clock, so the first row measures
+trigger commit -> the worker's code running.
 
 ``claimed_at`` (the claim transaction's ``now()``, server clock, same machine) splits the
 figure into "heard and sent the claim" and "claim done, executor started".
@@ -16,6 +17,7 @@ figure into "heard and sent the claim" and "claim done, executor started".
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from typing import Any
@@ -52,7 +54,8 @@ async def measure(
         await asyncio.sleep(0.5)
         daemon_statements = bc.log.statements(app=APP_DAEMON, db=db)
         rows = await conn.fetch(
-            "SELECT id, status, claimed_at, started_at FROM coordinator.runs WHERE id = ANY($1)",
+            "SELECT id, status, claimed_at, started_at, extra->>'handler_started' AS handler "
+            "FROM coordinator.runs WHERE id = ANY($1)",
             [s["run"] for s in samples],
         )
     finally:
@@ -67,6 +70,8 @@ async def measure(
         s["sent_to_start_ms"] = (s["started_at"] - s["t_before"]) * 1000
         s["commit_to_claim_ms"] = (s["claimed_at"] - s["t_commit"]) * 1000
         s["trigger_round_trip_ms"] = (s["t_commit"] - s["t_before"]) * 1000
+        if row["handler"] is not None:  # the no-op worker reports when its code ran
+            s["commit_to_handler_ms"] = (float(row["handler"]) - s["t_commit"]) * 1000
     measured = samples[WARMUP:]
     statuses: dict[str, int] = {}
     for s in measured:
@@ -83,6 +88,11 @@ async def measure(
         "sent_to_start_ms": common.summary([s["sent_to_start_ms"] for s in measured]),
         "commit_to_claim_ms": common.summary([s["commit_to_claim_ms"] for s in measured]),
         "trigger_round_trip_ms": common.summary([s["trigger_round_trip_ms"] for s in measured]),
+        **(
+            {"commit_to_handler_ms": common.summary([s["commit_to_handler_ms"] for s in measured])}
+            if all("commit_to_handler_ms" in s for s in measured)
+            else {}
+        ),
         "warmup_commit_to_start_ms": [s["commit_to_start_ms"] for s in samples[:WARMUP]],
         "daemon_statements": len(daemon_statements),
         "daemon_statements_per_run": len(daemon_statements) / len(samples),
@@ -102,6 +112,7 @@ def rows_for(label: str, result: dict[str, Any]) -> list[list[Any]]:
 
 
 INTERVALS = (
+    ("commit_to_handler_ms", "COMMIT returned -> worker handler runs"),
     ("commit_to_start_ms", "COMMIT returned -> call start"),
     ("sent_to_start_ms", "trigger sent -> call start"),
     ("commit_to_claim_ms", "COMMIT returned -> claim tx start"),
@@ -113,40 +124,76 @@ HEADERS = ["system", "interval (ms)", "n", "p50", "p90", "p99", "max", "mean"]
 
 async def run(*, quick: bool) -> dict[str, Any]:
     n = 200 if quick else 1000
-    common.banner(f"latency: {n} samples (+{WARMUP} warm-up), exec target `true`")
+    common.banner(
+        f"latency: {n} samples (+{WARMUP} warm-up) each, a no-op SDK worker and exec `true`"
+    )
+    results: dict[str, dict[str, Any]] = {}
     async with BenchCluster("latency") as bc:
         db = await bc.create_database("latency")
         conn = await bc.connect(db)
         try:
-            await insert_jobs(conn, "manual", n + WARMUP, prefix="manual-")
+            await insert_jobs(conn, "manual-worker", n + WARMUP, prefix="worker-")
+            await insert_jobs(conn, "manual", n + WARMUP, prefix="exec-")
         finally:
             await conn.close()
-        daemon = DaemonProcess(bc.dsn(db, user=DAEMON_ROLE), state_dir=bc.tmp / "state")
-        await daemon.start()
-        try:
-            await daemon.wait_event("ready", timeout=120)
-            result = await measure(bc, db, daemon, n=n)
-        finally:
-            await daemon.stop()
+        for target in ("worker", "exec"):
+            socket_path = bc.tmp / f"w-{target}.sock"
+            daemon = DaemonProcess(
+                bc.dsn(db, user=DAEMON_ROLE),
+                state_dir=bc.tmp / f"state-{target}",
+                env={"COORDINATOR_WORKER_SOCKET": str(socket_path)},
+            )
+            await daemon.start()
+            worker = None
+            try:
+                await daemon.wait_event("ready", timeout=120)
+                if target == "worker":
+                    worker = await asyncio.create_subprocess_exec(
+                        str(common.COORDINATOR_BIN),
+                        "worker",
+                        "bench.noop_worker:worker",
+                        "--socket",
+                        str(socket_path),
+                        "--log-level",
+                        "warning",
+                        cwd=str(common.REPO),
+                        env={**os.environ, "PYTHONPATH": str(common.REPO)},
+                    )
+                    await daemon.wait_event(
+                        "wake", timeout=30, where=lambda e: e.get("reason") == "workers.changed"
+                    )
+                results[target] = await measure(bc, db, daemon, n=n, prefix=f"{target}-")
+            finally:
+                if worker is not None:
+                    worker.terminate()
+                    await worker.wait()
+                await daemon.stop()
         server_version = bc.server_version
-    text = common.table(HEADERS, rows_for("coordinator (exec `true`)", result))
+    text = common.table(
+        HEADERS,
+        rows_for("coordinator (no-op SDK worker)", results["worker"])
+        + rows_for("coordinator (exec `true`)", results["exec"]),
+    )
     print()
     print(
-        f"wake latency, {n} samples; daemon statements per run: "
-        f"{result['daemon_statements_per_run']:.2f}; run statuses: {result['statuses']}"
+        f"wake latency, {n} samples each; daemon statements per run: "
+        + ", ".join(
+            f"{t} {r['daemon_statements_per_run']:.2f} ({r['statuses']})"
+            for t, r in results.items()
+        )
     )
     print(text, flush=True)
     return {
         "benchmark": "latency",
         "quick": quick,
         "measures": (
-            "bench wall clock right after the trigger's COMMIT returned -> runs.started_at "
-            "(exec executor's clock just before spawning the command): NOTIFY delivery, "
-            "admission, claim statement + commit, executor start-up; excludes process spawn. "
-            "Worker-SDK no-op variant: not yet (no worker executor)."
+            "bench wall clock right after the trigger's COMMIT returned -> (worker) the no-op "
+            "handler's own clock when it ran, reported in extra; -> (both) runs.started_at "
+            "(the executor's clock when it sent the call / just before spawning the command)."
         ),
         "machine": common.machine_info(server_version),
         "server_settings": common.SERVER_SETTINGS,
         "table": text,
-        "results": result,
+        "results": results["exec"],
+        "results_worker": results["worker"],
     }

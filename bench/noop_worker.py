@@ -1,5 +1,9 @@
 """The no-op worker the throughput and latency benchmarks call (``coordinator worker
-bench.noop_worker:worker``): process start-up and job work are not measured."""
+bench.noop_worker:worker``): process start-up and job work are not measured. It reports
+when its handler started (wall clock, in ``extra``) so the latency bench can measure
+trigger commit -> the worker's code running."""
+
+import time
 
 from coordinator.worker import Context, Worker
 
@@ -7,5 +11,5 @@ worker = Worker(worker_id="bench-noop", capacity=64)
 
 
 @worker.job("noop")
-async def noop(ctx: Context) -> int:
-    return 1
+async def noop(ctx: Context) -> dict[str, object]:
+    return {"count": 1, "extra": {"handler_started": time.time()}}

@@ -13,7 +13,7 @@ from .common import BENCH_DIR, RESULTS_DIR
 
 START = "<!-- results:start (python -m bench.report --write) -->"
 END = "<!-- results:end -->"
-ORDER = ("idle", "peers", "latency", "lateness", "throughput", "scale")
+ORDER = ("idle", "peers", "latency", "lateness", "throughput", "scale", "durability")
 TITLES = {
     "idle": "Idle silence",
     "peers": "Peers: idle statements and wake latency, same cluster, same window",
@@ -21,6 +21,7 @@ TITLES = {
     "lateness": "Lateness",
     "throughput": "Throughput and cost per run",
     "scale": "Scale",
+    "durability": "Durability: standby takeover, spool replay",
 }
 
 
