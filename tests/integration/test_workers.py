@@ -181,6 +181,8 @@ async def test_worker_killed_mid_call_fails_the_run_and_the_job_turns_inert(
 async def test_capacity_per_worker_and_priority(
     start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
 ) -> None:
+    """Capacity 2, five due jobs, two workers: never more than 2 calls per worker, and
+    the interactive jobs are admitted before the background ones waiting beside them."""
     overdue = datetime.now(UTC) - timedelta(minutes=5)
     names = [
         ("b1", "background"),
@@ -206,15 +208,15 @@ async def test_capacity_per_worker_and_priority(
     harness = await start_daemon(concurrency=10)
     busy: dict[str, int] = {}
     peak: dict[str, int] = {}
-    order: list[str] = []
+    started: list[tuple[str, str]] = []
     gate = trio.Event()
 
     def make(worker_id: str) -> Worker:
-        worker = Worker(worker_id=worker_id, capacity=1)
+        worker = Worker(worker_id=worker_id, capacity=2)
 
         @worker.job("t")
         async def handle(ctx: Context) -> int:
-            order.append(ctx.job)
+            started.append((worker_id, ctx.job))
             busy[worker_id] = busy.get(worker_id, 0) + 1
             peak[worker_id] = max(peak.get(worker_id, 0), busy[worker_id])
             await gate.wait()
@@ -224,14 +226,25 @@ async def test_capacity_per_worker_and_priority(
 
         return worker
 
-    # One worker first: the single slot goes to the first interactive job.
+    # The first worker's two slots go to the two interactive jobs, all five being due.
     await run_worker(nursery, make("w1"), harness)
+    with trio.fail_after(10):
+        while len(started) < 2:
+            await trio.sleep(0.01)
+    assert sorted(job for _, job in started) == ["i1", "i2"]
+    # The second worker takes two background jobs; the third waits for a free slot.
     await run_worker(nursery, make("w2"), harness)
+    with trio.fail_after(10):
+        while len(started) < 4:
+            await trio.sleep(0.01)
+    await trio.sleep(0.3)
+    assert len(started) == 4
+    # (Both admitted at once, in that order; their calls may start in either order.)
+    assert sorted(job for _, job in started[2:]) == ["b1", "b2"]
     gate.set()
     await harness.wait_event("job.run", count=5, timeout=20)
-    assert peak == {"w1": 1, "w2": 1}
-    assert set(order[:2]) == {"i1", "i2"}
-    assert order[2:] == ["b1", "b2", "b3"]
+    assert [job for _, job in started][4] == "b3"
+    assert peak == {"w1": 2, "w2": 2}
 
 
 async def test_progress_is_coalesced_flagged_and_saved_with_the_result(
