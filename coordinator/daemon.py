@@ -675,8 +675,10 @@ class Daemon:
                     outcome = await self._call(claim)
             finally:
                 self.running.pop(job_id, None)
-            self._log_run(claim, outcome, ticket)
             await self._settle(claim, outcome)
+            # Logged once the result is saved (or retained, after settle.retained): when an
+            # operator reads job.run, `runs show` already agrees with it.
+            self._log_run(claim, outcome, ticket)
         finally:
             self.admission.release(job_id)
             follow = self._after_dispatch.pop(job_id, None)
