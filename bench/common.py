@@ -403,6 +403,26 @@ def proc_switches(pid: int) -> int:
     return total
 
 
+async def start_noop_worker(daemon: DaemonProcess, socket_path: Path) -> Any:
+    """``coordinator worker bench.noop_worker:worker`` on ``socket_path``; returns once the
+    daemon has seen it connect (its ``workers.changed`` wake)."""
+    worker = await asyncio.create_subprocess_exec(
+        str(COORDINATOR_BIN),
+        "worker",
+        "bench.noop_worker:worker",
+        "--socket",
+        str(socket_path),
+        "--log-level",
+        "warning",
+        cwd=str(REPO),
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    await daemon.wait_event(
+        "wake", timeout=30, where=lambda e: e.get("reason") == "workers.changed"
+    )
+    return worker
+
+
 # --------------------------------------------------------------------------- figures
 
 

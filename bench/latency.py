@@ -17,7 +17,6 @@ figure into "heard and sent the claim" and "claim done, executor started".
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 from typing import Any
@@ -148,20 +147,7 @@ async def run(*, quick: bool) -> dict[str, Any]:
             try:
                 await daemon.wait_event("ready", timeout=120)
                 if target == "worker":
-                    worker = await asyncio.create_subprocess_exec(
-                        str(common.COORDINATOR_BIN),
-                        "worker",
-                        "bench.noop_worker:worker",
-                        "--socket",
-                        str(socket_path),
-                        "--log-level",
-                        "warning",
-                        cwd=str(common.REPO),
-                        env={**os.environ, "PYTHONPATH": str(common.REPO)},
-                    )
-                    await daemon.wait_event(
-                        "wake", timeout=30, where=lambda e: e.get("reason") == "workers.changed"
-                    )
+                    worker = await common.start_noop_worker(daemon, socket_path)
                 results[target] = await measure(bc, db, daemon, n=n, prefix=f"{target}-")
             finally:
                 if worker is not None:

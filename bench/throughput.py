@@ -12,7 +12,6 @@ apart, as the reaped children's).
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any
 
@@ -119,22 +118,7 @@ async def run(*, quick: bool) -> dict[str, Any]:
                     try:
                         await daemon.wait_event("ready", timeout=120)
                         if target == "worker":
-                            worker = await asyncio.create_subprocess_exec(
-                                str(common.COORDINATOR_BIN),
-                                "worker",
-                                "bench.noop_worker:worker",
-                                "--socket",
-                                str(socket_path),
-                                "--log-level",
-                                "warning",
-                                cwd=str(common.REPO),
-                                env={**os.environ, "PYTHONPATH": str(common.REPO)},
-                            )
-                            await daemon.wait_event(
-                                "wake",
-                                timeout=30,
-                                where=lambda e: e.get("reason") == "workers.changed",
-                            )
+                            worker = await common.start_noop_worker(daemon, socket_path)
                         for b in range(bursts):
                             r = await burst(bc, db, daemon, conn, m, f"{target}-")
                             r.update(target=target, concurrency=concurrency, burst=b + 1)
