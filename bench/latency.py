@@ -71,6 +71,7 @@ async def measure(
         s["trigger_round_trip_ms"] = (s["t_commit"] - s["t_before"]) * 1000
         if row["handler"] is not None:  # the no-op worker reports when its code ran
             s["commit_to_handler_ms"] = (float(row["handler"]) - s["t_commit"]) * 1000
+            s["sent_to_handler_ms"] = (float(row["handler"]) - s["t_before"]) * 1000
     measured = samples[WARMUP:]
     statuses: dict[str, int] = {}
     for s in measured:
@@ -88,7 +89,10 @@ async def measure(
         "commit_to_claim_ms": common.summary([s["commit_to_claim_ms"] for s in measured]),
         "trigger_round_trip_ms": common.summary([s["trigger_round_trip_ms"] for s in measured]),
         **(
-            {"commit_to_handler_ms": common.summary([s["commit_to_handler_ms"] for s in measured])}
+            {
+                key: common.summary([s[key] for s in measured])
+                for key in ("commit_to_handler_ms", "sent_to_handler_ms")
+            }
             if all("commit_to_handler_ms" in s for s in measured)
             else {}
         ),

@@ -324,7 +324,7 @@ async def run(*, quick: bool, window: float | None = None) -> dict[str, Any]:
         conn = await bc.connect(coord_db)
         try:
             await insert_jobs(conn, "cron", PERIODIC_TASKS)
-            await insert_jobs(conn, "manual", n + latency_mod.WARMUP, prefix="manual-")
+            await insert_jobs(conn, "manual-worker", n + latency_mod.WARMUP, prefix="worker-")
         finally:
             await conn.close()
         peers = [
@@ -343,7 +343,13 @@ async def run(*, quick: bool, window: float | None = None) -> dict[str, Any]:
 
         # Start everything, let startup settle, then one common idle window.
         startup_offset = bc.log_offset()
-        daemon = DaemonProcess(bc.dsn(coord_db, user=DAEMON_ROLE), state_dir=bc.tmp / "state")
+        socket_path = bc.tmp / "w.sock"
+        daemon = DaemonProcess(
+            bc.dsn(coord_db, user=DAEMON_ROLE),
+            state_dir=bc.tmp / "state",
+            env={"COORDINATOR_WORKER_SOCKET": str(socket_path)},
+        )
+        worker = None
         await daemon.start()
         for peer in peers:
             await peer.start()
@@ -380,13 +386,26 @@ async def run(*, quick: bool, window: float | None = None) -> dict[str, Any]:
                 }
             common.note("idle window done; measuring latency")
             lat: dict[str, Any] = {}
-            lat["coordinator"] = await latency_mod.measure(bc, coord_db, daemon, n=n)
+            # Like the peers' task functions, coordinator's figure is its worker's handler
+            # starting (the no-op SDK worker reports its own clock); connected only now, so
+            # that it is not part of the idle window.
+            worker = await common.start_noop_worker(daemon, socket_path)
+            lat["coordinator"] = await latency_mod.measure(
+                bc, coord_db, daemon, n=n, prefix="worker-"
+            )
+            coordinator = lat["coordinator"]
+            coordinator["commit_to_call_ms"] = coordinator["commit_to_start_ms"]
+            coordinator["commit_to_start_ms"] = coordinator["commit_to_handler_ms"]
+            coordinator["sent_to_start_ms"] = coordinator["sent_to_handler_ms"]
             for peer in peers:
                 lat[peer.label] = await peer.latency(n)
                 common.note(
                     f"{peer.label}: p50 {lat[peer.label]['commit_to_start_ms']['p50']:.2f} ms"
                 )
         finally:
+            if worker is not None:
+                worker.terminate()
+                await worker.wait()
             await daemon.stop()
             for peer in peers:
                 await peer.stop()
