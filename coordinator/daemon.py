@@ -594,6 +594,8 @@ class Daemon:
         job_id = claim.job.id
         entry = self.jobs.get(job_id)
         if state.outcome == "gone" or state.job_id is None:
+            # Removed while the call ran: the run went with the job (remove cascades).
+            self.log.warning("settle.orphaned", job=claim.job.key, run=claim.run_id)
             self.jobs.pop(job_id, None)
             self.deadlines.discard(job_id)
             return

@@ -550,3 +550,21 @@ async def test_tick_during_a_long_run_is_skipped_not_queued(
     )
     assert next_at == runs[0]["finished_at"] + timedelta(hours=1)
     assert executions(path) == 1
+
+
+async def test_job_removed_while_its_call_runs(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    await define(
+        conn, "doomed", target={"kind": "exec", "argv": ["sh", "-c", f"touch {started}; sleep 1"]}
+    )
+    await define(conn, "other")
+    harness = await start_daemon()
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'doomed')")
+    await wait_for(lambda: _true(started.exists()))
+    await aio(conn.execute)("SELECT coordinator.remove('default', 'doomed')")
+    await harness.wait_event("settle.orphaned", run=run_id)
+    # The daemon carries on.
+    other = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'other')")
+    await harness.wait_event("job.run", run=other)
