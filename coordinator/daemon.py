@@ -142,7 +142,6 @@ class Daemon:
     _lock_conn: Connection | None = None
     _listener: Listener | None = None
     _stopping: bool = False
-    _db_up: bool = True
     refreshes: int = 0
     #: Another daemon took the lock while ours was lost: exit non-zero.
     lost_leadership: bool = False
@@ -397,7 +396,6 @@ class Daemon:
     # -- notifications ------------------------------------------------------------------
 
     def _on_listener_state(self, up: bool) -> None:
-        self._db_up = up
         if self.state in ("ready", "degraded"):
             self.state = "ready" if up else "degraded"
             self._notify_status()

@@ -19,6 +19,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -47,6 +48,12 @@ class NoServerBinaries(CoordinatorError):
 
 class ClusterError(CoordinatorError):
     """initdb or pg_ctl failed; the message carries their output's tail."""
+
+
+class UnreachableDirectory(ClusterError):
+    """The cluster's directory is out of the server user's reach (a bad state dir)."""
+
+    exit_code = 2
 
 
 def find_bin_dir(configured: Path | None = None) -> Path:
@@ -149,6 +156,27 @@ class Cluster:
             entry = pwd.getpwnam(self.user)
             os.chown(path, entry.pw_uid, entry.pw_gid)
 
+    def _ensure_reachable(self) -> None:
+        """The unprivileged server user must be able to traverse down to the cluster.
+
+        Inside the system's temporary directory (tests, benchmarks) a parent that others
+        cannot traverse is opened (``o+x``); anywhere else nothing is changed behind the
+        operator's back: the error names the directory to fix or a better place.
+        """
+        temp = Path(tempfile.gettempdir()).resolve()
+        for parent in self.root.resolve().parents:
+            mode = parent.stat().st_mode
+            if mode & 0o001:
+                continue
+            if parent != temp and temp in parent.parents:
+                os.chmod(parent, mode | 0o001)
+                continue
+            raise UnreachableDirectory(
+                f"the server runs as user {self.user!r}, which cannot enter {parent}: "
+                "choose a state directory it can reach (e.g. /var/lib/coordinator) or "
+                f"allow it in (chmod o+x {parent})"
+            )
+
     @property
     def initialized(self) -> bool:
         return (self.data_dir / "PG_VERSION").exists()
@@ -161,13 +189,7 @@ class Cluster:
         for path in (self.root, self.socket_dir):
             self._own(path)
         if self.user is not None:
-            # The unprivileged user must be able to traverse down to the cluster.
-            for parent in self.root.parents:
-                if str(parent) in ("/", "/tmp"):
-                    break
-                mode = parent.stat().st_mode
-                if not mode & 0o001:
-                    os.chmod(parent, mode | 0o001)
+            self._ensure_reachable()
         self._run(
             "initdb",
             "-D",
