@@ -34,6 +34,7 @@ import trio
 from asyncpg import Connection
 
 from . import schedule as schedule_mod
+from .backoff import backoff
 from .clock import WallClock
 from .core.admission import Admission, Ticket
 from .core.coalescer import RefreshCoalescer
@@ -54,11 +55,6 @@ EXIT_SPOOLED: Final = 3
 def default_instance() -> str:
     """``host:pid:random``: unique per process, readable in ``runs.instance``."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def backoff(attempt: int, *, base: float = 0.5, cap: float = 30.0) -> float:
-    """Capped exponential backoff: 0.5, 1, 2, 4 ... seconds, at most ``cap``."""
-    return float(min(cap, base * 2 ** max(0, attempt - 1)))
 
 
 @attrs.frozen(kw_only=True)
@@ -904,4 +900,4 @@ def _as_int(value: object) -> int | None:
     return value if isinstance(value, int) else None
 
 
-__all__ = ["EXIT_SPOOLED", "Daemon", "DaemonSettings", "backoff", "default_instance"]
+__all__ = ["EXIT_SPOOLED", "Daemon", "DaemonSettings", "default_instance"]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from .backoff import backoff
 from .db import APP_DAEMON, aio, close_quietly, connect
 from .errors import DatabaseUnavailable
 from .log import EventLog
@@ -86,7 +87,7 @@ class Listener:
                 except Exception as exc:  # unreachable or refused: retry with backoff
                     await close_quietly(conn, within=1.0)
                     attempt += 1
-                    delay = min(self.max_backoff, 0.25 * 2 ** min(attempt, 10))
+                    delay = backoff(attempt, cap=self.max_backoff)
                     message = str(exc) if isinstance(exc, DatabaseUnavailable) else repr(exc)
                     self.log.warning("listener.retry", error=message, delay_s=delay)
                     await trio.sleep(delay)

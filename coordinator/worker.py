@@ -46,6 +46,7 @@ from typing import Any, Final, TypeAlias, TypeVar
 import attrs
 import trio
 
+from coordinator.backoff import backoff as _backoff
 from coordinator.protocol import (
     MAX_CAPACITY,
     MAX_LABEL,
@@ -93,8 +94,8 @@ _UNSENT: Final = object()
 
 
 def backoff(attempt: int) -> float:
-    """0.5, 1, 2, 4 ... seconds, at most 30."""
-    return float(min(BACKOFF_CAP, BACKOFF_FIRST * 2 ** max(0, attempt - 1)))
+    """Reconnect delay: 0.5, 1, 2, 4 ... seconds, at most 30."""
+    return _backoff(attempt, base=BACKOFF_FIRST, cap=BACKOFF_CAP)
 
 
 @attrs.define(eq=False)
