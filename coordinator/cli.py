@@ -94,7 +94,11 @@ async def _invoke(args: argparse.Namespace) -> int:
     handler: Handler = args.handler
     ctx = Context(args=args)
     try:
-        return await handler(args, ctx)
+        try:
+            return await handler(args, ctx)
+        except BaseExceptionGroup as group:
+            # A nursery wraps what its tasks raise: a person sees the error, not the group.
+            raise _unwrap(group) from None
     except CoordinatorError as exc:
         _error(str(exc))
         return exc.exit_code
@@ -105,6 +109,16 @@ async def _invoke(args: argparse.Namespace) -> int:
     finally:
         with trio.CancelScope(shield=True):
             await ctx.stop_cluster()
+
+
+def _unwrap(group: BaseExceptionGroup) -> BaseException:
+    """The first error of a group that is not a cancellation (the group if none is)."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _unwrap(exc)
+        if not isinstance(exc, trio.Cancelled):
+            return exc
+    return group
 
 
 def _error(message: str) -> None:
@@ -589,10 +603,11 @@ def _duration_arg(text: str | None, flag: str) -> timedelta | None:
 
 
 async def _run(args: argparse.Namespace, ctx: Context) -> int:
+    # The daemon checks (or, with --migrate, applies) the schema itself, waiting with
+    # backoff while the database is unreachable instead of exiting at once.
     config = ctx.config()
     dsn = await ctx.database()
-    await _check_schema(dsn, apply=args.migrate)
-    return await _serve(config, dsn)
+    return await _serve(config, dsn, migrate=args.migrate)
 
 
 async def _check_schema(dsn: str, *, apply: bool) -> None:
@@ -609,7 +624,7 @@ async def _check_schema(dsn: str, *, apply: bool) -> None:
         )
 
 
-async def _serve(config: config_mod.Config, dsn: str) -> int:
+async def _serve(config: config_mod.Config, dsn: str, *, migrate: bool = False) -> int:
     """The daemon in the foreground, reporting to systemd when it runs under it."""
     from .service import serve
     from .systemd import Notifier, watchdog, watchdog_interval
@@ -619,7 +634,7 @@ async def _serve(config: config_mod.Config, dsn: str) -> int:
         async with trio.open_nursery() as nursery:
             # The daemon's only periodic wake-up, and only when systemd asks for it.
             nursery.start_soon(watchdog, notifier, watchdog_interval())
-            status = await serve(config, dsn=dsn, notify=notifier)
+            status = await serve(config, dsn=dsn, notify=notifier, migrate=migrate)
             nursery.cancel_scope.cancel()
         return status
     finally:

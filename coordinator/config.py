@@ -8,6 +8,7 @@ startup with a message naming it.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -98,6 +99,33 @@ def _path(value: Any, name: str) -> Path:
     return Path(_text(value, name)).expanduser()
 
 
+def parse_listen(listen: str, *, setting: str, allow_remote: bool = False) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6) -> (host, port); a non-loopback host is
+    refused unless ``allow_remote``. Port 0 picks a free port. Errors name ``setting``."""
+    host, sep, port_text = listen.strip().rpartition(":")
+    if not sep or not host or not port_text.isascii() or not port_text.isdigit():
+        raise ConfigError(f"{setting}: expected HOST:PORT, not {listen!r}")
+    port = int(port_text)
+    if port > 65535:
+        raise ConfigError(f"{setting}: port {port} is out of range")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host == "localhost":
+        loopback = True
+    else:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise ConfigError(f"{setting}: {host!r} is not an IP address (or localhost)") from None
+        loopback = address.is_loopback
+    if not loopback and not allow_remote:
+        raise ConfigError(
+            f"{setting}: {host} is not a loopback address; it listens on loopback only "
+            "unless remote access is allowed explicitly"
+        )
+    return host, port
+
+
 @attrs.frozen(kw_only=True)
 class Setting:
     """One configuration key."""
@@ -178,6 +206,19 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "else /run/coordinator/worker.sock for root, else $XDG_RUNTIME_DIR/coordinator/)",
     ),
     Setting(
+        name="worker_listen",
+        convert=_optional_text,
+        default=None,
+        help="host:port of a TCP listener for workers too (loopback only; needs worker_token)",
+    ),
+    Setting(
+        name="worker_token",
+        convert=_optional_text,
+        default=None,
+        secret=True,
+        help="shared secret TCP workers send in hello (required with worker_listen)",
+    ),
+    Setting(
         name="admin_listen",
         convert=_optional_text,
         default=None,
@@ -226,6 +267,8 @@ class Config:
     log_format: str = "logfmt"
     log_level: str = "info"
     worker_socket: Path | None = None
+    worker_listen: str | None = None
+    worker_token: str | None = None
     admin_listen: str | None = None
     admin_allow_remote: bool = False
     admin_token: str | None = None

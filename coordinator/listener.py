@@ -13,9 +13,8 @@ full refresh, because notifications sent meanwhile are gone.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -36,23 +35,25 @@ CHANNEL = "coordinator"
 class Listener:
     """Keeps one LISTEN session open and forwards what it hears.
 
-    ``on_notify(payload)`` gets each notification's decoded payload (a dict; an
-    undecodable payload arrives as ``{}``, an ordinary wake). ``on_lost()`` is called when
+    ``on_notify(payload)`` gets each notification's payload text, undecoded (the daemon
+    reads it as a hint: :mod:`coordinator.daemon.wakes`). ``on_lost()`` is called when
     notifications may have been missed (session lost or queue overflow): the daemon does a
-    full refresh. ``on_state(up)`` reports connectivity for ``degraded`` status.
+    full refresh. ``on_state(up)`` reports connectivity for ``degraded`` status;
+    ``on_statement()`` counts the ``LISTEN`` each (re)connection sends.
     """
 
     dsn: str
     log: EventLog
-    on_notify: Callable[[dict[str, Any]], None]
+    on_notify: Callable[[str], None]
     on_lost: Callable[[], None]
     on_state: Callable[[bool], None] = lambda up: None
+    on_statement: Callable[[], None] = lambda: None
     queue_size: int = 10_000
     max_backoff: float = 30.0
     #: Pause before the first reconnection attempt after the session is lost.
     first_retry: float = 0.5
-    _send: trio.MemorySendChannel[dict[str, Any]] = attrs.field(init=False)
-    _receive: trio.MemoryReceiveChannel[dict[str, Any]] = attrs.field(init=False)
+    _send: trio.MemorySendChannel[str] = attrs.field(init=False)
+    _receive: trio.MemoryReceiveChannel[str] = attrs.field(init=False)
     _overflow: bool = False
     connected: bool = False
 
@@ -61,13 +62,7 @@ class Listener:
 
     def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
-            data = json.loads(payload)
-        except ValueError:
-            data = {}
-        if not isinstance(data, dict):
-            data = {}
-        try:
-            self._send.send_nowait(data)
+            self._send.send_nowait(payload)
         except trio.WouldBlock:
             self._overflow = True
 
@@ -83,6 +78,7 @@ class Listener:
                 try:
                     conn = await connect(self.dsn, application_name=APP_DAEMON, daemon=True)
                     conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                    self.on_statement()
                     await aio(conn.add_listener)(CHANNEL, self._on_notification)
                 except Exception as exc:  # unreachable or refused: retry with backoff
                     await close_quietly(conn, within=1.0)

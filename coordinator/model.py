@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import attrs
 
+from .core.admission import Priority
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
 ScheduleKind = Literal["cron", "interval", "once", "manual"]
 SCHEDULE_KINDS: tuple[ScheduleKind, ...] = ("cron", "interval", "once", "manual")
 
-Priority = Literal["interactive", "background"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "background")
 
 RunStatus = Literal[
@@ -28,6 +29,8 @@ RunStatus = Literal[
 OUTSTANDING: frozenset[str] = frozenset({"queued", "pending", "running", "unresolved"})
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 
+#: How a call ended (the statuses an :class:`Outcome` may carry).
+OutcomeStatus = Literal["succeeded", "failed", "timed_out", "cancelled"]
 Trigger = Literal["schedule", "manual", "retry"]
 ErrorCause = Literal["handler", "timeout", "crashed", "lost"]
 
@@ -158,7 +161,7 @@ class Outcome:
     """
 
     #: ``succeeded`` | ``failed`` | ``timed_out`` | ``cancelled``.
-    status: Literal["succeeded", "failed", "timed_out", "cancelled"]
+    status: OutcomeStatus
     #: When the call started and finished (wall time, aware).
     started_at: datetime
     finished_at: datetime

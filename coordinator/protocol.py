@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypeAlias, cast
 
 import attrs
 
-from coordinator.errors import CoordinatorError
+from .errors import CoordinatorError
+from .text import storable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -51,6 +54,22 @@ ProgressMode = Literal["determinate", "indeterminate", "step"]
 PROGRESS_MODES: Final[tuple[ProgressMode, ...]] = ("determinate", "indeterminate", "step")
 
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
+
+
+def default_socket_path() -> Path:
+    """Where the daemon listens for workers unless configured (and where workers look):
+    ``$RUNTIME_DIRECTORY/worker.sock`` under systemd, ``/run/coordinator/worker.sock``
+    for root, else ``$XDG_RUNTIME_DIR/coordinator/worker.sock`` or
+    ``/tmp/coordinator-$UID/worker.sock``."""
+    env = os.environ.get("RUNTIME_DIRECTORY")
+    if env:
+        return Path(env.split(":", 1)[0]) / "worker.sock"
+    if os.geteuid() == 0:
+        return Path("/run/coordinator/worker.sock")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "coordinator" / "worker.sock"
+    return Path(f"/tmp/coordinator-{os.geteuid()}") / "worker.sock"
 
 
 class ProtocolError(CoordinatorError, ValueError):
@@ -468,24 +487,6 @@ def _load(line: bytes | str) -> dict[str, Any]:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
-
-
-def storable(value: Any) -> Any:
-    """``value`` with every string made acceptable to PostgreSQL's jsonb: NUL and
-    unpaired surrogates become U+FFFD."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            value = value.replace("\x00", "\ufffd")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            value = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
-        return value
-    if isinstance(value, list):
-        return [storable(v) for v in value]
-    if isinstance(value, dict):
-        return {storable(k): storable(v) for k, v in value.items()}
-    return value
 
 
 def _field(obj: dict[str, Any], kind: str, name: str, expected: type | tuple[type, ...]) -> Any:

@@ -1,24 +1,30 @@
-"""Assembling one daemon process: the daemon, its executors, the admin API, systemd.
+"""Assembling one daemon process: the daemon, its executors, the admin face, systemd.
 
-:mod:`coordinator.daemon` knows nothing of HTTP, sockets for workers or systemd; this
-module builds the pieces from a :class:`~coordinator.config.Config` and runs them in one
-nursery. ``coordinator run`` and ``coordinator demo`` call :func:`serve`.
+:mod:`coordinator.daemon` knows nothing of HTTP or systemd, and the executors know
+nothing of the daemon; this module builds the pieces from a
+:class:`~coordinator.config.Config` and runs them in one nursery. ``coordinator run`` and
+``coordinator demo`` call :func:`serve`. Configuration problems found here (a short
+admin token, a port in use, a spool path that is a directory...) are
+:class:`~coordinator.errors.ConfigError`: one line and exit status 2.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import trio
 
 from .clock import SystemWallClock
+from .config import parse_listen
 from .daemon import Daemon, DaemonSettings
 from .db import trio_asyncio_loop
 from .errors import ConfigError
+from .events import EventBus
 from .executors import ExecExecutor
 from .executors.worker import WorkerExecutor, default_socket_path
 from .log import EventLog, Level
+from .spool import Spool, SpoolError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -36,46 +42,52 @@ def build_daemon(
     clock: WallClock,
     log: EventLog,
     worker_socket: Path | None = None,
+    worker_listen: str | None = None,
+    worker_token: str | None = None,
     notify: Callable[[str], None] | None = None,
     handle_signals: bool = True,
 ) -> Daemon:
     """A daemon with both executors: commands, and workers on ``worker_socket`` (default
-    :func:`~coordinator.executors.worker.default_socket_path`)."""
-    daemon: Daemon | None = None
-
-    def workers_changed() -> None:
-        if daemon is not None:
-            daemon.workers_changed()
-
-    async def save_progress(run_id: int, snapshot: dict[str, Any]) -> None:
-        if daemon is not None:
-            await daemon.store.save_progress(run_id, snapshot)
-
+    :func:`~coordinator.executors.worker.default_socket_path`) and, if given, on the
+    loopback TCP address ``worker_listen`` with ``worker_token``."""
+    events = EventBus(log=log)
+    tcp = parse_listen(worker_listen, setting="worker_listen") if worker_listen else None
+    if tcp is not None and not worker_token:
+        raise ConfigError("worker_listen is set but worker_token is not: TCP workers need one")
     executors: dict[str, Executor] = {
         "exec": ExecExecutor(clock=clock),
         "worker": WorkerExecutor(
             clock=clock,
-            log=log,
+            events=events,
             socket_path=worker_socket or default_socket_path(),
-            on_change=workers_changed,
-            save_progress=save_progress,
+            tcp=tcp,
+            token=worker_token,
         ),
     }
-    daemon = Daemon(
+    return Daemon(
         dsn=dsn,
         settings=settings,
         clock=clock,
-        log=log,
+        events=events,
         executors=executors,
         notify=notify or (lambda message: None),
         handle_signals=handle_signals,
     )
-    return daemon
 
 
-async def serve(config: Config, *, dsn: str, notify: Callable[[str], None] | None = None) -> int:
+async def serve(
+    config: Config,
+    *,
+    dsn: str,
+    notify: Callable[[str], None] | None = None,
+    migrate: bool = False,
+) -> int:
     """Run the daemon for ``config`` against ``dsn`` until it stops; the exit status."""
     log = EventLog(format=_log_format(config.log_format), level=_log_level(config.log_level))
+    try:
+        Spool(config.spool_path).check()
+    except SpoolError as exc:
+        raise ConfigError(str(exc)) from None
     daemon = build_daemon(
         dsn=dsn,
         settings=DaemonSettings(
@@ -84,10 +96,13 @@ async def serve(config: Config, *, dsn: str, notify: Callable[[str], None] | Non
             stop_timeout=config.stop_timeout,
             spool_path=config.spool_path,
             pool_size=config.pool_size,
+            migrate=migrate,
         ),
         clock=SystemWallClock(),
         log=log,
         worker_socket=config.worker_socket,
+        worker_listen=config.worker_listen,
+        worker_token=config.worker_token,
         notify=notify,
     )
     async with trio_asyncio_loop(), trio.open_nursery() as nursery:
@@ -111,20 +126,18 @@ async def _start_admin(
 ) -> None:
     """The admin API and metrics (off unless ``admin_listen`` is set). It answers reads
     from the database on request only: an open, unused API costs no SQL."""
-    from .admin import Metrics, make_app, serve_admin, view_of
+    from .admin import Metrics, make_app, serve_admin
 
     token = config.admin_token_value()
     if not token:
         raise ConfigError("admin_listen is set but no admin_token or admin_token_file is")
     assert config.admin_listen is not None
-    metrics = Metrics()
-    log.observers.append(metrics.observe)
-    view = view_of(daemon)
-    metrics.gauges = view.status
+    metrics = Metrics(status=daemon.status)
+    daemon.events.subscribe(metrics.observe)
     app = make_app(
         dsn=dsn,
         token=token,
-        daemon=view,
+        status=daemon.status,
         metrics=metrics,
         audit=lambda record: log.info("audit", **record),
         metrics_public=config.metrics_public,

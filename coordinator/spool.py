@@ -1,41 +1,72 @@
-"""A durable local journal of results the database would not take.
+"""Held results, and the durable local journal of those the database would not take.
 
-When the daemon stops and a settlement still cannot be written, the exact result goes
-here instead of being lost; the next start replays it before anything else. One record
-per line: JSON, a tab, and the CRC32 of the JSON in hex. Each append is fsynced (and the
-directory too when the file is created), so an acknowledged record survives a power
-cut. A torn last write (no newline, or a CRC that does not match) is detected on read;
-such a line is reported and moved aside to a ``.corrupt`` file, never silently dropped.
+A :class:`HeldResult` is one settlement the database has not acknowledged: the exact
+outcome of a call plus what saving it needs. It is the same value wherever it waits: in
+memory while the daemon retries it (:mod:`coordinator.daemon.settlement`), here on disk
+when the daemon had to stop without saving it, and again in memory when the next start
+replays it.
+
+The journal holds one record per line: JSON, a tab, and the CRC32 of the JSON in hex.
+Every write replaces the whole file atomically (a temporary file is written, fsynced
+and renamed over the journal, then the directory is fsynced), so a crash or a full disk
+leaves either the old journal or the new one, never half a record; a failed write raises
+:class:`SpoolError` and the caller says so loudly. A line that cannot be read back (a
+torn write by an older version, a flipped bit) is reported and moved aside, byte for
+byte, to a ``.corrupt-<time>`` file beside the journal, never silently dropped. The
+journal, its directory and the files set aside are private to the daemon's user (0600,
+0700) whatever the umask: they hold output tails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zlib
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .errors import CoordinatorError
 from .model import Outcome
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from .clock import WallClock
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+class SpoolError(CoordinatorError):
+    """The journal could not be written (a full disk, a read-only directory...)."""
 
 
 @attrs.frozen(kw_only=True)
-class SpooledResult:
-    """One unsaved settlement: everything :meth:`Store.settle_raw` needs."""
+class HeldResult:
+    """A result the database has not acknowledged yet. Never recomputed, only re-sent."""
 
+    #: The run it settles.
     run_id: int
+    #: Its job (``None`` for records spooled by an older version, which lacked it).
+    job_id: int | None = None
+    #: ``namespace/name``, for logs.
     job_key: str
+    #: The schedule version the run was claimed under (an edit made meanwhile stands).
     schedule_version: int
+    #: The job's next deadline, computed from the outcome when the call ended.
     next_run_at: datetime | None
+    #: The call's outcome, exactly.
     outcome: Outcome
 
     def to_json(self) -> dict[str, Any]:
         o = self.outcome
         return {
             "run_id": self.run_id,
+            "job_id": self.job_id,
             "job": self.job_key,
             "schedule_version": self.schedule_version,
             "next_run_at": self.next_run_at.isoformat() if self.next_run_at else None,
@@ -51,11 +82,13 @@ class SpooledResult:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SpooledResult:
+    def from_json(cls, data: dict[str, Any]) -> HeldResult:
         o = data["outcome"]
         nxt = data.get("next_run_at")
+        job_id = data.get("job_id")
         return cls(
             run_id=int(data["run_id"]),
+            job_id=int(job_id) if job_id is not None else None,
             job_key=str(data.get("job", "?")),
             schedule_version=int(data["schedule_version"]),
             next_run_at=datetime.fromisoformat(nxt) if nxt else None,
@@ -70,14 +103,27 @@ class SpooledResult:
             ),
         )
 
+    def line(self) -> bytes:
+        """The journal line: JSON, a tab, its CRC32, a newline."""
+        body = json.dumps(self.to_json(), separators=(",", ":"), default=str)
+        return f"{body}\t{_crc(body)}\n".encode()
+
+
+@attrs.frozen(kw_only=True)
+class Unreadable:
+    """A journal line that could not be read back, kept byte for byte."""
+
+    raw: bytes
+    reason: str
+
 
 @attrs.frozen(kw_only=True)
 class SpoolContents:
     """What :meth:`Spool.read` found."""
 
-    records: list[SpooledResult]
+    records: list[HeldResult]
     #: Lines that could not be read back (torn or corrupt), with the reason.
-    corrupt: list[tuple[str, str]]
+    corrupt: list[Unreadable]
 
 
 def _crc(text: str) -> str:
@@ -86,67 +132,142 @@ def _crc(text: str) -> str:
 
 @attrs.define(eq=False)
 class Spool:
-    """The journal file ``path`` (its directory is created on first append)."""
+    """The journal file ``path`` (its directory is created on first write)."""
 
     path: Path
 
-    def append(self, result: SpooledResult) -> None:
-        body = json.dumps(result.to_json(), separators=(",", ":"), default=str)
-        line = f"{body}\t{_crc(body)}\n".encode()
-        created = not self.path.exists()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    def check(self) -> None:
+        """Refuse a path that can never hold the journal (a directory, say): raises
+        :class:`SpoolError` naming it. Called at start, before anything is owed."""
+        if self.path.is_dir():
+            raise SpoolError(f"spool: {self.path} is a directory, not a file")
+        parent = self.path.parent
+        if parent.exists() and not parent.is_dir():
+            raise SpoolError(f"spool: {parent} is not a directory")
+
+    def append(self, results: Iterable[HeldResult]) -> None:
+        """Add ``results`` to the journal, durably, or raise :class:`SpoolError`."""
+        new = b"".join(r.line() for r in results)
+        if not new:
+            return
         try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if created:
-            _fsync_dir(self.path.parent)
+            old = self.path.read_bytes()
+        except FileNotFoundError:
+            old = b""
+        except OSError as exc:
+            raise SpoolError(f"cannot read {self.path}: {exc.strerror or exc}") from exc
+        if old and not old.endswith(b"\n"):
+            old += b"\n"  # keep a torn last line a line of its own: it is read back as such
+        self._replace(old + new)
+
+    def rewrite(self, results: Sequence[HeldResult]) -> None:
+        """Make the journal hold exactly ``results`` (none: remove it)."""
+        if not results:
+            self.clear()
+            return
+        self._replace(b"".join(r.line() for r in results))
 
     def read(self) -> SpoolContents:
-        if not self.path.exists():
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
             return SpoolContents(records=[], corrupt=[])
-        data = self.path.read_bytes().decode("utf-8", "replace")
-        records: list[SpooledResult] = []
-        corrupt: list[tuple[str, str]] = []
-        lines = data.split("\n")
-        # The text after the last newline is a torn write, if anything.
-        for i, line in enumerate(lines):
-            last = i == len(lines) - 1
-            if not line:
+        records: list[HeldResult] = []
+        corrupt: list[Unreadable] = []
+        lines = data.split(b"\n")
+        # The bytes after the last newline are a torn write, if anything.
+        for i, raw in enumerate(lines):
+            if not raw:
                 continue
-            if last:
-                corrupt.append((line, "torn write: no line end"))
+            if i == len(lines) - 1:
+                corrupt.append(Unreadable(raw=raw, reason="torn write: no line end"))
                 continue
-            body, sep, crc = line.rpartition("\t")
-            if not sep or _crc(body) != crc:
-                corrupt.append((line, "checksum mismatch"))
+            body_bytes, sep, crc = raw.rpartition(b"\t")
+            try:
+                body = body_bytes.decode("utf-8")
+            except UnicodeDecodeError:
+                corrupt.append(Unreadable(raw=raw, reason="not UTF-8"))
+                continue
+            if not sep or _crc(body).encode() != crc:
+                corrupt.append(Unreadable(raw=raw, reason="checksum mismatch"))
                 continue
             try:
-                records.append(SpooledResult.from_json(json.loads(body)))
-            except (ValueError, KeyError, TypeError) as exc:
-                corrupt.append((line, f"unreadable record: {exc}"))
+                records.append(HeldResult.from_json(json.loads(body)))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                corrupt.append(Unreadable(raw=raw, reason=f"unreadable record: {exc}"))
         return SpoolContents(records=records, corrupt=corrupt)
 
-    def set_aside(self, corrupt: list[tuple[str, str]]) -> Path | None:
-        """Keep corrupt lines in a ``.corrupt`` file beside the spool, for an operator."""
-        if not corrupt:
+    def set_aside(self, lines: Sequence[Unreadable], clock: WallClock, kind: str) -> Path | None:
+        """Keep ``lines`` (byte for byte, each after a ``# reason`` line) in a
+        ``.<kind>-<time>`` file beside the journal, for an operator. Raises
+        :class:`SpoolError` if it cannot be written."""
+        if not lines:
             return None
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-        with aside.open("a", encoding="utf-8") as f:
-            for line, reason in corrupt:
-                f.write(f"# {reason}\n{line}\n")
-            f.flush()
-            os.fsync(f.fileno())
+        stamp = clock.now().strftime("%Y%m%dT%H%M%S.%fZ")
+        aside = self.path.with_name(f"{self.path.name}.{kind}-{stamp}")
+        body = b"".join(
+            b"# " + line.reason.encode("utf-8", "replace").replace(b"\n", b" ") + b"\n"
+            + line.raw + b"\n"
+            for line in lines
+        )  # fmt: skip
+        self._write_new(aside, body)
         return aside
 
     def clear(self) -> None:
         """Remove the journal once every record in it is saved (or set aside)."""
-        if self.path.exists():
+        try:
             self.path.unlink()
-            _fsync_dir(self.path.parent)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise SpoolError(f"cannot remove {self.path}: {exc.strerror or exc}") from exc
+        _fsync_dir(self.path.parent)
+
+    # -- durable writes ---------------------------------------------------------------
+
+    def _replace(self, data: bytes) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        self._write_new(tmp, data)
+        try:
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise SpoolError(f"cannot write {self.path}: {exc.strerror or exc}") from exc
+        _fsync_dir(self.path.parent)
+
+    def _write_new(self, path: Path, data: bytes) -> None:
+        """Write ``path`` from scratch (0600), fsynced; on failure remove what was left."""
+        try:
+            _make_private_dir(path.parent)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        except OSError as exc:
+            raise SpoolError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        try:
+            os.fchmod(fd, FILE_MODE)  # the umask may have narrowed or the file pre-existed
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)
+            _unlink_quietly(path)
+            raise SpoolError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        os.close(fd)
+
+
+def _make_private_dir(path: Path) -> None:
+    """Create ``path`` (and parents) 0700 if missing; an existing directory is kept as it is
+    (the operator may have chosen its mode)."""
+    if path.is_dir():
+        return
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(path, DIR_MODE)  # mkdir's mode is narrowed by the umask
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -160,3 +281,6 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+__all__ = ["HeldResult", "Spool", "SpoolContents", "SpoolError", "Unreadable"]

@@ -7,8 +7,12 @@ settlement and the crash sweep are SQL functions (``migrations/0002``) so that e
 single round trip and a single line in the server's statement log.
 
 All connections are the daemon's (``application_name = coordinator``, marked so the
-wake triggers skip them). asyncpg errors are wrapped here, once: connection trouble
-becomes :class:`StoreUnavailable` (retry later), anything else :class:`DatabaseError`.
+wake triggers skip them). asyncpg errors are wrapped here, once, into three kinds the
+daemon's error policy (:mod:`coordinator.daemon.policy`) acts on: connection trouble
+becomes :class:`StoreUnavailable` (retry with backoff), a deadlock or serialization
+failure :class:`StoreConflict` (retry at once), anything else the database refused
+:class:`~coordinator.errors.DatabaseError`. Every statement sent is counted
+(:attr:`Store.statements`, exported as ``coordinator_sql_statements_total``).
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ import attrs
 import trio
 from asyncpg import Connection
 
-from .db import APP_DAEMON, aio, close_quietly, connect
-from .errors import DatabaseError, DatabaseUnavailable
-from .model import Claim, Job, Outcome, Schedule, Target
+from .db import APP_DAEMON, aio, close_quietly, connect, one_line
+from .errors import CoordinatorError, DatabaseError, DatabaseUnavailable
+from .model import Claim, Job, Schedule, Target
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
     from asyncpg import Record
+
+    from .core.admission import Ticket
+    from .spool import HeldResult
 
 #: The single-writer advisory lock: pg_advisory_lock(LOCK_CLASS, LOCK_OBJECT).
 LOCK_CLASS: Final = 0x636F6F72  # "coor"
@@ -39,6 +46,17 @@ LOCK_OBJECT: Final = 1
 
 class StoreUnavailable(DatabaseUnavailable):
     """The database could not be reached for this statement; the caller may retry."""
+
+
+class StoreConflict(DatabaseError):
+    """A deadlock or serialization failure: nothing was written; retry at once."""
+
+
+#: SQLSTATEs of :class:`StoreConflict`: serialization_failure, deadlock_detected.
+_CONFLICT_STATES: Final = frozenset({"40001", "40P01"})
+#: SQLSTATE classes that mean the session or the server went away (08: connection
+#: exception; 57: operator intervention — admin/crash shutdown, cannot connect now).
+_UNAVAILABLE_CLASSES: Final = frozenset({"08", "57"})
 
 
 _TRANSIENT = (
@@ -161,6 +179,17 @@ SELECT * FROM coordinator._settle($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10
 
 _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1)"
 
+# A spooled result PostgreSQL refused at start: its outcome is unknown to the database,
+# so the run waits for an operator, with the reason.
+_MARK_UNRESOLVED = """
+UPDATE coordinator.runs
+   SET status = 'unresolved', error_cause = 'lost', error_message = $2
+ WHERE id = $1 AND status IN ('pending', 'running')
+"""
+
+_SCHEMA_EXISTS = "SELECT to_regclass('coordinator.schema_migrations') IS NOT NULL"
+_APPLIED_MIGRATIONS = "SELECT name FROM coordinator.schema_migrations"
+
 # Progress of a running call (coalesced by the worker executor: at most one write per
 # few seconds per run, never after the result).
 _SAVE_PROGRESS = """
@@ -172,9 +201,12 @@ _LOCK = "SELECT pg_advisory_lock($1, $2)"
 
 
 def _wrap(exc: BaseException, what: str) -> Exception:
-    if isinstance(exc, _TRANSIENT):
+    state = str(getattr(exc, "sqlstate", "") or "")
+    if isinstance(exc, _TRANSIENT) or state[:2] in _UNAVAILABLE_CLASSES:
         return StoreUnavailable(f"{what}: database unavailable ({type(exc).__name__}: {exc})")
-    return DatabaseError(f"{what}: {type(exc).__name__}: {exc}")
+    if state in _CONFLICT_STATES:
+        return StoreConflict(f"{what}: {type(exc).__name__}: {one_line(exc)}")
+    return DatabaseError(f"{what}: {type(exc).__name__}: {one_line(exc)}")
 
 
 @attrs.define(eq=False)
@@ -234,10 +266,17 @@ class Store:
     statement_timeout: float = 30.0
     #: Backend pid of the session holding the single-writer lock (claims are fenced on it).
     leader_pid: int | None = None
+    #: Statements sent so far (``coordinator_sql_statements_total``).
+    statements: int = 0
+
+    def count(self, n: int = 1) -> None:
+        """Count statements sent on the daemon's behalf outside :meth:`_call` (LISTEN)."""
+        self.statements += n
 
     async def _call(self, what: str, method: str, sql: str, *args: Any) -> Any:
         # The bound is trio's, not asyncpg's: asyncpg's timeout leaves an asyncio timer
         # behind under trio-asyncio that wakes the idle process when it expires.
+        self.statements += 1
         try:
             with trio.fail_after(self.statement_timeout):
                 async with self.pool.acquire() as conn:
@@ -253,6 +292,7 @@ class Store:
 
     async def try_lead(self, conn: Connection) -> bool:
         """Take the single-writer lock on ``conn`` if it is free (one statement)."""
+        self.statements += 1
         try:
             got: bool = await aio(conn.fetchval)(_TRY_LOCK, LOCK_CLASS, LOCK_OBJECT)
         except Exception as exc:
@@ -264,6 +304,7 @@ class Store:
     async def wait_lead(self, conn: Connection) -> None:
         """Wait for the single-writer lock: one statement that blocks until the leader's
         session ends. A standby sends nothing else meanwhile."""
+        self.statements += 1
         try:
             await aio(conn.fetchval)(_LOCK, LOCK_CLASS, LOCK_OBJECT)
         except Exception as exc:
@@ -328,24 +369,17 @@ class Store:
 
     # -- claim and settlement -----------------------------------------------------------
 
-    async def claim(
-        self,
-        *,
-        job_id: int,
-        run_id: int | None,
-        scheduled_for: datetime | None,
-        schedule_version: int | None,
-        workers: Sequence[str],
-    ) -> ClaimResult:
-        """The one claim boundary, for scheduled (``run_id`` None) and manual dispatch."""
+    async def claim(self, ticket: Ticket, *, workers: Sequence[str]) -> ClaimResult:
+        """The one claim boundary, for scheduled (``ticket.run_id`` None) and manual
+        dispatch."""
         row: Record = await self._call(
             "claim",
             "fetchrow",
             _CLAIM,
-            job_id,
-            run_id,
-            scheduled_for,
-            schedule_version,
+            ticket.job_id,
+            ticket.run_id,
+            ticket.scheduled_for,
+            ticket.schedule_version,
             self.instance,
             list(workers),
             self.leader_pid,
@@ -360,7 +394,7 @@ class Store:
         except ValueError as exc:
             target, target_error = Target(kind="exec"), str(exc)
         job = Job(
-            id=job_id,
+            id=ticket.job_id,
             namespace=row["namespace"],
             name=row["name"],
             schedule=Schedule(
@@ -387,31 +421,15 @@ class Store:
             target_error=target_error,
         )
 
-    async def settle(
-        self, claim: Claim, outcome: Outcome, next_run_at: datetime | None
-    ) -> JobState:
-        """Save the result and the next deadline in one transaction (one statement)."""
-        return await self.settle_raw(
-            run_id=claim.run_id,
-            schedule_version=claim.job.schedule_version,
-            outcome=outcome,
-            next_run_at=next_run_at,
-        )
-
-    async def settle_raw(
-        self,
-        *,
-        run_id: int,
-        schedule_version: int,
-        outcome: Outcome,
-        next_run_at: datetime | None,
-    ) -> JobState:
-        """:meth:`settle` from plain values: the spool replays results this way."""
+    async def settle(self, held: HeldResult) -> JobState:
+        """Save a result and its job's next deadline in one transaction (one statement).
+        Idempotent: a result saved before comes back as ``already``."""
+        outcome = held.outcome
         row: Record = await self._call(
             "settle",
             "fetchrow",
             _SETTLE,
-            run_id,
+            held.run_id,
             outcome.status,
             outcome.started_at,
             outcome.finished_at,
@@ -419,8 +437,8 @@ class Store:
             json.dumps(outcome.extra, default=str),
             outcome.error_cause,
             outcome.error_message,
-            schedule_version,
-            next_run_at,
+            held.schedule_version,
+            held.next_run_at,
         )
         return JobState(
             outcome=row["outcome"],
@@ -430,6 +448,34 @@ class Store:
             schedule_version=row["schedule_version"],
             next_run_at=row["next_run_at"],
         )
+
+    async def mark_unresolved(self, run_id: int, reason: str) -> None:
+        """Leave a run for an operator (its spooled result was refused at start)."""
+        await self._call("mark_unresolved", "execute", _MARK_UNRESOLVED, run_id, reason)
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations (``coordinator run --migrate``); their names."""
+        from . import migrate as migrations
+
+        try:
+            with trio.fail_after(self.statement_timeout * 4):
+                async with self.pool.acquire() as conn:
+                    applied = await migrations.migrate(conn)
+        except trio.TooSlowError as exc:
+            raise StoreUnavailable("migrate: no answer in time") from exc
+        except CoordinatorError:
+            raise
+        except Exception as exc:
+            raise _wrap(exc, "migrate") from exc
+        self.statements += 3 + 2 * len(applied)  # lock, bootstrap, read; each file + record
+        return applied
+
+    async def applied_migrations(self) -> set[str] | None:
+        """Names of the applied migrations; ``None`` when the schema was never migrated."""
+        if not await self._call("schema", "fetchval", _SCHEMA_EXISTS):
+            return None
+        rows = await self._call("schema", "fetch", _APPLIED_MIGRATIONS)
+        return {r["name"] for r in rows}
 
     async def save_progress(self, run_id: int, snapshot: dict[str, Any]) -> None:
         """The latest progress snapshot of a running call."""

@@ -46,8 +46,8 @@ from typing import Any, Final, TypeAlias, TypeVar
 import attrs
 import trio
 
-from coordinator.backoff import backoff as _backoff
-from coordinator.protocol import (
+from .backoff import backoff as _backoff
+from .protocol import (
     MAX_CAPACITY,
     MAX_LABEL,
     MAX_LINE,
@@ -65,6 +65,7 @@ from coordinator.protocol import (
     ProtocolError,
     Result,
     Welcome,
+    default_socket_path,
     encode,
     parse_from_daemon,
 )
@@ -643,8 +644,6 @@ def _address(args: argparse.Namespace) -> Path | tuple[str, int]:
     env = os.environ.get("COORDINATOR_WORKER_SOCKET")
     if env:
         return Path(env)
-    from coordinator.executors.worker import default_socket_path
-
     return default_socket_path()
 
 

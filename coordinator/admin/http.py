@@ -32,14 +32,13 @@ path, status, remote address, and the run it concerned.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 import re
+from collections.abc import Callable
 from contextlib import aclosing, asynccontextmanager
-from datetime import UTC, datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import attrs
 import hypercorn.trio
@@ -52,7 +51,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import client
-from ..daemon import Daemon
+from ..config import parse_listen
 from ..db import APP_ADMIN, aio, connection, trio_asyncio_loop
 from ..errors import (
     ConfigError,
@@ -63,27 +62,19 @@ from ..errors import (
     JobNotFound,
     RunNotFound,
 )
+from ..status import DaemonStatus
 from .metrics import CONTENT_TYPE, Metrics
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping
+    from collections.abc import AsyncIterator
 
     from asyncpg import Connection
     from hypercorn.typing import Framework
     from starlette.requests import Request
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = [
-    "APP_ADMIN",
-    "DaemonView",
-    "RetainedResult",
-    "RunningCall",
-    "Status",
-    "make_app",
-    "parse_listen",
-    "serve_admin",
-    "view_of",
-]
+
+__all__ = ["APP_ADMIN", "make_app", "serve_admin"]
 
 #: ``application_name`` of the API's database sessions.
 #: Shortest token accepted: an empty or short token would leave the API open.
@@ -97,181 +88,6 @@ MAX_LIMIT: Final = 1000
 
 _MAX_BIGINT: Final = 2**63 - 1
 _AUDIT_KEY: Final = "coordinator.audit"
-_ROLES: Final = {"ready": "leader"}
-
-# --------------------------------------------------------------------------- status
-
-
-@attrs.frozen(kw_only=True)
-class RunningCall:
-    """A call in progress."""
-
-    #: The job's ``namespace/name`` (its id when the daemon no longer lists it).
-    job: str
-    job_id: int
-    #: The run being served.
-    run: int
-    #: Seconds since the call started.
-    running_s: float
-
-
-@attrs.frozen(kw_only=True)
-class RetainedResult:
-    """A result the database has not acknowledged yet."""
-
-    run: int
-    job: str
-    #: The call's outcome (``succeeded``, ``failed`` ...), kept exactly.
-    outcome: str
-    #: Attempts to save it so far.
-    attempts: int
-
-
-@attrs.frozen(kw_only=True)
-class Status:
-    """The daemon as ``/api/status`` (and ``coordinator status``) reports it. No SQL."""
-
-    #: ``leader`` (ready), ``standby``, ``degraded``, ``starting`` or ``stopping``.
-    role: str
-    #: The daemon's own state word (``ready`` for a leader).
-    state: str
-    #: ``host:pid:random`` of the daemon process.
-    instance: str
-    #: Seconds since the daemon (its view) started.
-    uptime_s: float
-    #: Jobs the daemon knows (valid ones, from the last refresh).
-    jobs: int
-    #: Jobs with an armed timer.
-    armed_deadlines: int
-    #: The earliest armed deadline and its job, or ``None``.
-    next_deadline: datetime | None
-    next_job: str | None
-    #: Calls in progress, results not yet saved, worker types served.
-    running: tuple[RunningCall, ...] = ()
-    retained: tuple[RetainedResult, ...] = ()
-    workers: tuple[str, ...] = ()
-    #: Inventory refreshes done, and when the last one ended (``None`` before the first).
-    refreshes: int = 0
-    last_refresh: datetime | None = None
-
-    @property
-    def healthy(self) -> bool:
-        """Leading and connected: ``/healthz`` answers 200 only then."""
-        return self.role == "leader"
-
-    @property
-    def running_calls(self) -> int:
-        return len(self.running)
-
-    @property
-    def retained_results(self) -> int:
-        return len(self.retained)
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``/api/status`` body."""
-        return {
-            "state": self.role,
-            "daemon_state": self.state,
-            "instance": self.instance,
-            "uptime_s": round(self.uptime_s, 3),
-            "jobs": self.jobs,
-            "armed_deadlines": self.armed_deadlines,
-            "next_deadline": (
-                {"at": _iso(self.next_deadline), "job": self.next_job}
-                if self.next_deadline is not None
-                else None
-            ),
-            "running": [
-                {"job": c.job, "job_id": c.job_id, "run": c.run, "running_s": c.running_s}
-                for c in self.running
-            ],
-            "retained": [
-                {"run": r.run, "job": r.job, "outcome": r.outcome, "attempts": r.attempts}
-                for r in self.retained
-            ],
-            "workers": list(self.workers),
-            "refreshes": self.refreshes,
-            "last_refresh": _iso(self.last_refresh),
-        }
-
-
-class DaemonView(Protocol):
-    """What the API needs from the daemon: one synchronous, SQL-free snapshot."""
-
-    def status(self) -> Status: ...
-
-
-def role_of(state: str) -> str:
-    """The daemon's state word as the API reports it (``ready`` is ``leader``)."""
-    return _ROLES.get(state, state)
-
-
-@attrs.define(eq=False)
-class _DaemonAdapter:
-    """Reads a :class:`~coordinator.daemon.Daemon`'s attributes; changes nothing."""
-
-    daemon: Daemon
-    #: trio time the view was made (the daemon's start, when made with it).
-    started: float
-    last_refresh: datetime | None = None
-
-    def observe(self, record: Mapping[str, Any]) -> None:
-        if record.get("event") == "refresh":
-            self.last_refresh = self.daemon.clock.now()
-
-    def status(self) -> Status:
-        d = self.daemon
-        now = trio.current_time()
-        earliest = d.deadlines.earliest()
-        next_deadline = next_job = None
-        if earliest is not None:
-            next_deadline = datetime.fromtimestamp(earliest[0], UTC)
-            next_job = self._key(earliest[1])
-        return Status(
-            role=role_of(d.state),
-            state=d.state,
-            instance=d.instance,
-            uptime_s=now - self.started,
-            jobs=len(d.jobs),
-            armed_deadlines=len(d.deadlines),
-            next_deadline=next_deadline,
-            next_job=next_job,
-            running=tuple(
-                RunningCall(
-                    job=self._key(job_id),
-                    job_id=job_id,
-                    run=run_id,
-                    running_s=round(now - since, 3),
-                )
-                for job_id, (run_id, since) in sorted(d.running.items())
-            ),
-            retained=tuple(
-                RetainedResult(
-                    run=r.run_id, job=r.job_key, outcome=r.outcome.status, attempts=r.attempts
-                )
-                for r in sorted(d.retained.values(), key=lambda r: r.run_id)
-            ),
-            workers=tuple(sorted(d.worker_types())),
-            refreshes=d.refreshes,
-            last_refresh=self.last_refresh,
-        )
-
-    def _key(self, job_id: int) -> str:
-        entry = self.daemon.jobs.get(job_id)
-        return entry.key if entry is not None else f"#{job_id}"
-
-
-def view_of(daemon: Daemon) -> DaemonView:
-    """A :class:`DaemonView` of a running (or starting) daemon, without changing it.
-
-    Call it inside trio when the daemon starts: uptime counts from this call, and the last
-    refresh time is taken from the daemon's ``refresh`` events (an observer is added to
-    its log), so it is known from the first refresh after this call.
-    """
-    adapter = _DaemonAdapter(daemon=daemon, started=trio.current_time())
-    daemon.log.observers.append(adapter.observe)
-    return adapter
-
 
 # --------------------------------------------------------------------------- errors
 
@@ -459,7 +275,8 @@ def _job_json(job: client.JobView) -> dict[str, Any]:
 @attrs.define(eq=False)
 class _Api:
     dsn: str
-    daemon: DaemonView
+    #: The daemon's typed snapshot (no SQL).
+    status_of: Callable[[], DaemonStatus]
     metrics: Metrics
     limiter: trio.CapacityLimiter = attrs.field(
         factory=lambda: trio.CapacityLimiter(MAX_DB_REQUESTS)
@@ -474,11 +291,11 @@ class _Api:
     # -- no SQL -------------------------------------------------------------------------
 
     async def healthz(self, _request: Request) -> Response:
-        status = self.daemon.status()
+        status = self.status_of()
         return JSONResponse({"state": status.role}, status_code=200 if status.healthy else 503)
 
     async def status(self, _request: Request) -> Response:
-        return JSONResponse(self.daemon.status().to_json())
+        return JSONResponse(self.status_of().to_json())
 
     async def metrics_text(self, _request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
@@ -563,7 +380,7 @@ def make_app(
     *,
     dsn: str,
     token: str,
-    daemon: DaemonView,
+    status: Callable[[], DaemonStatus],
     metrics: Metrics,
     audit: Callable[[dict[str, Any]], None],
     metrics_public: bool = False,
@@ -577,7 +394,7 @@ def make_app(
     token = token.strip()
     if len(token) < MIN_TOKEN_LENGTH:
         raise ConfigError(f"admin token: must be at least {MIN_TOKEN_LENGTH} characters")
-    api = _Api(dsn=dsn, daemon=daemon, metrics=metrics)
+    api = _Api(dsn=dsn, status_of=status, metrics=metrics)
     public = {"/healthz"} | ({"/metrics"} if metrics_public else set())
     routes = [
         Route("/healthz", api.healthz, methods=["GET"]),
@@ -607,35 +424,6 @@ def make_app(
 # --------------------------------------------------------------------------- serving
 
 
-def parse_listen(listen: str, *, allow_remote: bool = False) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` for IPv6) → (host, port); a non-loopback host is
-    refused unless ``allow_remote``. Port 0 picks a free port."""
-    host, sep, port_text = listen.strip().rpartition(":")
-    if not sep or not host or not port_text.isascii() or not port_text.isdigit():
-        raise ConfigError(f"admin_listen: expected HOST:PORT, not {listen!r}")
-    port = int(port_text)
-    if port > 65535:
-        raise ConfigError(f"admin_listen: port {port} is out of range")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if host == "localhost":
-        loopback = True
-    else:
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            raise ConfigError(
-                f"admin_listen: {host!r} is not an IP address (or localhost)"
-            ) from None
-        loopback = address.is_loopback
-    if not loopback and not allow_remote:
-        raise ConfigError(
-            f"admin_listen: {host} is not a loopback address; the admin API listens on "
-            "loopback only unless remote access is allowed explicitly (put TLS in front)"
-        )
-    return host, port
-
-
 async def serve_admin(
     app: ASGIApp,
     listen: str,
@@ -648,7 +436,7 @@ async def serve_admin(
     requests, up to 2 s). ``await nursery.start(serve_admin, ...)`` returns the base URL
     actually bound (``http://127.0.0.1:8787``). Errors go to the ``coordinator.admin``
     :mod:`logging` logger; hypercorn's access log is off."""
-    host, port = parse_listen(listen, allow_remote=allow_remote)
+    host, port = parse_listen(listen, setting="admin_listen", allow_remote=allow_remote)
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
@@ -666,7 +454,3 @@ async def serve_admin(
             )
         )
         task_status.started(binds[0])
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat(timespec="milliseconds") if value is not None else None

@@ -1,52 +1,64 @@
-"""Prometheus metrics, fed by the daemon's event log and read at scrape time.
+"""Prometheus metrics, fed the daemon's typed events and read at scrape time.
 
-Nothing here runs on its own: counters and histograms move when the daemon logs an event
-(:meth:`Metrics.observe` is an :class:`~coordinator.log.EventLog` observer), and the
-gauges (armed deadlines, running calls, retained results) are read from a daemon
-snapshot when ``/metrics`` is scraped. No timer, no SQL.
+Nothing here runs on its own: counters and histograms move when the daemon emits an
+event (:meth:`Metrics.observe` subscribes to its :class:`~coordinator.events.EventBus`
+and matches on the event's type), and the gauges (armed deadlines, running calls, held
+results, degraded) and the daemon's own statement count are read from its typed
+snapshot (:class:`~coordinator.status.DaemonStatus`) when ``/metrics`` is scraped. No
+timer, no SQL.
 
-Event to series (field names as :mod:`coordinator.daemon` logs them):
+=========================  ===========================================================
+event                      series
+=========================  ===========================================================
+``NotificationWake``       ``coordinator_wakes_total{kind="notification"}``
+``DispatchWake``           ``coordinator_wakes_total{kind="dispatch"}``
+``LifecycleWake``          ``coordinator_wakes_total{kind="lifecycle"}``
+``Refreshed``              ``coordinator_refreshes_total``,
+                           ``coordinator_refresh_duration_seconds``
+``RunFinished``            ``coordinator_claims_total`` (a granted claim, counted when
+                           its run ends), ``coordinator_runs_total{outcome,cause}``,
+                           ``coordinator_run_duration_seconds``,
+                           ``coordinator_dispatch_lateness_seconds`` (scheduled runs)
+``ClaimRejected``          ``coordinator_claims_total``,
+                           ``coordinator_claim_rejections_total{reason}``
+``ResultHeld``             ``coordinator_results_retained_total``
+``ResultSaved``            ``coordinator_results_saved_total``
+``ResultSpooled``          ``coordinator_results_spooled_total``
+=========================  ===========================================================
 
-======================  ===============================================================
-``wake``                ``coordinator_wakes_total{kind}``: ``notification`` (has
-                        ``payload``), ``dispatch`` (has ``dispatch``), else ``lifecycle``
-``refresh``             ``coordinator_refreshes_total``,
-                        ``coordinator_refresh_duration_seconds`` (``elapsed_ms``)
-``job.run``             ``coordinator_claims_total`` (a run was claimed; counted when its
-                        call is logged), ``coordinator_runs_total{outcome,cause}``,
-                        ``coordinator_run_duration_seconds`` (``elapsed_ms``),
-                        ``coordinator_dispatch_lateness_seconds`` (``lateness_ms``:
-                        actual start minus deadline; scheduled runs only)
-``claim.rejected``      ``coordinator_claims_total`` and
-                        ``coordinator_claim_rejections_total{reason}``
-``settle.retained``     ``coordinator_results_retained_total``
-``settle.saved``        ``coordinator_results_saved_total`` (a retained result saved later)
-``settle.spooled``      ``coordinator_results_spooled_total``
-``sql``                 ``coordinator_sql_statements_total`` (by ``statements``, default 1)
-======================  ===============================================================
-
-``coordinator_sql_statements_total`` is the daemon's own count of statements it sent, for
-dashboards; the store calls :meth:`Metrics.count_statement` per statement (or logs an
-``sql`` event). Proofs of idle silence still use the server's accounting.
-
-The observer only sees what the log passes on: events below the log level are dropped
-before observers run, and ``wake`` is logged at ``debug`` for lifecycle wakes and
-dispatches, so at the default level those wakes are not counted.
+From the snapshot: ``coordinator_armed_deadlines``, ``coordinator_running_calls``,
+``coordinator_retained_results``, ``coordinator_degraded`` (1 while degraded; the
+reasons are in ``/api/status``) and ``coordinator_sql_statements_total`` (counted where
+the store sends; proofs of idle silence still use the server's accounting).
 """
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+from ..events import (
+    ClaimRejected,
+    DispatchWake,
+    Event,
+    LifecycleWake,
+    NotificationWake,
+    Refreshed,
+    ResultHeld,
+    ResultSaved,
+    ResultSpooled,
+    RunFinished,
+)
 
-__all__ = ["CONTENT_TYPE", "Gauges", "Metrics"]
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from ..status import DaemonStatus
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
 
 #: The ``Content-Type`` of :meth:`Metrics.render`'s output.
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
@@ -65,25 +77,15 @@ _LATENESS_BUCKETS: Final = (
 )  # fmt: skip
 
 
-class Gauges(Protocol):
-    """What the gauges read from the daemon at scrape time."""
-
-    @property
-    def armed_deadlines(self) -> int: ...
-    @property
-    def running_calls(self) -> int: ...
-    @property
-    def retained_results(self) -> int: ...
-
-
 _GAUGES: Final = (
     ("armed_deadlines", "Jobs with an armed timer (a saved deadline)."),
     ("running_calls", "Calls running now."),
     ("retained_results", "Results the database has not acknowledged yet."),
+    ("degraded", "1 while the daemon is degraded (see /api/status for why)."),
 )
 
 
-class _GaugeCollector:
+class _SnapshotCollector:
     """Reads the daemon's snapshot when the registry is collected (no timer)."""
 
     def __init__(self, owner: Metrics) -> None:
@@ -93,33 +95,42 @@ class _GaugeCollector:
         yield from self._families(None)
 
     def collect(self) -> Iterator[Metric]:
-        source = self._owner.gauges
+        source = self._owner.status
         yield from self._families(source() if source is not None else None)
 
-    def _families(self, snapshot: Gauges | None) -> Iterator[Metric]:
-        values = (
-            (snapshot.armed_deadlines, snapshot.running_calls, snapshot.retained_results)
-            if snapshot is not None
-            else (None, None, None)
-        )
+    def _families(self, snapshot: DaemonStatus | None) -> Iterator[Metric]:
+        values: tuple[float | None, ...] = (None, None, None, None)
+        if snapshot is not None:
+            values = (
+                snapshot.armed_deadlines,
+                snapshot.running_calls,
+                snapshot.held_results,
+                1 if snapshot.state == "degraded" else 0,
+            )
         for (name, doc), value in zip(_GAUGES, values, strict=True):
             family = GaugeMetricFamily(f"{_NAMESPACE}_{name}", doc)
             if value is not None:
                 family.add_metric([], float(value))
             yield family
+        statements = CounterMetricFamily(
+            f"{_NAMESPACE}_sql_statements",
+            "SQL statements the daemon sent, by its own count (proofs use the server's).",
+        )
+        if snapshot is not None:
+            statements.add_metric([], float(snapshot.sql_statements))
+        yield statements
 
 
 class Metrics:
     """The daemon's metrics, in a private registry (nothing global is touched).
 
-    Wire it up with ``log.observers.append(metrics.observe)`` and, for the gauges,
-    ``metrics.gauges = lambda: view.status()`` (anything with the :class:`Gauges`
-    properties). Until ``gauges`` is set the three gauges are exported without samples.
+    Wire it up with ``events.subscribe(metrics.observe)`` and ``status=daemon.status``
+    (for the gauges). Without ``status`` the gauges are exported without samples.
     """
 
-    def __init__(self, *, gauges: Callable[[], Gauges] | None = None) -> None:
+    def __init__(self, *, status: Callable[[], DaemonStatus] | None = None) -> None:
         #: Called at scrape time for the gauge values; ``None`` until the daemon is known.
-        self.gauges = gauges
+        self.status = status
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         ns = _NAMESPACE
@@ -177,26 +188,15 @@ class Metrics:
             namespace=ns,
             registry=r,
         )
-        self.sql_statements = Counter(
-            "sql_statements",
-            "SQL statements the daemon sent, by its own count (proofs use the server's).",
-            namespace=ns,
-            registry=r,
-        )
-        r.register(_GaugeCollector(self))
+        r.register(_SnapshotCollector(self))
 
     # -- input --------------------------------------------------------------------------
 
-    def observe(self, record: Mapping[str, Any]) -> None:
-        """An :class:`~coordinator.log.EventLog` observer. Never raises on odd fields."""
-        handler = _HANDLERS.get(str(record.get("event")))
+    def observe(self, event: Event) -> None:
+        """An :class:`~coordinator.events.EventBus` subscriber (matches on type)."""
+        handler = _HANDLERS.get(type(event))
         if handler is not None:
-            handler(self, record)
-
-    def count_statement(self, n: int = 1) -> None:
-        """The store calls this for every statement it sends (``n`` at once for a batch)."""
-        if n > 0:
-            self.sql_statements.inc(n)
+            handler(self, event)
 
     # -- output -------------------------------------------------------------------------
 
@@ -206,63 +206,30 @@ class Metrics:
 
     # -- event handlers -----------------------------------------------------------------
 
-    def _wake(self, record: Mapping[str, Any]) -> None:
-        if "payload" in record:
-            kind = "notification"
-        elif "dispatch" in record:
-            kind = "dispatch"
-        else:
-            kind = "lifecycle"
-        self.wakes.labels(kind=kind).inc()
+    def _run(self, event: RunFinished) -> None:
+        self.claims.inc()
+        self.runs.labels(outcome=event.outcome, cause=event.cause or "none").inc()
+        self.run_duration.observe(max(0.0, event.elapsed_s))
+        if event.lateness_s is not None:
+            self.lateness.observe(event.lateness_s)
 
-    def _refresh(self, record: Mapping[str, Any]) -> None:
+    def _rejected(self, event: ClaimRejected) -> None:
+        self.claims.inc()
+        self.claim_rejections.labels(reason=event.reason).inc()
+
+    def _refresh(self, event: Refreshed) -> None:
         self.refreshes.inc()
-        seconds = _seconds(record.get("elapsed_ms"))
-        if seconds is not None:
-            self.refresh_duration.observe(seconds)
-
-    def _run(self, record: Mapping[str, Any]) -> None:
-        self.claims.inc()
-        self.runs.labels(
-            outcome=_label(record.get("outcome")), cause=_label(record.get("cause"))
-        ).inc()
-        duration = _seconds(record.get("elapsed_ms"))
-        if duration is not None:
-            self.run_duration.observe(max(0.0, duration))
-        lateness = _seconds(record.get("lateness_ms"))
-        if lateness is not None:
-            self.lateness.observe(lateness)
-
-    def _rejected(self, record: Mapping[str, Any]) -> None:
-        self.claims.inc()
-        self.claim_rejections.labels(reason=_label(record.get("reason"))).inc()
-
-    def _sql(self, record: Mapping[str, Any]) -> None:
-        count = record.get("statements", 1)
-        self.count_statement(count if isinstance(count, int) else 1)
+        self.refresh_duration.observe(event.elapsed_ms / 1000.0)
 
 
-_HANDLERS: Final[dict[str, Callable[[Metrics, Mapping[str, Any]], None]]] = {
-    "wake": Metrics._wake,
-    "refresh": Metrics._refresh,
-    "job.run": Metrics._run,
-    "claim.rejected": Metrics._rejected,
-    "settle.retained": lambda m, _r: m.retained.inc(),
-    "settle.saved": lambda m, _r: m.saved.inc(),
-    "settle.spooled": lambda m, _r: m.spooled.inc(),
-    "sql": Metrics._sql,
+_HANDLERS: Final[dict[type[Event], Callable[[Metrics, Any], None]]] = {
+    NotificationWake: lambda m, _e: m.wakes.labels(kind="notification").inc(),
+    DispatchWake: lambda m, _e: m.wakes.labels(kind="dispatch").inc(),
+    LifecycleWake: lambda m, _e: m.wakes.labels(kind="lifecycle").inc(),
+    Refreshed: Metrics._refresh,
+    RunFinished: Metrics._run,
+    ClaimRejected: Metrics._rejected,
+    ResultHeld: lambda m, _e: m.retained.inc(),
+    ResultSaved: lambda m, _e: m.saved.inc(),
+    ResultSpooled: lambda m, _e: m.spooled.inc(),
 }
-
-
-def _seconds(milliseconds: object) -> float | None:
-    """A logged ``*_ms`` field as seconds; ``None`` when absent or not a finite number."""
-    if isinstance(milliseconds, bool) or not isinstance(milliseconds, (int, float)):
-        return None
-    if not math.isfinite(milliseconds):
-        return None
-    return float(milliseconds) / 1000.0
-
-
-def _label(value: object) -> str:
-    """A label value: absent fields (the log drops ``None``) become ``none``."""
-    return "none" if value is None else str(value)

@@ -18,10 +18,13 @@ import heapq
 import itertools
 import math
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Literal
 
 import attrs
 
+#: ``interactive`` work is admitted before ``background`` work (the one definition:
+#: :mod:`coordinator.model` re-exports it).
 Priority = Literal["interactive", "background"]
 _RANK: dict[str, int] = {"interactive": 0, "background": 1}
 
@@ -52,10 +55,10 @@ class Ticket:
     pool: str | None = None
     #: A manual dispatch carries its ``queued`` run; ``None`` for scheduled work.
     run_id: int | None = None
-    #: Opaque to admission: what the caller needs to claim (e.g. the saved deadline).
-    scheduled_for: object | None = None
-    #: Opaque to admission: anything else the caller wants back.
-    payload: object | None = None
+    #: The saved deadline a scheduled ticket serves (wall time); ``None`` for a manual run.
+    scheduled_for: datetime | None = None
+    #: The schedule version that deadline was armed for (the claim checks it).
+    schedule_version: int | None = None
 
 
 def _check_slots(_instance: object, _attribute: object, value: int) -> None:

@@ -49,6 +49,8 @@ class RefreshCoalescer:
     _pending: bool = attrs.field(default=False, init=False)
     _urgent: bool = attrs.field(default=False, init=False)
     _held: bool = attrs.field(default=False, init=False)
+    #: A failed refresh asked to be retried at this time, spacing notwithstanding.
+    _retry_at: float | None = attrs.field(default=None, init=False)
     #: When the last refresh (granted or marked) happened; ``None`` before the first.
     _last: float | None = attrs.field(default=None, init=False)
     #: Time of the latest wake / latest urgent wake still pending.
@@ -79,6 +81,7 @@ class RefreshCoalescer:
         - ``None`` when no wake is pending, or while held: arm no timer for it.
         - ``-inf`` ("immediately", whatever ``now`` is) when the pending request is urgent
           or no refresh has happened yet.
+        - the retry time given to :meth:`refresh_failed`, when the last refresh failed.
         - otherwise ``last_refresh + spacing``, which may already be in the past.
 
         It does not depend on the current time, so ``take(now)`` grants exactly when
@@ -89,6 +92,8 @@ class RefreshCoalescer:
             return None
         if self._urgent or self._last is None:
             return -math.inf
+        if self._retry_at is not None:
+            return self._retry_at
         return self._last + self.spacing
 
     def take(self, now: float) -> bool:
@@ -103,10 +108,17 @@ class RefreshCoalescer:
             return False
         self._pending = False
         self._urgent = False
+        self._retry_at = None
         self._latest_wake = self._latest_urgent = -math.inf
         self._record_refresh(now)
         self._refreshes_granted += 1
         return True
+
+    def refresh_failed(self, retry_at: float) -> None:
+        """The refresh just granted (or done) failed: one is owed again, at ``retry_at``
+        (the error policy's pause), whatever the spacing. Later wakes merge into it."""
+        self._pending = True
+        self._retry_at = retry_at
 
     def mark_refreshed(self, now: float) -> None:
         """A refresh happened at ``now`` for another reason (the startup refresh).
@@ -119,6 +131,7 @@ class RefreshCoalescer:
         read) is served by the next one. Holding does not matter: the refresh happened.
         """
         self._record_refresh(now)
+        self._retry_at = None
         if self._latest_urgent <= now:
             self._urgent = False
             self._latest_urgent = -math.inf

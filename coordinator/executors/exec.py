@@ -1,4 +1,4 @@
-"""The ``exec`` executor: a run's command as a subprocess (DESIGN.md §4).
+"""The ``exec`` executor: a run's command as a subprocess (docs/design.md, "Executors").
 
 The command gets the run's identity in its environment (``COORDINATOR_*``), the job's
 ``params`` as JSON in ``COORDINATOR_PARAMS``, and the dispatch args as JSON on stdin.
@@ -30,38 +30,37 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
 import trio
 
-from coordinator.clock import WallClock
-from coordinator.model import Outcome
+from ..clock import WallClock
+from ..model import Outcome
+from ..text import TRUNCATED, clip, storable
+from .outcomes import CANCELLED_MESSAGE, cancelled, ended, timed_out_message
 
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
-    from coordinator.model import Claim, ErrorCause, Target
+    from ..model import Claim, ErrorCause, OutcomeStatus, Target
+    from ..status import WorkerView
+    from .base import ExecutorHooks
 
 #: Seconds stdout/stderr may stay open after the main process has exited.
-PIPE_GRACE = 1.0
+PIPE_GRACE: Final = 1.0
 #: Seconds to keep reading after the leftover group was killed with SIGKILL.
-DRAIN_AFTER_KILL = 0.25
-#: Prefixed to an output tail that lost its beginning.
-TRUNCATED = "…"
-#: Message of an outcome whose call was abandoned because the daemon is stopping.
-CANCELLED_MESSAGE = "cancelled: daemon stopping"
+DRAIN_AFTER_KILL: Final = 0.25
 
-_READ_SIZE = 64 * 1024
+_READ_SIZE: Final = 64 * 1024
 #: Bound on waiting for the reaped process after cancellation (beyond ``kill_grace``).
-_CANCEL_SLACK = 1.0
-#: Longest stderr line quoted in an error message.
-_MESSAGE_LINE_LIMIT = 500
+_CANCEL_SLACK: Final = 1.0
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
 
 _Ending = Literal["exited", "timeout", "abandon"]
-_Status = Literal["succeeded", "failed", "timed_out", "cancelled"]
+
+__all__ = ["CANCELLED_MESSAGE", "DRAIN_AFTER_KILL", "PIPE_GRACE", "TRUNCATED", "ExecExecutor"]
 
 
 @attrs.define(eq=False)
@@ -77,6 +76,24 @@ class ExecExecutor:
     #: Environment the command's is built on; ``None`` means ``os.environ``.
     base_env: Mapping[str, str] | None = None
 
+    # -- lifecycle: a command needs nothing opened, has no pools, nothing connects --------
+
+    def attach(self, hooks: ExecutorHooks) -> None:
+        """Nothing to report: commands have no pools."""
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Nothing to open."""
+        task_status.started()
+
+    async def detach(self) -> None:
+        """Nothing accepts work from outside; calls in flight finish or are abandoned."""
+
+    def capacities(self) -> Mapping[str, int]:
+        return {}
+
+    def connections(self) -> Sequence[WorkerView]:
+        return ()
+
     def available(self, target: Target) -> bool:
         """Commands can always be started."""
         return target.kind == "exec"
@@ -88,9 +105,7 @@ class ExecExecutor:
         """
         started_at = self.clock.now()
         if abandon.is_set():
-            return self._outcome(
-                started_at, "cancelled", None, CANCELLED_MESSAGE, _io_extra(None, "", "")
-            )
+            return cancelled(self.clock, started_at, _io_extra(None, "", ""))
         target = claim.job.target
         try:
             if not target.argv:
@@ -106,8 +121,13 @@ class ExecExecutor:
                 start_new_session=True,
             )
         except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
-            return self._outcome(
-                started_at, "failed", "handler", f"cannot start: {exc}", _io_extra(None, "", "")
+            return ended(
+                self.clock,
+                started_at,
+                "failed",
+                "handler",
+                f"cannot start: {exc}",
+                _io_extra(None, "", ""),
             )
 
         out, err = _Tail(self.output_limit), _Tail(self.output_limit)
@@ -230,15 +250,14 @@ class ExecExecutor:
             count, extra = _report(stdout)
         extra.update(_io_extra(returncode, stdout, stderr))
 
+        status: OutcomeStatus
+        cause: ErrorCause | None
         if ending == "timeout":
             assert timeout is not None
-            message = f"timed out after {_seconds(timeout)}s"
-            return self._outcome(started_at, "timed_out", "timeout", message, extra, finished_at)
-        if ending == "abandon":
-            return self._outcome(
-                started_at, "cancelled", None, CANCELLED_MESSAGE, extra, finished_at
-            )
-        if returncode == 0:
+            status, cause, message = "timed_out", "timeout", timed_out_message(timeout)
+        elif ending == "abandon":
+            status, cause, message = "cancelled", None, CANCELLED_MESSAGE
+        elif returncode == 0:
             return Outcome(
                 status="succeeded",
                 started_at=started_at,
@@ -246,34 +265,16 @@ class ExecExecutor:
                 count=count,
                 extra=extra,
             )
-        if returncode < 0:
-            message = f"killed by signal {_signal_name(-returncode)}"
         else:
-            message = f"exit status {returncode}"
-        line = _last_line(stderr)
-        if line:
-            if len(line) > _MESSAGE_LINE_LIMIT:
-                line = line[:_MESSAGE_LINE_LIMIT] + TRUNCATED
-            message = f"{message}: {line}"
-        return self._outcome(started_at, "failed", "handler", message, extra, finished_at)
-
-    def _outcome(
-        self,
-        started_at: datetime,
-        status: _Status,
-        cause: ErrorCause | None,
-        message: str,
-        extra: dict[str, Any],
-        finished_at: datetime | None = None,
-    ) -> Outcome:
-        return Outcome(
-            status=status,
-            started_at=started_at,
-            finished_at=self.clock.now() if finished_at is None else finished_at,
-            extra=extra,
-            error_cause=cause,
-            error_message=message,
-        )
+            status, cause = "failed", "handler"
+            if returncode < 0:
+                message = f"killed by signal {_signal_name(-returncode)}"
+            else:
+                message = f"exit status {returncode}"
+            line = _last_line(stderr)
+            if line:
+                message = f"{message}: {line}"
+        return ended(self.clock, started_at, status, cause, message, extra, finished_at=finished_at)
 
 
 @attrs.define(eq=False)
@@ -299,12 +300,13 @@ class _Tail:
         """Decoded (UTF-8, replacing errors), marked with :data:`TRUNCATED` when cut."""
         data = bytes(self._buf)
         if not self.truncated:
-            return _storable(data.decode("utf-8", "replace"))
+            text: str = storable(data.decode("utf-8", "replace"))
+            return text
         # Skip the continuation bytes of a character the cut went through.
         start = 0
         while start < min(3, len(data)) and data[start] & 0xC0 == 0x80:
             start += 1
-        return TRUNCATED + _storable(data[start:].decode("utf-8", "replace"))
+        return TRUNCATED + str(storable(data[start:].decode("utf-8", "replace")))
 
 
 async def _feed(stream: trio.abc.SendStream, data: bytes) -> None:
@@ -404,16 +406,14 @@ def _report(stdout: str) -> tuple[int | None, dict[str, Any]]:
         return None, {}
     if not isinstance(obj, dict):
         return None, {}
-    obj = _storable_json(obj)
+    obj = storable(obj)
     extra: dict[str, Any] = {}
     count: int | None = None
     value = obj.pop("count", None)
     if isinstance(value, int) and not isinstance(value, bool) and _in_bigint(value):
         count = value
     elif value is not None:
-        shown = repr(value)
-        if len(shown) > 100:
-            shown = shown[:100] + TRUNCATED
+        shown = clip(repr(value), 100)
         extra["count_error"] = f"count must be an integer (64-bit), not {shown}"
     nested = obj.pop("extra", None)
     extra.update(obj)
@@ -432,40 +432,11 @@ def _in_bigint(value: int) -> bool:
     return _BIGINT_MIN <= value <= _BIGINT_MAX
 
 
-def _storable(text: str) -> str:
-    """A string PostgreSQL's jsonb accepts: no NUL, no lone surrogate."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\ufffd")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "replace").decode("utf-8")
-    return text
-
-
-def _storable_json(value: Any) -> Any:
-    if isinstance(value, str):
-        return _storable(value)
-    if isinstance(value, list):
-        return [_storable_json(v) for v in value]
-    if isinstance(value, dict):
-        return {_storable(k): _storable_json(v) for k, v in value.items()}
-    return value
-
-
 def _last_line(text: str) -> str:
     for line in reversed(text.splitlines()):
         if line.strip():
             return line.strip()
     return ""
-
-
-def _seconds(delta: timedelta) -> str:
-    """``2`` for two seconds, ``0.5`` for half of one."""
-    seconds = delta.total_seconds()
-    if seconds.is_integer():
-        return str(int(seconds))
-    return f"{seconds:.3f}".rstrip("0").rstrip(".")
 
 
 def _signal_name(signum: int) -> str:

@@ -1,12 +1,13 @@
 """The ``worker`` executor: long-lived worker processes that connect to the daemon
-(DESIGN.md §4; the wire format is :mod:`coordinator.protocol`, documented in
-``docs/worker-protocol.md``).
+(docs/design.md, "Executors"; the wire format is :mod:`coordinator.protocol`, documented
+in ``docs/worker-protocol.md``).
 
 Workers connect over a Unix socket (or TCP on loopback, with a shared token), say which
 job types they serve and how many calls they take at once, then receive ``call``
 messages and answer with ``result``; ``progress`` and ``checkpoint`` may come in
-between. The daemon sees the connected workers through :meth:`WorkerExecutor.served_types`
-and :meth:`WorkerExecutor.capacity`, and hears about every change through ``on_change``.
+between. The daemon sees the connected workers through :meth:`WorkerExecutor.capacities`
+and :meth:`WorkerExecutor.connections`, and hears about every change through the
+``changed`` hook it attached.
 
 Costs: a connected, quiet worker is one task blocked in ``receive_some`` (and one in the
 writer, blocked on its empty outbox): no heartbeat, no timer, no SQL. Timers exist only
@@ -33,7 +34,6 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -41,11 +41,10 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import attrs
 import trio
 
-from coordinator.clock import WallClock
-from coordinator.errors import CoordinatorError, InvalidInput
-from coordinator.log import EventLog
-from coordinator.model import Outcome
-from coordinator.protocol import (
+from ..clock import WallClock
+from ..errors import ConfigError, InvalidInput
+from ..events import EventBus, RunProgress, WorkerConnected, WorkerDisconnected
+from ..protocol import (
     MAX_LINE,
     Bye,
     Call,
@@ -59,56 +58,45 @@ from coordinator.protocol import (
     ProtocolError,
     Result,
     Welcome,
+    default_socket_path,
     encode,
     parse_from_worker,
 )
+from ..status import WorkerView
+from .base import ExecutorHooks
+from .outcomes import CANCELLED_MESSAGE, cancelled, ended, timed_out_message
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
     from datetime import timedelta
 
-    from coordinator.model import Claim, ErrorCause, Target
+    from ..model import Claim, Outcome, Target
 
-#: Message of an outcome whose call was abandoned because the daemon is stopping.
-CANCELLED_MESSAGE: Final = "cancelled: daemon stopping"
+__all__ = [
+    "CANCELLED_MESSAGE",
+    "FINISHED_MEMORY",
+    "PROGRESS_LOG_LIMIT",
+    "SAVE_LIMIT",
+    "WorkerExecutor",
+    "WorkerSocketError",
+    "default_socket_path",
+]
 #: Diagnostic progress entries kept per run (the oldest are dropped).
 PROGRESS_LOG_LIMIT: Final = 50
 #: Finished run ids remembered per connection, so late messages about them are ignored
 #: rather than refused as "never given".
 FINISHED_MEMORY: Final = 4096
-#: Longest error message kept from a worker's result (characters).
-ERROR_MESSAGE_LIMIT: Final = 2000
 #: Longest a single progress write may take before it is abandoned (seconds).
 SAVE_LIMIT: Final = 10.0
 #: Seconds a closing connection gets to flush its last lines (an ``error``).
 _FLUSH_LIMIT: Final = 1.0
 _READ_SIZE: Final = 64 * 1024
 _UNIX_PATH_MAX: Final = 107
-_TRUNCATED: Final = "…"
-
-_Status = Literal["succeeded", "failed", "timed_out", "cancelled"]
 
 
-class WorkerSocketError(CoordinatorError):
-    """The worker socket cannot be opened (path taken by a file, too long, in use...)."""
-
-
-def default_socket_path() -> Path:
-    """``$RUNTIME_DIRECTORY/worker.sock`` under systemd, ``/run/coordinator/worker.sock``
-    for root, else ``$XDG_RUNTIME_DIR/coordinator/worker.sock`` or
-    ``/tmp/coordinator-$UID/worker.sock``."""
-    env = os.environ.get("RUNTIME_DIRECTORY")
-    if env:
-        return Path(env.split(":", 1)[0]) / "worker.sock"
-    if os.geteuid() == 0:
-        return Path("/run/coordinator/worker.sock")
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg:
-        return Path(xdg) / "coordinator" / "worker.sock"
-    return Path(f"/tmp/coordinator-{os.geteuid()}") / "worker.sock"
-
-
-def _nothing() -> None:
-    return None
+class WorkerSocketError(ConfigError):
+    """The worker socket cannot be opened (path taken by a file, too long, in use...):
+    a configuration problem, reported in one line with exit status 2."""
 
 
 class _Reject(Exception):
@@ -217,26 +205,24 @@ class WorkerExecutor:
 
     #: Where ``started_at``, ``finished_at`` and progress timestamps come from.
     clock: WallClock
-    #: Where ``worker.*`` events go.
-    log: EventLog
+    #: Where ``worker.*`` events go (typed ones, and plain log lines through its log).
+    events: EventBus
     #: The Unix socket workers connect to; ``None`` for TCP only.
     socket_path: Path | None = None
     #: ``(host, port)`` to listen on too; the host must be a loopback address.
     tcp: tuple[str, int] | None = None
     #: The shared secret TCP workers must send in ``hello`` (required with ``tcp``).
     token: str | None = None
-    #: Called whenever the served types or their capacities change (a worker arrived,
-    #: left, said ``bye``, or the executor was detached).
-    on_change: Callable[[], None] = _nothing
     #: Seconds a worker may take to stop a cancelled call before it is disconnected.
     cancel_grace: float = 10.0
     #: Least seconds between two progress writes for one run.
     progress_interval: float = 3.0
-    #: Writes a run's progress snapshot (``runs.progress``); ``None`` writes nothing.
-    save_progress: Callable[[int, dict[str, Any]], Awaitable[None]] | None = None
     #: Seconds a new connection may take to say ``hello``.
     hello_timeout: float = 10.0
 
+    #: What the daemon attached: the ``changed`` hook (served types or capacities
+    #: changed) and progress writes. Until attached nothing is reported or written.
+    hooks: ExecutorHooks | None = attrs.field(default=None, init=False)
     #: The TCP address actually bound (port 0 picks one), once serving.
     bound_tcp: tuple[str, int] | None = attrs.field(default=None, init=False)
     #: Registered (not draining) connections by worker id.
@@ -268,9 +254,34 @@ class WorkerExecutor:
 
     # -- the Executor protocol ---------------------------------------------------------
 
+    def attach(self, hooks: ExecutorHooks) -> None:
+        """Report pool changes to, and write progress through, ``hooks``."""
+        self.hooks = hooks
+
+    def capacities(self) -> Mapping[str, int]:
+        """Total capacity of the connected workers per job type (none once detached)."""
+        return dict(self._capacity)
+
+    def connections(self) -> Sequence[WorkerView]:
+        """Connected workers (draining ones included), by worker id."""
+        views = [
+            WorkerView(
+                id=conn.worker or conn.label(),
+                types=conn.types,
+                capacity=conn.capacity,
+                busy=len(conn.calls),
+                draining=conn.draining,
+                transport=conn.transport,
+                peer=conn.peer,
+                connected_at=conn.connected_at,
+            )
+            for conn in [*self._conns.values(), *self._draining]
+        ]
+        return sorted(views, key=lambda w: w.id)
+
     def available(self, target: Target) -> bool:
         """Whether a worker serving ``target.worker_type`` is connected (capacity is
-        the daemon's admission's business: see :meth:`capacity`)."""
+        the daemon's admission's business: see :meth:`capacities`)."""
         return target.kind == "worker" and self._capacity.get(target.worker_type or "", 0) > 0
 
     async def call(self, claim: Claim, *, abandon: trio.Event) -> Outcome:
@@ -280,15 +291,19 @@ class WorkerExecutor:
         job = claim.job
         worker_type = job.target.worker_type or ""
         if abandon.is_set():
-            return self._ended(self.clock.now(), "cancelled", None, CANCELLED_MESSAGE)
+            return cancelled(self.clock, self.clock.now())
         conn = await self._reserve(worker_type, abandon)
         if conn is None:
             now = self.clock.now()
             if abandon.is_set():
-                return self._ended(now, "cancelled", None, CANCELLED_MESSAGE)
+                return cancelled(self.clock, now)
             reason = "the daemon is stopping" if self._detached else "none is connected"
-            return self._ended(
-                now, "failed", "crashed", f"no worker serving {worker_type!r}: {reason}"
+            return ended(
+                self.clock,
+                now,
+                "failed",
+                "crashed",
+                f"no worker serving {worker_type!r}: {reason}",
             )
         run_id = claim.run_id
         call = _Call(run_id=run_id, conn=conn)
@@ -304,7 +319,7 @@ class WorkerExecutor:
                 job_type=worker_type,
                 args=dict(claim.args),
                 params=dict(job.params),
-                deadline=None if timeout is None else started_at + timeout,
+                deadline=_deadline(started_at, timeout),
                 attempt=max(1, claim.attempt),
                 checkpoint=None,
                 trigger=claim.trigger,
@@ -318,7 +333,7 @@ class WorkerExecutor:
                 problem = f"call message of {len(data) - 1} bytes exceeds {MAX_LINE}"
         if problem is not None:
             self._release(conn, call)
-            return self._ended(started_at, "failed", "handler", problem)
+            return ended(self.clock, started_at, "failed", "handler", problem)
         try:
             conn.send_bytes(data)
             ending = await self._wait(call, abandon, timeout)
@@ -333,34 +348,6 @@ class WorkerExecutor:
             raise
         await self._settle_progress(call)
         return self._outcome(call, started_at, ending, timeout)
-
-    # -- inventory -----------------------------------------------------------------------
-
-    def served_types(self) -> list[str]:
-        """Job types some connected worker serves (none once detached)."""
-        return sorted(self._capacity)
-
-    def capacity(self, worker_type: str) -> int:
-        """Total capacity of the connected workers serving ``worker_type`` (0 if none)."""
-        return self._capacity.get(worker_type, 0)
-
-    def workers(self) -> list[dict[str, Any]]:
-        """Connected workers, for status: id, types, capacity, busy, and how connected."""
-        out = []
-        for conn in [*self._conns.values(), *self._draining]:
-            out.append(
-                {
-                    "id": conn.worker,
-                    "types": list(conn.types),
-                    "capacity": conn.capacity,
-                    "busy": len(conn.calls),
-                    "draining": conn.draining,
-                    "transport": conn.transport,
-                    "peer": conn.peer,
-                    "connected_at": conn.connected_at.isoformat(),
-                }
-            )
-        return sorted(out, key=lambda w: str(w["id"]))
 
     # -- serving -------------------------------------------------------------------------
 
@@ -379,7 +366,7 @@ class WorkerExecutor:
                 self._nursery = nursery
                 nursery.start_soon(trio.sleep_forever)  # serve until cancelled
                 nursery.start_soon(self._accept, [unix] if unix is not None else [], tcp, nursery)
-                self.log.info(
+                self.events.log.info(
                     "worker.listening",
                     socket=str(self.socket_path) if unix is not None else None,
                     tcp=f"{self.bound_tcp[0]}:{self.bound_tcp[1]}" if self.bound_tcp else None,
@@ -399,7 +386,7 @@ class WorkerExecutor:
         self._accept_scope.cancel()
         with trio.CancelScope(shield=True):
             await self._close_listeners()
-        self.log.info("worker.detached", connected=len(self._conns) + len(self._draining))
+        self.events.log.info("worker.detached", connected=len(self._conns) + len(self._draining))
         self._inventory_changed()
 
     async def _open_unix(self) -> trio.SocketListener:
@@ -523,7 +510,7 @@ class WorkerExecutor:
                     conn.writer_scope.deadline, trio.current_time() + _FLUSH_LIMIT
                 )
         except Exception as exc:  # a bug of ours: log it, never take serve() down
-            self.log.error("worker.internal_error", worker=conn.label(), error=repr(exc))
+            self.events.log.error("worker.internal_error", worker=conn.label(), error=repr(exc))
         finally:
             self._disconnect(conn, reason)
             with trio.CancelScope(shield=True):
@@ -605,14 +592,15 @@ class WorkerExecutor:
                 lost=f"worker {hello.worker} disconnected (replaced by a new connection)",
             )
         self._conns[hello.worker] = conn
-        self.log.info(
-            "worker.connected",
-            worker=hello.worker,
-            types=",".join(hello.types),
-            capacity=hello.capacity,
-            transport=conn.transport,
-            peer=conn.peer,
-            replaced=True if old is not None else None,
+        self.events.emit(
+            WorkerConnected(
+                worker=hello.worker,
+                types=hello.types,
+                capacity=hello.capacity,
+                transport=conn.transport,
+                peer=conn.peer,
+                replaced=True if old is not None else None,
+            )
         )
         self._inventory_changed()
 
@@ -655,7 +643,12 @@ class WorkerExecutor:
         if call.regressed:
             snapshot["regressed"] = True
         call.snapshot = snapshot
-        if self.save_progress is not None and self._nursery is not None:
+        self.events.emit(
+            RunProgress(
+                run=call.run_id, percent=percent, label=progress.label, message=progress.message
+            )
+        )
+        if self.hooks is not None and self._nursery is not None:
             call.pending = snapshot
             if call.saver_idle is None:
                 call.saver_idle = trio.Event()
@@ -674,7 +667,7 @@ class WorkerExecutor:
     def _unknown_run(self, conn: _Conn, run_id: int, what: str) -> None:
         if run_id in conn.finished:
             # Late, after the run's result (or its connection's replacement): ignored.
-            self.log.debug("worker.late_message", worker=conn.worker, run=run_id, type=what)
+            self.events.log.debug("worker.late_message", worker=conn.worker, run=run_id, type=what)
             return
         raise _Reject(f"{what} for run {run_id}, which this connection was never given")
 
@@ -683,7 +676,7 @@ class WorkerExecutor:
         if self._conns.get(conn.worker) is conn:
             del self._conns[conn.worker]
         conn.draining = True
-        self.log.info("worker.bye", worker=conn.worker, busy=len(conn.calls))
+        self.events.log.info("worker.bye", worker=conn.worker, busy=len(conn.calls))
         if conn.calls:
             self._draining.add(conn)
         else:
@@ -716,9 +709,9 @@ class WorkerExecutor:
             call.done.set()
         if conn.worker is None:
             if error is not None:
-                self.log.warning("worker.rejected", peer=conn.peer, error=error)
+                self.events.log.warning("worker.rejected", peer=conn.peer, error=error)
         elif error is not None and reason == "rejected":
-            self.log.warning(
+            self.events.log.warning(
                 "worker.rejected",
                 worker=conn.worker,
                 peer=conn.peer,
@@ -726,12 +719,8 @@ class WorkerExecutor:
                 crashed=len(calls) or None,
             )
         else:
-            self.log.event(
-                "worker.disconnected",
-                "warning" if calls else "info",
-                worker=conn.worker,
-                reason=reason,
-                crashed=len(calls) or None,
+            self.events.emit(
+                WorkerDisconnected(worker=conn.worker, reason=reason, crashed=len(calls) or None)
             )
         if registered:
             self._inventory_changed()
@@ -748,10 +737,12 @@ class WorkerExecutor:
         if capacity == self._capacity:
             return
         self._capacity = capacity
+        if self.hooks is None:
+            return
         try:
-            self.on_change()
+            self.hooks.changed()
         except Exception as exc:  # the daemon's bug; keep serving
-            self.log.error("worker.on_change_failed", error=repr(exc))
+            self.events.log.error("worker.on_change_failed", error=repr(exc))
 
     def _slot_freed(self) -> None:
         self._changed.set()
@@ -808,7 +799,7 @@ class WorkerExecutor:
         if call.done.is_set():
             return
         call.cancel_ignored = True
-        self.log.warning(
+        self.events.log.warning(
             "worker.cancel_ignored",
             worker=conn.worker,
             run=call.run_id,
@@ -830,64 +821,34 @@ class WorkerExecutor:
         extra = call.diagnostics()
         if ending == "timeout":
             assert timeout is not None
-            message = f"timed out after {_seconds(timeout)}s"
+            message = timed_out_message(timeout)
             if call.cancel_ignored:
                 message += f"; worker {call.conn.worker} ignored cancel and was disconnected"
             elif call.result is None and call.lost is not None:
                 message += f"; then {call.lost}"
-            return self._ended(started_at, "timed_out", "timeout", message, extra)
+            return ended(self.clock, started_at, "timed_out", "timeout", message, extra)
         if ending == "abandon":
-            return self._ended(started_at, "cancelled", None, CANCELLED_MESSAGE, extra)
+            return cancelled(self.clock, started_at, extra)
         result = call.result
         if result is None:
-            return self._ended(started_at, "failed", "crashed", call.lost or "worker lost", extra)
+            lost = call.lost or "worker lost"
+            return ended(self.clock, started_at, "failed", "crashed", lost, extra)
         merged = dict(result.extra or {})
         merged.update(extra)
         if result.ok:
-            return Outcome(
-                status="succeeded",
-                started_at=started_at,
-                finished_at=self.clock.now(),
-                count=result.count,
-                extra=merged,
+            return ended(
+                self.clock, started_at, "succeeded", None, None, merged, count=result.count
             )
         error = (result.error or "").strip() or "the worker reported a failure"
-        if len(error) > ERROR_MESSAGE_LIMIT:
-            error = error[:ERROR_MESSAGE_LIMIT] + _TRUNCATED
-        return Outcome(
-            status="failed",
-            started_at=started_at,
-            finished_at=self.clock.now(),
-            count=result.count,
-            extra=merged,
-            error_cause="handler",
-            error_message=error,
-        )
-
-    def _ended(
-        self,
-        started_at: datetime,
-        status: _Status,
-        cause: ErrorCause | None,
-        message: str,
-        extra: dict[str, Any] | None = None,
-    ) -> Outcome:
-        return Outcome(
-            status=status,
-            started_at=started_at,
-            finished_at=self.clock.now(),
-            extra=extra or {},
-            error_cause=cause,
-            error_message=message,
-        )
+        return ended(self.clock, started_at, "failed", "handler", error, merged, count=result.count)
 
     # -- progress writes -----------------------------------------------------------------
 
     async def _save_loop(self, call: _Call) -> None:
         """Write the latest snapshot at most once per ``progress_interval``; stop as
         soon as the call is finished (the outcome carries the final snapshot)."""
-        save = self.save_progress
-        assert save is not None
+        assert self.hooks is not None
+        save = self.hooks.save_progress
         assert call.saver_idle is not None
         try:
             while call.pending is not None and not call.finished:
@@ -902,10 +863,12 @@ class WorkerExecutor:
                     with trio.move_on_after(SAVE_LIMIT) as limit:
                         await save(call.run_id, snapshot)
                 except Exception as exc:  # the store's failure: the outcome still has it
-                    self.log.warning("progress.save_failed", run=call.run_id, error=str(exc))
+                    self.events.log.warning("progress.save_failed", run=call.run_id, error=str(exc))
                 else:
                     if limit.cancelled_caught:
-                        self.log.warning("progress.save_failed", run=call.run_id, error="timeout")
+                        self.events.log.warning(
+                            "progress.save_failed", run=call.run_id, error="timeout"
+                        )
         finally:
             idle, call.saver_idle = call.saver_idle, None
             idle.set()
@@ -939,6 +902,17 @@ async def _set_then_cancel(event: trio.Event, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
+def _deadline(started_at: datetime, timeout: timedelta | None) -> datetime | None:
+    """When the call must end, for the worker's information; ``None`` when there is no
+    limit or it lies beyond what a datetime can hold (the limit itself still applies)."""
+    if timeout is None:
+        return None
+    try:
+        return started_at + timeout
+    except OverflowError:
+        return None
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -962,10 +936,3 @@ def _peer(stream: trio.SocketStream, transport: str) -> str:
         return f"{name[0]}:{name[1]}"
     except OSError:
         return transport
-
-
-def _seconds(delta: timedelta) -> str:
-    seconds = delta.total_seconds()
-    if seconds.is_integer():
-        return str(int(seconds))
-    return f"{seconds:.3f}".rstrip("0").rstrip(".")

@@ -15,17 +15,11 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator import client
-from coordinator.admin import (
-    APP_ADMIN,
-    Metrics,
-    Status,
-    make_app,
-    parse_listen,
-    serve_admin,
-    view_of,
-)
+from coordinator.admin import APP_ADMIN, Metrics, make_app, serve_admin
+from coordinator.config import parse_listen as parse_any_listen
 from coordinator.db import aio
 from coordinator.errors import ConfigError
+from coordinator.status import DaemonStatus
 
 from .conftest import Harness, StartDaemon, define
 
@@ -64,21 +58,23 @@ class Admin:
 
 @attrs.frozen
 class StubView:
-    """A DaemonView for tests that need no daemon."""
+    """A daemon snapshot for tests that need no daemon (``state`` as the daemon says it)."""
 
-    role: str = "leader"
+    state: str = "ready"
 
-    def status(self) -> Status:
-        return Status(
-            role=self.role,
-            state="ready" if self.role == "leader" else self.role,
+    def __call__(self) -> DaemonStatus:
+        return DaemonStatus(
+            state=self.state,
             instance="stub:1:0",
             uptime_s=1.0,
+            leading=self.state == "ready",
             jobs=0,
             armed_deadlines=0,
-            next_deadline=None,
-            next_job=None,
         )
+
+
+def parse_listen(listen: str, *, allow_remote: bool = False) -> tuple[str, int]:
+    return parse_any_listen(listen, setting="admin_listen", allow_remote=allow_remote)
 
 
 async def serve(
@@ -94,12 +90,16 @@ async def admin(
     start_daemon: StartDaemon, database: str, nursery: trio.Nursery
 ) -> AsyncIterator[Admin]:
     harness = await start_daemon(refresh_spacing=0.2)  # wakes from define() refresh soon
-    metrics = Metrics()
-    harness.daemon.log.observers.append(metrics.observe)
-    view = view_of(harness.daemon)
-    metrics.gauges = view.status
+    metrics = Metrics(status=harness.daemon.status)
+    harness.daemon.events.subscribe(metrics.observe)
     audits: list[dict[str, Any]] = []
-    app = make_app(dsn=database, token=TOKEN, daemon=view, metrics=metrics, audit=audits.append)
+    app = make_app(
+        dsn=database,
+        token=TOKEN,
+        status=harness.daemon.status,
+        metrics=metrics,
+        audit=audits.append,
+    )
     shutdown = trio.Event()
     url = await serve(nursery, app, shutdown)
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
@@ -119,7 +119,7 @@ async def stub_admin(nursery: trio.Nursery) -> AsyncIterator[Any]:
         app = make_app(
             dsn="postgresql://unused/unused",
             token=TOKEN,
-            daemon=view,
+            status=view,
             metrics=metrics,
             audit=audits.append,
             **kw,
@@ -193,7 +193,7 @@ async def test_healthz_needs_no_token_and_reports_the_role(admin: Admin) -> None
 
 @pytest.mark.parametrize("role", ["standby", "degraded", "starting", "stopping"])
 async def test_healthz_is_503_unless_leading(stub_admin: Any, role: str) -> None:
-    api = await stub_admin(StubView(role=role))
+    api = await stub_admin(StubView(state=role))
     response = await api.get("/healthz", headers={})
     assert response.status_code == 503
     assert response.json() == {"state": role}
@@ -213,7 +213,7 @@ async def test_metrics_public_only_when_asked(stub_admin: Any) -> None:
 def test_short_token_refused() -> None:
     with pytest.raises(ConfigError, match="admin token"):
         make_app(
-            dsn="postgresql://x/y", token="   short   ", daemon=StubView(), metrics=Metrics(),
+            dsn="postgresql://x/y", token="   short   ", status=StubView(), metrics=Metrics(),
             audit=lambda rec: None,
         )  # fmt: skip
 
@@ -244,7 +244,7 @@ def test_parse_listen_loopback_only_by_default() -> None:
 
 async def test_serve_refuses_a_remote_address(nursery: trio.Nursery) -> None:
     app = make_app(
-        dsn="postgresql://x/y", token=TOKEN, daemon=StubView(), metrics=Metrics(),
+        dsn="postgresql://x/y", token=TOKEN, status=StubView(), metrics=Metrics(),
         audit=lambda rec: None,
     )  # fmt: skip
     with pytest.raises(ConfigError, match="not a loopback address"):
@@ -253,7 +253,7 @@ async def test_serve_refuses_a_remote_address(nursery: trio.Nursery) -> None:
 
 async def test_serves_on_ipv6_loopback(nursery: trio.Nursery) -> None:
     app = make_app(
-        dsn="postgresql://x/y", token=TOKEN, daemon=StubView(), metrics=Metrics(),
+        dsn="postgresql://x/y", token=TOKEN, status=StubView(), metrics=Metrics(),
         audit=lambda rec: None,
     )  # fmt: skip
     shutdown = trio.Event()

@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 import trio
 
+from coordinator.core.admission import Ticket
 from coordinator.db import aio, transaction
 
 from .conftest import StartDaemon, define, refreshes
@@ -66,7 +67,7 @@ async def _assert_idle_silence(start_daemon: StartDaemon, sql_log: StatementLog,
     sql_log.mark()
     await trio.sleep(IDLE_WINDOW)
     assert daemon_sql(sql_log, db) == []
-    assert harness.daemon.refreshes == 1
+    assert harness.daemon.status().refreshes == 1
 
 
 @pytest.mark.slow
@@ -145,11 +146,14 @@ async def test_sequential_manual_runs_cause_no_extra_refresh(
 
 
 def _startup_extras(statements: list[Any]) -> int:
-    """Statements of the startup sequence other than the refresh (lock, sweep)."""
+    """Statements of the startup sequence other than the refresh (lock, schema, sweep)."""
     return sum(
         1
         for s in statements
-        if "pg_try_advisory_lock" in s.sql or "_sweep_lost" in s.sql or "LISTEN" in s.sql
+        if "pg_try_advisory_lock" in s.sql
+        or "_sweep_lost" in s.sql
+        or "LISTEN" in s.sql
+        or "schema_migrations" in s.sql
     )
 
 
@@ -390,7 +394,14 @@ async def test_concurrent_claims_of_one_deadline_grant_one(
     async def claim() -> None:
         results.append(
             await mine.claim(
-                job_id=job, run_id=None, scheduled_for=due, schedule_version=1, workers=[]
+                Ticket(
+                    job_id=job,
+                    priority="background",
+                    due=due.timestamp(),
+                    scheduled_for=due,
+                    schedule_version=1,
+                ),
+                workers=[],
             )
         )
 

@@ -175,7 +175,7 @@ async def test_worker_killed_mid_call_fails_the_run_and_the_job_turns_inert(
     assert "disconnected" in run["error_message"]
     await trio.sleep(0.3)
     assert job not in harness.daemon.deadlines  # inert until a worker returns
-    assert harness.daemon.worker_types() == []
+    assert harness.daemon.status().served_types == ()
 
 
 async def test_capacity_per_worker_and_priority(

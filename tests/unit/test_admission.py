@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 import attrs
@@ -29,13 +30,13 @@ def ids(tickets: list[Ticket]) -> list[int]:
 # -- Ticket -------------------------------------------------------------------------------
 
 
-def test_ticket_defaults_and_payloads() -> None:
+def test_ticket_defaults_and_claim_fields() -> None:
     t = Ticket(job_id=1, priority="interactive", due=5.0, pool="billing", run_id=9)
     assert t.scheduled_for is None
-    assert t.payload is None
-    marker = object()
-    t2 = attrs.evolve(t, scheduled_for=marker, payload={"x": 1})
-    assert t2.scheduled_for is marker
+    assert t.schedule_version is None
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    t2 = attrs.evolve(t, scheduled_for=at, schedule_version=3)
+    assert (t2.scheduled_for, t2.schedule_version) == (at, 3)
 
 
 def test_ticket_is_keyword_only_and_frozen() -> None:

@@ -26,6 +26,8 @@ import trio
 
 from coordinator.clock import SystemWallClock
 from coordinator.errors import InvalidInput
+from coordinator.events import EventBus
+from coordinator.executors.base import ExecutorHooks
 from coordinator.executors.worker import (
     CANCELLED_MESSAGE,
     PROGRESS_LOG_LIMIT,
@@ -101,7 +103,7 @@ class Harness:
             await self.changed.wait()
 
     async def serving(self, worker_type: str) -> None:
-        await self.until(lambda: worker_type in self.executor.served_types())
+        await self.until(lambda: worker_type in sorted(self.executor.capacities()))
 
     async def connect(self) -> RawWorker:
         """A raw worker connection, closed when the harness exits."""
@@ -133,8 +135,12 @@ async def harness(sock_path: Path, **kwargs: Any) -> AsyncIterator[Harness]:
     async with trio.open_nursery() as nursery:
         h = Harness(executor=None, nursery=nursery, events=events)  # type: ignore[arg-type]
         kwargs.setdefault("socket_path", sock_path)
-        h.executor = WorkerExecutor(
-            clock=SystemWallClock(), log=log, on_change=h.on_change, **kwargs
+        save_progress = kwargs.pop("save_progress", None)
+        h.executor = WorkerExecutor(clock=SystemWallClock(), events=EventBus(log=log), **kwargs)
+        h.executor.attach(
+            ExecutorHooks(changed=h.on_change, save_progress=save_progress)
+            if save_progress is not None
+            else ExecutorHooks(changed=h.on_change)
         )
         await nursery.start(h.executor.serve)
         try:
@@ -208,8 +214,8 @@ async def test_a_worker_connecting_changes_the_inventory(sock_path: Path) -> Non
             ex = h.executor
             target = Target(kind="worker", worker_type="echo")
             assert not ex.available(target)
-            assert ex.served_types() == []
-            assert ex.capacity("echo") == 0
+            assert sorted(ex.capacities()) == []
+            assert ex.capacities().get("echo", 0) == 0
             assert stat.S_IMODE(os.stat(sock_path).st_mode) == 0o660
 
             a = await h.connect()
@@ -218,28 +224,28 @@ async def test_a_worker_connecting_changes_the_inventory(sock_path: Path) -> Non
             assert ex.available(target)
             assert not ex.available(Target(kind="worker", worker_type="other"))
             assert not ex.available(Target(kind="exec", argv=("true",)))
-            assert ex.served_types() == ["echo", "mail"]
-            assert ex.capacity("echo") == 3
+            assert sorted(ex.capacities()) == ["echo", "mail"]
+            assert ex.capacities().get("echo", 0) == 3
 
             b = await h.connect()
             await b.hello("b", ["echo"], capacity=5)
             assert h.changes == 2
-            assert ex.capacity("echo") == 8
-            assert ex.capacity("mail") == 3
-            workers = ex.workers()
-            assert [(w["id"], w["types"], w["capacity"], w["busy"]) for w in workers] == [
+            assert ex.capacities().get("echo", 0) == 8
+            assert ex.capacities().get("mail", 0) == 3
+            workers = ex.connections()
+            assert [(w.id, list(w.types), w.capacity, w.busy) for w in workers] == [
                 ("a", ["echo", "mail"], 3, 0),
                 ("b", ["echo"], 5, 0),
             ]
-            assert workers[0]["transport"] == "unix"
-            assert workers[0]["peer"].startswith("pid=")
+            assert workers[0].transport == "unix"
+            assert workers[0].peer.startswith("pid=")
 
             await a.aclose()
-            await h.until(lambda: "mail" not in ex.served_types())
+            await h.until(lambda: "mail" not in sorted(ex.capacities()))
             assert h.changes == 3
-            assert ex.capacity("echo") == 5
+            assert ex.capacities().get("echo", 0) == 5
             await b.aclose()
-            await h.until(lambda: not ex.served_types())
+            await h.until(lambda: not sorted(ex.capacities()))
             assert not ex.available(target)
             assert [e["worker"] for e in h.named("worker.connected")] == ["a", "b"]
             assert [e["worker"] for e in h.named("worker.disconnected")] == ["a", "b"]
@@ -265,7 +271,7 @@ async def test_sdk_worker_call_returns_count_and_extra(sock_path: Path) -> None:
                 return {"count": 7, "extra": {"files": 2}, "note": "kept"}
 
             await h.nursery.start(worker.run, sock_path)
-            assert h.executor.served_types() == ["echo"]
+            assert sorted(h.executor.capacities()) == ["echo"]
             claim = make_claim(41, timeout=30, args={"force": True}, params={"table": "t"})
             outcome = await h.call(claim)
             assert outcome.status == "succeeded"
@@ -277,7 +283,7 @@ async def test_sdk_worker_call_returns_count_and_extra(sock_path: Path) -> None:
             assert outcome.extra["progress"]["message"] == "half"
             assert outcome.extra["checkpoint"] == {"offset": 10}
             assert len(outcome.extra["log"]) == 1
-            assert h.executor.workers()[0]["busy"] == 0
+            assert h.executor.connections()[0].busy == 0
 
 
 async def test_handler_exception_is_a_handler_failure(sock_path: Path) -> None:
@@ -296,7 +302,7 @@ async def test_handler_exception_is_a_handler_failure(sock_path: Path) -> None:
             assert outcome.error_message == "RuntimeError: no table t"
             assert "Traceback" in outcome.extra["traceback"]
             # The worker is still there and serves the next call.
-            assert h.executor.served_types() == ["echo"]
+            assert sorted(h.executor.capacities()) == ["echo"]
 
 
 async def test_no_worker_serving_the_type(sock_path: Path) -> None:
@@ -332,7 +338,7 @@ async def test_timeout_sends_cancel_and_records_timed_out(sock_path: Path) -> No
             assert outcome.error_message == "timed out after 0.2s"
             assert seen == {"cancelled": True, "reason": "timeout"}
             # It acknowledged the cancel: still connected, slot free.
-            assert h.executor.workers()[0]["busy"] == 0
+            assert h.executor.connections()[0].busy == 0
             assert not h.named("worker.cancel_ignored")
 
 
@@ -389,7 +395,7 @@ async def test_worker_ignoring_cancel_is_disconnected_after_grace(sock_path: Pat
             assert outcomes[1].error_cause == "crashed"
             assert outcomes[1].error_message == "worker stubborn disconnected"
             assert h.named("worker.cancel_ignored")[0]["worker"] == "stubborn"
-            assert h.executor.served_types() == []
+            assert sorted(h.executor.capacities()) == []
             await raw.aclose()
 
 
@@ -418,7 +424,7 @@ async def test_abandon_cancels_the_call(sock_path: Path) -> None:
                 await trio.sleep(0.01)
             assert outcomes[0].status == "cancelled"
             assert outcomes[0].error_message == CANCELLED_MESSAGE
-            assert h.executor.workers()[0]["busy"] == 0
+            assert h.executor.connections()[0].busy == 0
             # Already abandoned: nothing is sent.
             again = await h.call(make_claim(2), abandon)
             assert again.status == "cancelled"
@@ -445,7 +451,7 @@ async def test_disconnect_mid_call_is_crashed(sock_path: Path) -> None:
             assert outcome.error_cause == "crashed"
             assert outcome.error_message == "worker w7 disconnected"
             assert outcome.extra["progress"]["percent"] == 30
-            assert h.executor.served_types() == []
+            assert sorted(h.executor.capacities()) == []
 
 
 async def test_reregistration_replaces_the_old_connection(sock_path: Path) -> None:
@@ -469,7 +475,7 @@ async def test_reregistration_replaces_the_old_connection(sock_path: Path) -> No
                 await trio.sleep(0.01)
             assert outcomes[0].error_cause == "crashed"
             assert "replaced" in (outcomes[0].error_message or "")
-            assert [w["id"] for w in h.executor.workers()] == ["same"]
+            assert [w.id for w in h.executor.connections()] == ["same"]
             assert h.changes == changes  # same types, same capacity: no change to report
             # A late result for the crashed run, on the new connection, is ignored.
             await new.send({"type": "result", "run": 1, "ok": True})
@@ -559,7 +565,7 @@ async def test_protocol_violation_closes_only_that_connection(
             while not outcomes:
                 await trio.sleep(0.01)
             assert outcomes[0].status == "succeeded"
-            assert sorted(w["id"] for w in h.executor.workers()) == ["good", "good-slow"]
+            assert sorted(w.id for w in h.executor.connections()) == ["good", "good-slow"]
 
 
 async def test_silent_connection_is_closed_after_hello_timeout(sock_path: Path) -> None:
@@ -724,13 +730,13 @@ async def test_capacity_bounds_concurrent_calls(sock_path: Path) -> None:
                 return ctx.run_id
 
             await h.nursery.start(worker.run, sock_path)
-            assert h.executor.capacity("echo") == 2
+            assert h.executor.capacities().get("echo", 0) == 2
             outcomes: list[Outcome] = []
             busy_seen: list[int] = []
 
             async def call(run_id: int) -> None:
                 outcomes.append(await h.call(make_claim(run_id)))
-                busy_seen.append(h.executor.workers()[0]["busy"])
+                busy_seen.append(h.executor.connections()[0].busy)
 
             async with trio.open_nursery() as calls:
                 for run_id in range(1, 6):
@@ -754,9 +760,9 @@ async def test_calls_go_to_the_least_busy_worker(sock_path: Path) -> None:
 
             for run_id in (1, 2, 3, 4):
                 h.nursery.start_soon(call, run_id)
-            while sum(w["busy"] for w in h.executor.workers()) < 4:
+            while sum(w.busy for w in h.executor.connections()) < 4:
                 await trio.sleep(0.01)
-            assert [w["busy"] for w in h.executor.workers()] == [2, 2]
+            assert [w.busy for w in h.executor.connections()] == [2, 2]
             for raw in (a, b):
                 for _ in range(2):
                     message = await raw.recv()
@@ -785,14 +791,14 @@ async def test_bye_stops_new_calls_and_lets_running_ones_finish(sock_path: Path)
             h.nursery.start_soon(call)
             assert (await raw.recv() or {})["run"] == 1
             await raw.send({"type": "bye"})
-            await h.until(lambda: not h.executor.served_types())
-            assert h.executor.workers()[0]["draining"] is True
+            await h.until(lambda: not sorted(h.executor.capacities()))
+            assert h.executor.connections()[0].draining is True
             await raw.send({"type": "result", "run": 1, "ok": True, "count": 2})
             assert await raw.recv() is None  # closed once the last result is in
             while not outcomes:
                 await trio.sleep(0.01)
             assert outcomes[0].count == 2
-            assert h.executor.workers() == []
+            assert h.executor.connections() == []
             await raw.aclose()
 
 
@@ -811,7 +817,7 @@ async def test_detach_stops_accepting_but_running_calls_finish(sock_path: Path) 
             changes = h.changes
             await h.executor.detach()
             assert h.changes == changes + 1
-            assert h.executor.served_types() == []
+            assert sorted(h.executor.capacities()) == []
             assert not await trio.Path(sock_path).exists()
             with pytest.raises(FileNotFoundError):
                 await trio.open_unix_socket(str(sock_path))
@@ -837,7 +843,9 @@ async def test_stale_socket_is_replaced_but_a_file_is_not(sock_path: Path) -> No
         assert not await trio.Path(sock_path).exists()  # removed at exit
 
         await trio.Path(sock_path).write_text("not a socket")
-        executor = WorkerExecutor(clock=SystemWallClock(), log=EventLog(), socket_path=sock_path)
+        executor = WorkerExecutor(
+            clock=SystemWallClock(), events=EventBus(log=EventLog()), socket_path=sock_path
+        )
         with pytest.raises(WorkerSocketError, match="not a socket"):
             await executor.serve()
         assert await trio.Path(sock_path).read_text() == "not a socket"
@@ -856,17 +864,17 @@ async def test_tcp_on_loopback_requires_the_token(sock_path: Path) -> None:
 
             worker = sdk_worker("tcp")
             await h.nursery.start(functools.partial(worker.run, (host, port), token="s3"))
-            assert h.executor.workers()[0]["transport"] == "tcp"
+            assert h.executor.connections()[0].transport == "tcp"
             assert (await h.call(make_claim(1, args={"reply": 4}))).count == 4
 
 
 def test_configuration_is_checked() -> None:
-    clock, log = SystemWallClock(), EventLog()
+    clock, log = SystemWallClock(), EventBus(log=EventLog())
     with pytest.raises(InvalidInput, match="socket path"):
-        WorkerExecutor(clock=clock, log=log)
+        WorkerExecutor(clock=clock, events=log)
     with pytest.raises(InvalidInput, match="loopback"):
-        WorkerExecutor(clock=clock, log=log, tcp=("0.0.0.0", 9000), token="t")
+        WorkerExecutor(clock=clock, events=log, tcp=("0.0.0.0", 9000), token="t")
     with pytest.raises(InvalidInput, match="token"):
-        WorkerExecutor(clock=clock, log=log, tcp=("127.0.0.1", 9000))
-    WorkerExecutor(clock=clock, log=log, tcp=("::1", 9000), token="t")
-    WorkerExecutor(clock=clock, log=log, tcp=("localhost", 9000), token="t")
+        WorkerExecutor(clock=clock, events=log, tcp=("127.0.0.1", 9000))
+    WorkerExecutor(clock=clock, events=log, tcp=("::1", 9000), token="t")
+    WorkerExecutor(clock=clock, events=log, tcp=("localhost", 9000), token="t")

@@ -24,6 +24,8 @@ import pytest
 import trio
 
 from coordinator.clock import SystemWallClock
+from coordinator.events import EventBus
+from coordinator.executors.base import ExecutorHooks
 from coordinator.executors.worker import WorkerExecutor
 from coordinator.log import EventLog
 from coordinator.model import Claim, Job, Schedule, Target
@@ -571,11 +573,13 @@ async def test_started_after_the_first_welcome(sock_path: Path) -> None:
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
             executor = WorkerExecutor(
-                clock=SystemWallClock(), log=EventLog(stream=events), socket_path=sock_path
+                clock=SystemWallClock(),
+                events=EventBus(log=EventLog(stream=events)),
+                socket_path=sock_path,
             )
             await nursery.start(executor.serve)
             await nursery.start(echo_worker(capacity=3).run, sock_path)
-            assert executor.capacity("echo") == 3
+            assert executor.capacities().get("echo", 0) == 3
             nursery.cancel_scope.cancel()
 
 
@@ -651,8 +655,9 @@ async def test_command_serves_and_stops_cleanly_on_sigterm(sock_path: Path, tmp_
     events: list[dict[str, Any]] = []
     log = EventLog(stream=io.StringIO(), observers=[events.append])
     executor = WorkerExecutor(
-        clock=SystemWallClock(), log=log, socket_path=sock_path, on_change=served.set
+        clock=SystemWallClock(), events=EventBus(log=log), socket_path=sock_path
     )
+    executor.attach(ExecutorHooks(changed=served.set))
     job = Job(
         id=1,
         namespace="ns",
@@ -679,7 +684,7 @@ async def test_command_serves_and_stops_cleanly_on_sigterm(sock_path: Path, tmp_
             )
             try:
                 await served.wait()
-                assert executor.workers()[0]["id"] == "cli-worker"
+                assert executor.connections()[0].id == "cli-worker"
                 outcome = await executor.call(claim, abandon=trio.Event())
                 assert outcome.status == "succeeded"
                 assert outcome.count == 6

@@ -1,0 +1,350 @@
+"""Dispatch: the one path from "a run is owed" to "its result is saved".
+
+Work reaches admission two ways: a deadline that fell due (:meth:`Dispatcher.deadline_due`)
+and a manual run (:meth:`Dispatcher.offer_manual`, from a dispatch wake or a refresh
+that found a queued run). Each admitted ticket becomes one :meth:`Dispatcher.dispatch`
+task: claim (one statement, under the job's row lock, fenced on leadership), call the
+executor outside any transaction, settle (one statement). Every claim failure goes
+through the error policy; a dispatch that ends without a settlement re-arms what it may
+have displaced, so no path drops an armed deadline without arming its successor or
+saying why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Final
+
+import attrs
+import trio
+
+from .. import schedule as schedules
+from ..clock import WallClock
+from ..core.admission import Admission, Ticket
+from ..events import ClaimRejected, EventBus, RunFinished, RunStarted, milliseconds
+from ..executors import Executor
+from ..model import Job, Outcome
+from ..spool import HeldResult
+from ..store import Store
+from .inventory import Inventory, next_deadline
+from .policy import ErrorPolicy
+from .settlement import Settlement
+
+if TYPE_CHECKING:
+    from ..core.admission import Priority
+    from ..model import Claim
+    from ..store import JobState
+
+#: Claim refusals after which a manual ticket may have displaced a scheduled one: the
+#: job's saved deadline is armed again from memory.
+_REARM_AFTER: Final = frozenset({"gone", "not_queued"})
+
+
+@attrs.frozen(kw_only=True)
+class Running:
+    """A call in progress."""
+
+    run_id: int
+    job_key: str
+    #: Trio time the call started.
+    since: float
+
+
+@attrs.define(eq=False)
+class Dispatcher:
+    """Offers owed work to admission and carries each admitted ticket to its settlement."""
+
+    store: Store
+    clock: WallClock
+    events: EventBus
+    policy: ErrorPolicy
+    admission: Admission
+    inventory: Inventory
+    settlement: Settlement
+    executors: Mapping[str, Executor]
+    #: Set to stop calls in flight (stop timeout, or a second Ctrl-C).
+    abandon: trio.Event
+    #: Take a loop turn (a slot freed, a result saved).
+    kick: Callable[[], None]
+    #: Ask for a coalesced refresh.
+    wake: Callable[[], None]
+    #: Status changed (running calls).
+    on_change: Callable[[], None] = lambda: None
+    #: job id -> the call in progress.
+    running: dict[int, Running] = attrs.field(factory=dict)
+    #: Admitted tickets whose task has not finished (claim, call, settle).
+    in_flight: int = 0
+    #: Set whenever ``in_flight`` drops to zero.
+    idle: trio.Event = attrs.field(factory=trio.Event)
+    stopping: bool = False
+    #: Manual runs that arrived while their job was being dispatched, by job id.
+    _after: dict[int, Ticket] = attrs.field(factory=dict)
+    #: Worker types admission knows the capacity of.
+    _pools: set[str] = attrs.field(factory=set)
+    #: Consecutive claim failures (paces re-arming while the database refuses claims).
+    _claim_failures: int = 0
+    #: run id -> job, for results held by the settlement (re-armed once saved).
+    _held: dict[int, Job] = attrs.field(factory=dict)
+
+    # -- pools --------------------------------------------------------------------------
+
+    def capacities(self) -> dict[str, int]:
+        """Every executor's pools and their capacities now."""
+        merged: dict[str, int] = {}
+        for executor in self.executors.values():
+            for pool, capacity in executor.capacities().items():
+                merged[pool] = merged.get(pool, 0) + capacity
+        return merged
+
+    def served(self) -> set[str]:
+        return set(self.capacities())
+
+    def pools_changed(self) -> None:
+        """An executor's pools changed: admission learns the new capacities (no SQL)."""
+        capacities = self.capacities()
+        self._pools |= set(capacities)
+        for pool in self._pools:
+            self.admission.set_capacity(pool, capacities.get(pool, 0))
+
+    def _ensure_pool(self, pool: str | None) -> None:
+        """Admission learns a worker type's capacity before its first ticket: 0 (wait,
+        no claim, no SQL) until a worker serving it connects."""
+        if pool is not None and pool not in self._pools:
+            self._pools.add(pool)
+            self.admission.set_capacity(pool, self.capacities().get(pool, 0))
+
+    # -- offering -----------------------------------------------------------------------
+
+    def busy(self, job_id: int) -> bool:
+        """A call of the job is running or its result is held: do not arm it."""
+        return job_id in self.running or self.settlement.holds_job(job_id)
+
+    def deadline_due(self, job_id: int, at: float) -> None:
+        """The loop found the job's armed deadline passed: offer it to admission."""
+        entry = self.inventory.jobs.get(job_id)
+        if entry is None or entry.next_run_at is None:
+            return
+        running = self.running.get(job_id)
+        if running is not None:
+            self.events.log.info(
+                "job.tick_skipped",
+                job=entry.key,
+                run=running.run_id,
+                running_s=round(trio.current_time() - running.since, 3),
+                deadline=entry.next_run_at,
+            )
+            return
+        if self.settlement.holds_job(job_id):
+            return
+        self._ensure_pool(entry.worker_type)
+        self.admission.offer(
+            Ticket(
+                job_id=job_id,
+                priority=_priority(entry.priority),
+                due=at,
+                pool=entry.worker_type,
+                scheduled_for=entry.next_run_at,
+                schedule_version=entry.schedule_version,
+            )
+        )
+
+    def offer_manual(
+        self, *, job_id: int, run_id: int, priority: str, worker_type: str | None
+    ) -> None:
+        """A queued manual run: straight to admission (no refresh needed)."""
+        self._ensure_pool(worker_type)
+        ticket = Ticket(
+            job_id=job_id,
+            priority=_priority(priority),
+            due=self.clock.now().timestamp(),
+            pool=worker_type,
+            run_id=run_id,
+        )
+        if self.admission.is_running(job_id):
+            # A dispatch of this job is under way (its claim may be refused because of
+            # this very run): offer the run when that dispatch ends.
+            self._after[job_id] = ticket
+            return
+        if self.admission.is_waiting(job_id):
+            # A scheduled ticket already waits for this job: the queued manual run takes
+            # its place (the claim would refuse the deadline while the run is queued). If
+            # the manual claim is refused, the deadline is armed again (_REARM_AFTER).
+            self.admission.withdraw(job_id)
+        self.admission.offer(ticket)
+
+    # -- one dispatch -------------------------------------------------------------------
+
+    async def dispatch(self, ticket: Ticket) -> None:
+        """Claim, call, settle one admitted ticket (a task in the calls nursery)."""
+        job_id = ticket.job_id
+        self.in_flight += 1
+        try:
+            if self.stopping:
+                return
+            claim = await self._claim(ticket)
+            if claim is None:
+                return
+            await self._run(ticket, claim)
+        finally:
+            self.admission.release(job_id)
+            follow = self._after.pop(job_id, None)
+            if follow is not None and follow.run_id != ticket.run_id and not self.stopping:
+                self.admission.offer(follow)
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self.idle.set()
+                self.idle = trio.Event()
+            self.kick()
+
+    async def _claim(self, ticket: Ticket) -> Claim | None:
+        try:
+            result = await self.store.claim(ticket, workers=sorted(self.served()))
+        except Exception as exc:
+            self._claim_failures += 1
+            delay = self.policy.failed(
+                "claim", exc, self._claim_failures, job_id=ticket.job_id, run=ticket.run_id
+            )
+            self._claim_failed(ticket, delay)
+            return None
+        if self._claim_failures:
+            self._claim_failures = 0
+            self.policy.recovered("claim")
+        if result.claim is None:
+            reason = result.reason or "unknown"
+            self.events.emit(ClaimRejected(job_id=ticket.job_id, run=ticket.run_id, reason=reason))
+            if reason == "fenced":
+                # The lock session is gone; leadership takes it again or steps down.
+                self._claim_failed(ticket, self.policy.retry_cap)
+            elif ticket.run_id is not None and reason in _REARM_AFTER:
+                self.inventory.rearm(ticket.job_id)
+            return None
+        claim = result.claim
+        if result.target_error is not None:
+            # Granted, but the stored target cannot be called: fail without calling.
+            now = self.clock.now()
+            outcome = Outcome(
+                status="failed",
+                started_at=now,
+                finished_at=now,
+                error_cause="handler",
+                error_message=f"bad target: {result.target_error}",
+            )
+            await self._settle(ticket, claim, outcome)
+            return None
+        return claim
+
+    def _claim_failed(self, ticket: Ticket, delay: float) -> None:
+        """The claim could not be made. The deadline is still owed: re-arm it after the
+        policy's pause (a timer only while the database refuses); a manual run stays
+        queued in the database and the next refresh offers it again."""
+        if ticket.run_id is not None:
+            self.wake()
+            return
+        entry = self.inventory.jobs.get(ticket.job_id)
+        if entry is not None and entry.next_run_at is not None:
+            retry_at = self.clock.now().timestamp() + max(delay, 0.5)
+            self.inventory.deadlines.set(entry.id, max(entry.next_run_at.timestamp(), retry_at))
+
+    async def _run(self, ticket: Ticket, claim: Claim) -> None:
+        job = claim.job
+        # A deadline still armed (a manual run took the slot) stays armed: when it falls
+        # during this run it is logged as skipped, and the settlement moves it.
+        self.running[job.id] = Running(
+            run_id=claim.run_id, job_key=job.key, since=trio.current_time()
+        )
+        self.on_change()
+        self.events.emit(
+            RunStarted(
+                job=job.key,
+                job_id=job.id,
+                run=claim.run_id,
+                trigger=claim.trigger,
+                attempt=claim.attempt,
+            )
+        )
+        try:
+            outcome = await self._call(claim)
+        finally:
+            self.running.pop(job.id, None)
+            self.on_change()
+        await self._settle(ticket, claim, outcome)
+
+    async def _call(self, claim: Claim) -> Outcome:
+        executor = self.executors.get(claim.job.target.kind)
+        now = self.clock.now()
+        if executor is None or not executor.available(claim.job.target):
+            return Outcome(
+                status="failed",
+                started_at=now,
+                finished_at=now,
+                error_cause="crashed",
+                error_message=f"no executor available for {claim.job.target.describe()}",
+            )
+        try:
+            return await executor.call(claim, abandon=self.abandon)
+        except Exception as exc:  # an executor's bug: the run fails, the daemon goes on
+            self.events.log.error("executor.failed", run=claim.run_id, error=repr(exc))
+            return Outcome(
+                status="failed",
+                started_at=now,
+                finished_at=self.clock.now(),
+                error_cause="crashed",
+                error_message=f"internal error in the {claim.job.target.kind} executor: {exc!r}",
+            )
+
+    async def _settle(self, ticket: Ticket, claim: Claim, outcome: Outcome) -> None:
+        job = claim.job
+        next_at, problem = next_deadline(
+            schedules.following_deadline, job.schedule, outcome.finished_at
+        )
+        if problem is not None:
+            self.events.log.warning("job.invalid", job=job.key, reason=problem)
+        held = HeldResult(
+            run_id=claim.run_id,
+            job_id=job.id,
+            job_key=job.key,
+            schedule_version=job.schedule_version,
+            next_run_at=next_at,
+            outcome=outcome,
+        )
+        state = await self.settlement.settle(held)
+        if state is not None:
+            self.inventory.settled(state, job, claim.run_id)
+        else:
+            self._held[claim.run_id] = job
+            self.inventory.deadlines.discard(job.id)
+        # Logged once the result is saved (or held, after settle.retained): when an
+        # operator reads job.run, `runs show` already agrees with it.
+        self.events.emit(_finished(claim, outcome))
+
+    def saved_later(self, held: HeldResult, state: JobState) -> None:
+        """A held result was saved after all: re-arm its job (the settlement calls this)."""
+        job = self._held.pop(held.run_id, None)
+        if job is not None:
+            self.inventory.settled(state, job, held.run_id)
+        self.kick()
+
+
+def _finished(claim: Claim, outcome: Outcome) -> RunFinished:
+    lateness = None
+    if claim.scheduled_for is not None and claim.trigger == "schedule":
+        lateness = milliseconds((outcome.started_at - claim.scheduled_for).total_seconds())
+    return RunFinished(
+        job=claim.job.key,
+        job_id=claim.job.id,
+        run=claim.run_id,
+        trigger=claim.trigger,
+        outcome=outcome.status,
+        cause=outcome.error_cause,
+        count=outcome.count,
+        elapsed_ms=milliseconds(outcome.elapsed.total_seconds()),
+        lateness_ms=lateness,
+        error=outcome.error_message,
+    )
+
+
+def _priority(value: str) -> Priority:
+    return "interactive" if value == "interactive" else "background"
+
+
+__all__ = ["Dispatcher", "Running"]

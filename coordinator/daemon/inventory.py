@@ -1,0 +1,241 @@
+"""The job inventory: what the daemon keeps in memory about jobs, and their timers.
+
+A refresh reads every job that may need a timer or a dispatch (one statement; paused,
+manual-only and invalid jobs are not even loaded), rebuilds the armed deadlines, offers
+queued manual runs to admission, saves first deadlines where none is saved and makes
+unusable schedules inert. Between refreshes the inventory is kept current without SQL:
+a settlement returns its job's new deadline state (:meth:`Inventory.settled`), a
+rejected claim re-arms the job from memory (:meth:`Inventory.rearm`), and workers
+arriving or leaving arm or disarm worker jobs (:meth:`Inventory.workers_changed`).
+
+A job is armed only if it can run: a saved deadline, no outstanding run, no dispatch
+under way, no held result, and, for a worker target, a connected worker serving it.
+Deadline arithmetic that cannot be done (an interval too long for a datetime, an
+expression that slipped in by plain SQL) makes that job inert with a reason; it never
+stops the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from .. import schedule as schedules
+from ..clock import WallClock
+from ..core.coalescer import RefreshCoalescer
+from ..core.deadlines import DeadlineSet
+from ..errors import CoordinatorError
+from ..events import EventBus, Refreshed, milliseconds
+from ..store import JobEntry, Store
+from .policy import ErrorPolicy
+
+if TYPE_CHECKING:
+    from ..model import Job, Schedule
+    from ..store import JobState
+
+
+def next_deadline(
+    compute: Callable[[Schedule, datetime], datetime | None], schedule: Schedule, at: datetime
+) -> tuple[datetime | None, str | None]:
+    """``(deadline, None)``, or ``(None, reason)`` when the schedule cannot give one."""
+    try:
+        return compute(schedule, at), None
+    except (ValueError, OverflowError, CoordinatorError) as exc:
+        return None, str(exc) or type(exc).__name__
+
+
+def _never(_job_id: int) -> bool:
+    return False
+
+
+def _no_types() -> set[str]:
+    return set()
+
+
+def _drop(_entry: JobEntry) -> None:
+    return None
+
+
+@attrs.define(eq=False)
+class Inventory:
+    """Jobs known to the daemon, and which of them have an armed deadline."""
+
+    store: Store
+    clock: WallClock
+    events: EventBus
+    policy: ErrorPolicy
+    deadlines: DeadlineSet
+    coalescer: RefreshCoalescer
+    #: The job must not be armed now (a dispatch is under way or its result is held).
+    busy: Callable[[int], bool] = _never
+    #: Worker types served now.
+    served: Callable[[], set[str]] = _no_types
+    #: A refresh found a queued manual run: offer it to admission.
+    queued: Callable[[JobEntry], None] = _drop
+    jobs: dict[int, JobEntry] = attrs.field(factory=dict)
+    refreshes: int = 0
+    #: When the last refresh ended (wall time).
+    last_refresh: datetime | None = None
+    #: Consecutive failed refreshes (paces the next attempt).
+    _failures: int = 0
+
+    def key(self, job_id: int) -> str:
+        """``namespace/name`` of a known job, ``#id`` otherwise."""
+        entry = self.jobs.get(job_id)
+        return entry.key if entry is not None else f"#{job_id}"
+
+    # -- arming -------------------------------------------------------------------------
+
+    def arm(self, entry: JobEntry, served: set[str] | None = None) -> None:
+        """Arm the job's saved deadline if it can run; disarm it otherwise."""
+        if (
+            entry.next_run_at is None
+            or entry.run_id is not None
+            or self.busy(entry.id)
+            or (
+                entry.worker_type is not None
+                and entry.worker_type not in (served if served is not None else self.served())
+            )
+        ):
+            self.deadlines.discard(entry.id)
+            return
+        self.deadlines.set(entry.id, entry.next_run_at.timestamp())
+
+    def rearm(self, job_id: int) -> None:
+        """Arm the job again from memory (a dispatch ended without a settlement)."""
+        entry = self.jobs.get(job_id)
+        if entry is not None:
+            self.arm(entry)
+
+    def workers_changed(self) -> None:
+        """Arm or disarm every worker job for the types served now (no SQL)."""
+        served = self.served()
+        for entry in self.jobs.values():
+            if entry.worker_type is not None:
+                self.arm(entry, served)
+
+    def settled(self, state: JobState, job: Job, run_id: int) -> None:
+        """Re-arm a job from the state its settlement returned, without a refresh."""
+        job_id = job.id
+        entry = self.jobs.get(job_id)
+        if state.outcome == "gone" or state.job_id is None:
+            # Removed while the call ran: the run went with the job (remove cascades).
+            self.events.log.warning("settle.orphaned", job=job.key, run=run_id)
+            self.jobs.pop(job_id, None)
+            self.deadlines.discard(job_id)
+            return
+        if state.paused or state.invalid or state.next_run_at is None:
+            self.deadlines.discard(job_id)
+            if entry is not None:
+                self.jobs[job_id] = attrs.evolve(
+                    entry, next_run_at=None, run_id=None, run_status=None
+                )
+            return
+        if entry is None:
+            if job.schedule.kind == "manual":
+                return
+            entry = JobEntry(
+                id=job_id,
+                key=job.key,
+                schedule=job.schedule,
+                priority=job.priority,
+                worker_type=job.target.worker_type,
+                next_run_at=state.next_run_at,
+                schedule_version=state.schedule_version or job.schedule_version,
+            )
+        # If the schedule was edited during the run, what is saved now is the editor's
+        # deadline (or none yet): arm that; the editor's wake brings the new definition.
+        entry = attrs.evolve(
+            entry,
+            next_run_at=state.next_run_at,
+            schedule_version=state.schedule_version or entry.schedule_version,
+            run_id=None,
+            run_status=None,
+        )
+        self.jobs[job_id] = entry
+        self.arm(entry)
+
+    # -- refresh ------------------------------------------------------------------------
+
+    async def refresh(self, *, first: bool = False) -> bool:
+        """Read the inventory and re-arm everything; ``True`` when it succeeded.
+
+        A failure goes through the error policy: a bug propagates; a database failure
+        is logged with its purpose and the refresh is asked for again after the policy's
+        pause (at once after a deadlock). ``first`` (the startup refresh) re-raises
+        database failures too, for the startup sequence to pace.
+        """
+        started = trio.current_time()
+        try:
+            counts = await self._refresh()
+        except Exception as exc:
+            self._failures += 1
+            # The store's message names the statement (refresh, init_deadlines, ...).
+            delay = self.policy.failed("refresh", exc, self._failures)
+            if first:
+                raise
+            self.coalescer.refresh_failed(trio.current_time() + delay)
+            return False
+        self._failures = 0
+        self.policy.recovered("refresh")
+        self.coalescer.mark_refreshed(started)
+        self.refreshes += 1
+        self.last_refresh = self.clock.now()
+        rows, initialised, invalid = counts
+        self.events.emit(
+            Refreshed(
+                jobs=rows,
+                armed=len(self.deadlines),
+                initialised=initialised or None,
+                invalid=invalid or None,
+                elapsed_ms=milliseconds(trio.current_time() - started),
+            )
+        )
+        return True
+
+    async def _refresh(self) -> tuple[int, int, int]:
+        entries = await self.store.refresh()
+        now = self.clock.now()
+        served = self.served()
+        jobs: dict[int, JobEntry] = {}
+        to_init: list[tuple[int, datetime, int]] = []
+        to_invalidate: list[tuple[int, str, int]] = []
+        self.deadlines.clear()
+        for entry in entries:
+            reason = schedules.invalid_reason(entry.schedule)
+            first_at = None
+            if reason is None and entry.next_run_at is None:
+                first_at, reason = next_deadline(schedules.initial_deadline, entry.schedule, now)
+            if reason is not None:
+                to_invalidate.append((entry.id, reason, entry.schedule_version))
+                continue
+            jobs[entry.id] = entry
+            if entry.run_status == "queued" and not self.busy(entry.id):
+                self.queued(entry)
+            if first_at is not None and entry.schedule.kind in ("cron", "interval"):
+                to_init.append((entry.id, first_at, entry.schedule_version))
+            self.arm(entry, served)
+        self.jobs = jobs
+        if to_invalidate:
+            marked = await self.store.mark_invalid(to_invalidate)
+            for job_id, reason, _version in to_invalidate:
+                if job_id in marked:
+                    self.events.log.warning("job.invalid", job_id=job_id, reason=reason)
+        if to_init:
+            written = await self.store.init_deadlines(to_init)
+            self._arm_written(written.items(), served)
+        return len(entries), len(to_init), len(to_invalidate)
+
+    def _arm_written(self, written: Iterable[tuple[int, datetime]], served: set[str]) -> None:
+        for job_id, at in written:
+            known = self.jobs.get(job_id)
+            if known is not None:
+                self.jobs[job_id] = attrs.evolve(known, next_run_at=at)
+                self.arm(self.jobs[job_id], served)
+
+
+__all__ = ["Inventory", "next_deadline"]

@@ -1,0 +1,146 @@
+"""Leadership: one active daemon per database (promise 9).
+
+The single-writer lock is a PostgreSQL session advisory lock held on a connection of
+its own (a pooled connection would release it: asyncpg's pool reset runs
+``pg_advisory_unlock_all()``). A daemon that finds it taken waits as a silent standby:
+one blocking ``pg_advisory_lock`` statement and nothing else until the leader's session
+ends.
+
+While leading, claims are *fenced*: each carries the lock session's backend pid and
+``coordinator._claim`` refuses it unless that pid still holds the lock. When the lock
+session ends, the fence goes up at once (pid 0), and the lock is taken again as soon as
+the database answers; if another daemon took it meanwhile, this one steps down and
+stops (exit 1).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+from asyncpg import Connection
+
+from ..backoff import backoff
+from ..db import APP_DAEMON, close_quietly, connect
+from ..errors import CoordinatorError
+from ..log import EventLog
+from ..store import Store
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def _nothing() -> None:
+    return None
+
+
+@attrs.define(eq=False)
+class Leadership:
+    """Takes, watches and re-takes the single-writer lock."""
+
+    dsn: str
+    store: Store
+    log: EventLog
+    instance: str
+    #: Longest pause between two attempts to reach the database.
+    retry_cap: float = 30.0
+    #: The lock's connection while we hold (or wait for) it.
+    conn: Connection | None = None
+    #: Another daemon took the lock while ours was lost: we stepped down.
+    stepped_down: bool = False
+
+    async def acquire(
+        self,
+        stop: trio.Event,
+        *,
+        on_standby: Callable[[], None] = _nothing,
+        on_unavailable: Callable[[BaseException, float], None] | None = None,
+    ) -> bool:
+        """Take the lock, standing by silently while another daemon holds it and retrying
+        with backoff while the database is unreachable. ``False`` if ``stop`` was set
+        first."""
+        attempt = 0
+        while True:
+            try:
+                self.conn = await connect(self.dsn, application_name=APP_DAEMON, daemon=True)
+                if await self.store.try_lead(self.conn):
+                    return True
+                on_standby()
+                with trio.CancelScope() as scope:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(_cancel_when_set, stop, scope)
+                        await self.store.wait_lead(self.conn)
+                        nursery.cancel_scope.cancel()
+                return not scope.cancelled_caught
+            except CoordinatorError as exc:
+                await self.release()
+                attempt += 1
+                delay = backoff(attempt, cap=self.retry_cap)
+                if on_unavailable is not None:
+                    on_unavailable(exc, delay)
+                with trio.move_on_after(delay):
+                    await stop.wait()
+                if stop.is_set():
+                    return False
+
+    async def keep(
+        self,
+        *,
+        on_lost: Callable[[], None],
+        on_regained: Callable[[], None],
+        on_stepped_down: Callable[[], None],
+    ) -> None:
+        """Watch the lock session until cancelled (run as a task while leading).
+
+        When the session ends: claims are fenced at once, ``on_lost()``; the lock is
+        taken again as soon as the database answers, ``on_regained()``; if another daemon
+        took it meanwhile, ``on_stepped_down()`` and return.
+        """
+        attempt = 0
+        while True:
+            conn = self.conn
+            lost = trio.Event()
+            if conn is None or conn.is_closed():
+                lost.set()
+            else:
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+            await lost.wait()
+            self.store.leader_pid = 0  # no backend has pid 0: every claim is refused
+            self.log.warning("leadership.connection_lost", instance=self.instance)
+            on_lost()
+            while True:
+                attempt += 1
+                await trio.sleep(backoff(attempt, cap=self.retry_cap))
+                new_conn: Connection | None = None
+                try:
+                    new_conn = await connect(self.dsn, application_name=APP_DAEMON, daemon=True)
+                    led = await self.store.try_lead(new_conn)
+                except CoordinatorError:
+                    await close_quietly(new_conn, within=1.0)
+                    continue
+                if not led:
+                    await close_quietly(new_conn, within=1.0)
+                    self.log.error("leadership.lost", instance=self.instance)
+                    self.stepped_down = True
+                    on_stepped_down()
+                    return
+                old, self.conn = self.conn, new_conn
+                await close_quietly(old, within=1.0)
+                attempt = 0
+                self.log.info("leadership.regained", instance=self.instance)
+                on_regained()
+                break
+
+    async def release(self) -> None:
+        """Close the lock's session (the lock goes with it); shielded and bounded."""
+        conn, self.conn = self.conn, None
+        await close_quietly(conn, within=1.0)
+
+
+async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+__all__ = ["Leadership"]

@@ -1,0 +1,90 @@
+"""The loop: deadlines, then the coalescer, then admission, then sleep.
+
+One task decides; every other task only reports to it by calling :meth:`DispatchLoop.kick`
+(a wake arrived, a slot freed, a result was saved). Each turn:
+
+1. every armed deadline that has passed (wall time) is handed to ``on_due``, which offers
+   its job to admission (or logs the tick as skipped);
+2. if the coalescer grants a refresh, ``refresh()`` runs and the turn starts over;
+3. every ticket admission lets start is dispatched as a task in ``calls``;
+4. the loop sleeps until the earliest of: the earliest deadline, the coalescer's next
+   grant, or a kick. With neither a deadline nor a pending wake it sleeps with no timer
+   at all (promise 1: no SQL, no wake-up).
+
+The loop knows nothing of PostgreSQL: ``refresh`` and ``dispatch`` are given to it, so
+unit tests drive this very loop under ``trio.testing.MockClock``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from ..clock import WallClock
+from ..core.admission import Admission, Ticket
+from ..core.coalescer import RefreshCoalescer
+from ..core.deadlines import DeadlineSet
+
+
+@attrs.define(eq=False)
+class DispatchLoop:
+    """The daemon's one deciding task (see the module docstring)."""
+
+    clock: WallClock
+    deadlines: DeadlineSet
+    coalescer: RefreshCoalescer
+    admission: Admission
+    #: A deadline fell due: ``on_due(job_id, at)`` (``at`` in wall-clock epoch seconds).
+    on_due: Callable[[int, float], None]
+    #: A refresh the coalescer granted.
+    refresh: Callable[[], Awaitable[object]]
+    #: One admitted ticket, run as a task in the calls nursery.
+    dispatch: Callable[[Ticket], Awaitable[None]]
+    _kicked: trio.Event = attrs.field(factory=trio.Event)
+    #: Turns taken (for tests and the curious).
+    turns: int = 0
+
+    def kick(self) -> None:
+        """Something changed: take a turn now. Safe to call from any task or callback."""
+        self._kicked.set()
+
+    def wake(self, *, urgent: bool = False) -> None:
+        """Ask the coalescer for a refresh (spacing applies unless ``urgent``)."""
+        self.coalescer.wake(trio.current_time(), urgent=urgent)
+        self._kicked.set()
+
+    async def run(self, calls: trio.Nursery) -> None:
+        """Turn until cancelled; dispatch tasks are started in ``calls``."""
+        while True:
+            self._kicked = trio.Event()
+            self.turns += 1
+            for at, job_id in self.deadlines.pop_due(self.clock.now().timestamp()):
+                self.on_due(job_id, at)
+            if self.coalescer.take(trio.current_time()):
+                await self.refresh()
+                continue
+            for ticket in self.admission.admit():
+                calls.start_soon(self.dispatch, ticket)
+            await self._sleep()
+
+    def next_wake_at(self) -> float:
+        """The trio time the loop sleeps until, unless kicked (``inf``: no timer)."""
+        candidates = [math.inf]
+        earliest = self.deadlines.earliest()
+        if earliest is not None:
+            delay = earliest[0] - self.clock.now().timestamp()
+            candidates.append(trio.current_time() + max(0.0, delay))
+        due = self.coalescer.due_at()
+        if due is not None:
+            candidates.append(due)
+        return min(candidates)
+
+    async def _sleep(self) -> None:
+        with trio.move_on_at(self.next_wake_at()):
+            await self._kicked.wait()
+
+
+__all__ = ["DispatchLoop"]

@@ -1,0 +1,308 @@
+"""Settlement: a call's result and its job's next deadline, saved together, never lost.
+
+One value travels the whole way: a :class:`~coordinator.spool.HeldResult`. The
+dispatcher hands it to :meth:`Settlement.settle`; if the database refuses it, it is
+*held*: kept in memory exactly, re-sent with the error policy's backoff (the executor is
+never called again for it) and its job stays out of admission until it is saved. At
+stop, :meth:`Settlement.flush` gives every held result its last tries and writes what
+the database still refuses to the spool; on the next start :meth:`Settlement.replay`
+saves the spool's records before anything else is dispatched.
+
+Failures of the spool itself are loud: a record that cannot be written is named (by run
+id) in the daemon's last line and in its exit status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+import attrs
+import trio
+
+from ..clock import WallClock
+from ..db import one_line
+from ..events import EventBus, ResultHeld, ResultSaved, ResultSpooled
+from ..spool import HeldResult, Spool, SpoolError, Unreadable
+from ..store import JobState, Store
+from .policy import ErrorPolicy, Failure, classify
+
+#: Tries a spooled record gets at start when PostgreSQL refuses it (not: cannot be
+#: reached) before it is set aside and its run marked unresolved.
+REPLAY_TRIES: Final = 3
+#: Pause between the last tries of a flush (seconds).
+FLUSH_PAUSE: Final = 0.5
+
+
+@attrs.define(eq=False)
+class _Held:
+    """A held result and how saving it has gone."""
+
+    result: HeldResult
+    attempts: int = 0
+    error: str | None = None
+    #: Seconds to wait before the next attempt (the error policy's pacing).
+    delay: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class FlushReport:
+    """What :meth:`Settlement.flush` could not save to the database."""
+
+    #: Run ids written to the spool (the next start replays them).
+    spooled: tuple[int, ...] = ()
+    #: Run ids neither saved nor spooled: their results are lost with this process.
+    lost: tuple[int, ...] = ()
+
+
+def _ignore(_result: HeldResult, _state: JobState) -> None:
+    return None
+
+
+@attrs.define(eq=False)
+class Settlement:
+    """Saves results; holds, re-sends, flushes, spools and replays those it cannot."""
+
+    store: Store
+    events: EventBus
+    policy: ErrorPolicy
+    spool: Spool
+    clock: WallClock
+    #: Called once a result is saved (at once or after being held): re-arm its job.
+    on_saved: Callable[[HeldResult, JobState], None] = _ignore
+    #: Called when the set of held results changes (status).
+    on_change: Callable[[], None] = lambda: None
+    #: run id -> held result.
+    _held: dict[int, _Held] = attrs.field(factory=dict)
+    #: job id -> number of its held results (a job with any stays out of admission).
+    _held_jobs: dict[int, int] = attrs.field(factory=dict)
+    #: Run ids the last flush wrote to the spool.
+    _spooled: tuple[int, ...] = ()
+    _nursery: trio.Nursery | None = None
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Where retry tasks run (the daemon's long-lived nursery)."""
+        self._nursery = nursery
+
+    # -- reading ------------------------------------------------------------------------
+
+    def holds_job(self, job_id: int) -> bool:
+        """A result of this job waits to be saved: it must not be dispatched again."""
+        return job_id in self._held_jobs
+
+    def held(self) -> list[tuple[HeldResult, int, str | None]]:
+        """(result, attempts, last error) of every held result, by run id."""
+        return [(h.result, h.attempts, h.error) for _, h in sorted(self._held.items())]
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    # -- saving -------------------------------------------------------------------------
+
+    async def settle(self, result: HeldResult) -> JobState | None:
+        """Save ``result`` with its job's next deadline; ``None`` if it is held instead.
+
+        A failure that is not a database failure (a bug) holds the result before it is
+        re-raised, so that the stop sequence still saves or spools it.
+        """
+        try:
+            state = await self.store.settle(result)
+        except Exception as exc:
+            entry = self._hold(result)
+            self._failed(entry, exc, event="settle.failed")
+            self.events.emit(
+                ResultHeld(job=result.job_key, run=result.run_id, error=entry.error or "")
+            )
+            assert self._nursery is not None
+            self._nursery.start_soon(self._retry, result.run_id)
+            return None
+        return state
+
+    async def _retry(self, run_id: int) -> None:
+        """Re-send a held result until it is saved (or the stop sequence takes over)."""
+        while (entry := self._held.get(run_id)) is not None:
+            await trio.sleep(entry.delay)
+            if run_id not in self._held:
+                return  # flushed meanwhile
+            state = await self._try_save(entry)
+            if state is not None:
+                self.on_saved(entry.result, state)
+                return
+
+    def _failed(self, entry: _Held, exc: BaseException, *, event: str) -> None:
+        """Count the failed attempt and pace the next; a bug is re-raised by the policy
+        (the result stays held: the stop sequence saves or spools it)."""
+        entry.attempts += 1
+        entry.error = one_line(exc)
+        entry.delay = self.policy.failed(
+            "settle", exc, entry.attempts, event=event, run=entry.result.run_id
+        )
+
+    async def _try_save(self, entry: _Held) -> JobState | None:
+        try:
+            state = await self.store.settle(entry.result)
+        except Exception as exc:
+            self._failed(entry, exc, event="settle.retry_failed")
+            return None
+        self._release(entry.result)
+        self.events.emit(
+            ResultSaved(
+                job=entry.result.job_key,
+                run=entry.result.run_id,
+                attempts=entry.attempts + 1,
+                outcome=state.outcome,
+            )
+        )
+        if not self._held:
+            self.policy.recovered("settle")
+        return state
+
+    def _hold(self, result: HeldResult) -> _Held:
+        entry = self._held.get(result.run_id)
+        if entry is None:
+            entry = self._held[result.run_id] = _Held(result=result)
+            if result.job_id is not None:
+                self._held_jobs[result.job_id] = self._held_jobs.get(result.job_id, 0) + 1
+            self.on_change()
+        return entry
+
+    def _release(self, result: HeldResult) -> None:
+        if self._held.pop(result.run_id, None) is None:
+            return
+        job_id = result.job_id
+        if job_id is not None:
+            left = self._held_jobs.get(job_id, 1) - 1
+            if left > 0:
+                self._held_jobs[job_id] = left
+            else:
+                self._held_jobs.pop(job_id, None)
+        self.on_change()
+
+    # -- stop ---------------------------------------------------------------------------
+
+    async def flush(self, *, deadline: float) -> FlushReport:
+        """At stop: save held results without calling anything again; spool what the
+        database still refuses. Keeps trying until every result is saved or spooled, or
+        trio time ``deadline`` passes."""
+        if not self._held:
+            return FlushReport()
+        first = True
+        while self._held:
+            for entry in list(self._held.values()):
+                try:
+                    await self._try_save(entry)
+                except Exception as exc:  # a bug: the result still goes to the spool
+                    self.events.log.error(
+                        "settle.flush_failed", run=entry.result.run_id, error=repr(exc)
+                    )
+            if not self._held:
+                break
+            if first:
+                # The database may just be back: one more round shortly, then the spool.
+                first = False
+                with trio.move_on_at(deadline):
+                    await trio.sleep(FLUSH_PAUSE)
+                continue
+            if self._write_spool():
+                break
+            if trio.current_time() >= deadline:
+                break
+            with trio.move_on_at(deadline):
+                await trio.sleep(FLUSH_PAUSE)
+        return self._report()
+
+    def _write_spool(self) -> bool:
+        """Spool every held result at once; ``True`` when they are all durable."""
+        results = [h.result for h in self._held.values()]
+        try:
+            self.spool.append(results)
+        except SpoolError as exc:
+            self.events.log.error(
+                "spool.write_failed", error=str(exc), runs=",".join(str(r.run_id) for r in results)
+            )
+            return False
+        for result in results:
+            self.events.emit(
+                ResultSpooled(job=result.job_key, run=result.run_id, spool=str(self.spool.path))
+            )
+        self._spooled += tuple(r.run_id for r in results)
+        for result in results:  # durable now: the next start replays them
+            self._release(result)
+        return True
+
+    def _report(self) -> FlushReport:
+        return FlushReport(spooled=tuple(sorted(self._spooled)), lost=tuple(sorted(self._held)))
+
+    # -- start --------------------------------------------------------------------------
+
+    async def replay(self) -> None:
+        """Save the spool's records before anything is dispatched (startup).
+
+        A record the database cannot take *now* (unreachable) stops the replay with the
+        store's error: the startup sequence begins again and the spool is kept. A record
+        PostgreSQL refuses :data:`REPLAY_TRIES` times is set aside beside the spool and
+        its run marked ``unresolved`` with the reason; the others are saved.
+        """
+        contents = self.spool.read()
+        log = self.events.log
+        if not contents.records and not contents.corrupt:
+            log.info("startup.spool", records=0)
+            return
+        started = trio.current_time()
+        for line in contents.corrupt:
+            log.error("spool.corrupt", reason=line.reason, line=line.raw[:200])
+        aside = self.spool.set_aside(contents.corrupt, self.clock, "corrupt")
+        saved = already = 0
+        refused: list[tuple[HeldResult, str]] = []
+        for record in contents.records:
+            outcome, problem = await self._replay_one(record)
+            if problem is not None:
+                refused.append((record, problem))
+            elif outcome == "saved":
+                saved += 1
+            else:
+                already += 1
+        rejected = None
+        if refused:
+            rejected = self.spool.set_aside(
+                [Unreadable(raw=r.line().rstrip(b"\n"), reason=why) for r, why in refused],
+                self.clock,
+                "rejected",
+            )
+            for record, why in refused:
+                await self.store.mark_unresolved(
+                    record.run_id, f"its result could not be saved from the spool: {why}"
+                )
+                log.error("spool.rejected", run=record.run_id, job=record.job_key, error=why)
+        self.spool.clear()
+        log.info(
+            "spool.replayed",
+            saved=saved,
+            skipped=already,
+            corrupt=len(contents.corrupt),
+            rejected=len(refused) or None,
+            set_aside=str(aside) if aside else None,
+            rejected_file=str(rejected) if rejected else None,
+            elapsed_ms=round((trio.current_time() - started) * 1000, 1),
+        )
+
+    async def _replay_one(self, record: HeldResult) -> tuple[str | None, str | None]:
+        """(``saved``/``already``, None) or (None, why PostgreSQL refused it)."""
+        for attempt in range(1, REPLAY_TRIES + 1):
+            try:
+                state = await self.store.settle(record)
+            except Exception as exc:
+                kind = classify(exc)
+                if kind is None or kind is Failure.UNAVAILABLE:
+                    raise
+                delay = self.policy.failed("spool.replay", exc, attempt, run=record.run_id)
+                if attempt == REPLAY_TRIES:
+                    return None, one_line(exc)
+                await trio.sleep(delay)
+                continue
+            self.policy.recovered("spool.replay")
+            return state.outcome, None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+__all__ = ["REPLAY_TRIES", "FlushReport", "Settlement"]

@@ -1,0 +1,89 @@
+"""Wake payloads: what a NOTIFY says changed, read as a hint and never as an authority.
+
+Any role may ``NOTIFY coordinator`` with any text, so a payload is only a hint: it can
+make the daemon look sooner (a coalesced refresh, or a claim that PostgreSQL itself
+rechecks under the row lock), never make it believe something. This module turns the
+text into a typed hint, or ``None`` for anything that is not one of the shapes the
+triggers send (``migrations/0001``); it is pure and never raises.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import attrs
+
+from ..core.admission import Priority
+
+#: Longest payload read (PostgreSQL's own limit is 8000 bytes).
+MAX_PAYLOAD: Final = 8000
+_MAX_ID: Final = 2**63 - 1
+_PRIORITIES: Final = ("interactive", "background")
+
+
+@attrs.frozen(kw_only=True)
+class Dispatch:
+    """A manual run was committed: claim it directly (the claim rechecks everything)."""
+
+    run_id: int
+    job_id: int
+    priority: Priority
+    #: The job's worker type, or ``None`` for a command.
+    worker_type: str | None
+
+
+@attrs.frozen(kw_only=True)
+class Changed:
+    """Jobs or runs changed: a coalesced refresh. ``job_ids`` names the jobs when the
+    payload did (a hint for a refresh of just those), ``None`` when it could be any."""
+
+    job_ids: tuple[int, ...] | None = None
+
+
+Hint = Dispatch | Changed
+
+
+def parse(text: str) -> Hint | None:
+    """The hint in a payload, or ``None`` when it is not one the triggers send."""
+    if len(text) > MAX_PAYLOAD:
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if data.get("dispatch") is True:
+        return _dispatch(data)
+    keys = set(data)
+    if keys == {"job"} and _is_id(data["job"]):
+        return Changed(job_ids=(data["job"],))
+    if keys == {"run"} and _is_id(data["run"]):
+        return Changed()
+    if keys in ({"jobs"}, {"runs"}) and data.get("jobs", data.get("runs")) == "many":
+        return Changed()
+    if keys == {"sync"} and isinstance(data["sync"], str):
+        return Changed()
+    return None
+
+
+def _dispatch(data: dict[str, Any]) -> Dispatch | None:
+    if set(data) - {"dispatch", "run", "job", "priority", "worker"}:
+        return None
+    run_id, job_id = data.get("run"), data.get("job")
+    priority, worker = data.get("priority"), data.get("worker")
+    if not (isinstance(run_id, int) and _is_id(run_id)):
+        return None
+    if not (isinstance(job_id, int) and _is_id(job_id)) or priority not in _PRIORITIES:
+        return None
+    if worker is not None and (not isinstance(worker, str) or not worker or len(worker) > 200):
+        return None
+    return Dispatch(run_id=run_id, job_id=job_id, priority=priority, worker_type=worker)
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= _MAX_ID
+
+
+__all__ = ["Changed", "Dispatch", "Hint", "parse"]

@@ -1,0 +1,662 @@
+"""The daemon: the pure core wired to the store, the listener and the executors.
+
+:class:`Daemon` owns no policy of its own; it builds the parts and runs their lifecycle
+in one trio nursery:
+
+1. **lead** (:mod:`.leadership`): take the single-writer lock, or stand by silently;
+2. **start up**, each step logged and retried through the error policy: schema check,
+   spool replay (:mod:`.settlement`), crash sweep, LISTEN, the executors' ``serve``
+   (a standby must not take the leader's worker socket), the first refresh
+   (:mod:`.inventory`);
+3. **serve**: the loop (:mod:`.loop`) turns deadlines, wakes and admission into
+   dispatches (:mod:`.dispatch`);
+4. **stop**: refuse new admissions, detach executors, wait for calls (bounded by the
+   stop timeout; a second SIGINT cancels them at once), then flush held results —
+   saved, or spooled, or named in the last line. The flush also runs on every other
+   way out (an unexpected error, leadership lost): a held result is never lost silently.
+
+The outside sees the daemon through :meth:`Daemon.status` (a typed snapshot) and its
+:attr:`Daemon.events` bus; nothing reads its attributes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import attrs
+import trio
+
+from ..backoff import backoff
+from ..clock import WallClock
+from ..core.admission import Admission
+from ..core.coalescer import RefreshCoalescer
+from ..core.deadlines import DeadlineSet
+from ..db import one_line
+from ..errors import ConfigError, CoordinatorError
+from ..events import (
+    DispatchWake,
+    EventBus,
+    LifecycleWake,
+    NotificationWake,
+    StateChanged,
+)
+from ..executors import Executor, ExecutorHooks
+from ..listener import Listener
+from ..migrate import load_migrations
+from ..spool import Spool
+from ..status import DaemonStatus, HeldResultView, RunningCall
+from ..store import ConnectionPool, JobEntry, Store
+from . import wakes
+from .dispatch import Dispatcher
+from .inventory import Inventory
+from .leadership import Leadership
+from .loop import DispatchLoop
+from .policy import ErrorPolicy, Failure, classify
+from .settlement import FlushReport, Settlement
+
+if TYPE_CHECKING:
+    from ..log import EventLog
+
+#: Exit statuses of ``coordinator run`` (README, "Exit status").
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_CONFIG: Final = 2
+#: Results had to be spooled because the database refused them (the next start replays).
+EXIT_SPOOLED: Final = 3
+#: Results could be neither saved nor spooled: the last line names their runs.
+EXIT_LOST: Final = 4
+
+T = TypeVar("T")
+
+
+def default_instance() -> str:
+    """``host:pid:random``: unique per process, readable in ``runs.instance``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@attrs.frozen(kw_only=True)
+class DaemonSettings:
+    """What the daemon needs to know beyond its collaborators."""
+
+    #: Minimum seconds between two inventory refreshes.
+    refresh_spacing: float = 30.0
+    #: Global limit of concurrent calls.
+    concurrency: int = 16
+    #: Longest the stop sequence waits for running calls before cancelling them; also
+    #: how long it keeps trying to save held results.
+    stop_timeout: float = 60.0
+    #: Where unsaved results go at stop.
+    spool_path: Path
+    #: Database connections for claims and settlements.
+    pool_size: int = 4
+    #: Cap of every retry backoff (seconds).
+    retry_cap: float = 30.0
+    #: Apply pending migrations at start instead of refusing to start.
+    migrate: bool = False
+
+
+class _Stopped(Exception):
+    """A stop was requested while a startup step waited to retry."""
+
+
+@attrs.define(eq=False)
+class Daemon:
+    """One daemon process's parts and lifecycle. ``run()`` returns the exit status."""
+
+    dsn: str
+    settings: DaemonSettings
+    clock: WallClock
+    #: Where everything that happens is told (the log is its first subscriber).
+    events: EventBus
+    executors: Mapping[str, Executor]
+    instance: str = attrs.field(factory=default_instance)
+    #: Called with systemd-style state updates (``READY=1``, ``STATUS=...``).
+    notify: Callable[[str], None] = lambda message: None
+    #: Stop on SIGTERM/SIGINT (off when embedded, e.g. in tests).
+    handle_signals: bool = True
+
+    store: Store = attrs.field(init=False)
+    policy: ErrorPolicy = attrs.field(init=False)
+    deadlines: DeadlineSet = attrs.field(factory=DeadlineSet, init=False)
+    coalescer: RefreshCoalescer = attrs.field(init=False)
+    admission: Admission = attrs.field(init=False)
+    inventory: Inventory = attrs.field(init=False)
+    settlement: Settlement = attrs.field(init=False)
+    dispatcher: Dispatcher = attrs.field(init=False)
+    leadership: Leadership = attrs.field(init=False)
+    loop: DispatchLoop = attrs.field(init=False)
+    ready: trio.Event = attrs.field(factory=trio.Event, init=False)
+    stopped: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _phase: str = attrs.field(default="starting", init=False)
+    _state: str = attrs.field(default="starting", init=False)
+    _stop: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _abandon: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _listener: Listener | None = attrs.field(default=None, init=False)
+    _started_at: float | None = attrs.field(default=None, init=False)
+    #: Trio time the stop sequence must be done by (set when it begins).
+    _stop_deadline: float | None = attrs.field(default=None, init=False)
+    #: Why the database could not be reached at start (while it cannot).
+    _unavailable: str | None = attrs.field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        s = self.settings
+        self.store = Store(pool=ConnectionPool(self.dsn, size=s.pool_size), instance=self.instance)
+        self.policy = ErrorPolicy(log=self.log, retry_cap=s.retry_cap, on_change=self._update)
+        self.coalescer = RefreshCoalescer(spacing=s.refresh_spacing)
+        self.admission = Admission(slots=s.concurrency)
+        self.settlement = Settlement(
+            store=self.store,
+            events=self.events,
+            policy=self.policy,
+            spool=Spool(s.spool_path),
+            clock=self.clock,
+            on_change=self._update,
+        )
+        self.inventory = Inventory(
+            store=self.store,
+            clock=self.clock,
+            events=self.events,
+            policy=self.policy,
+            deadlines=self.deadlines,
+            coalescer=self.coalescer,
+        )
+        self.loop = DispatchLoop(
+            clock=self.clock,
+            deadlines=self.deadlines,
+            coalescer=self.coalescer,
+            admission=self.admission,
+            on_due=lambda job_id, at: self.dispatcher.deadline_due(job_id, at),
+            refresh=self.inventory.refresh,
+            dispatch=lambda ticket: self.dispatcher.dispatch(ticket),
+        )
+        self.dispatcher = Dispatcher(
+            store=self.store,
+            clock=self.clock,
+            events=self.events,
+            policy=self.policy,
+            admission=self.admission,
+            inventory=self.inventory,
+            settlement=self.settlement,
+            executors=self.executors,
+            abandon=self._abandon,
+            kick=self.loop.kick,
+            wake=self.loop.wake,
+            on_change=self._update,
+        )
+        self.inventory.busy = self.dispatcher.busy
+        self.inventory.served = self.dispatcher.served
+        self.inventory.queued = self._offer_queued
+        self.settlement.on_saved = self.dispatcher.saved_later
+        self.leadership = Leadership(
+            dsn=self.dsn,
+            store=self.store,
+            log=self.log,
+            instance=self.instance,
+            retry_cap=s.retry_cap,
+        )
+        hooks = ExecutorHooks(changed=self.workers_changed, save_progress=self._save_progress)
+        for executor in self.executors.values():
+            executor.attach(hooks)
+
+    # -- the outside ----------------------------------------------------------------------
+
+    @property
+    def log(self) -> EventLog:
+        """Plain log lines (events that nothing subscribes to by type)."""
+        return self.events.log
+
+    def request_stop(self) -> None:
+        """Begin the stop sequence (SIGTERM, SIGINT and tests call this)."""
+        self._stop.set()
+
+    def abandon_calls(self) -> None:
+        """Stop running calls now instead of waiting for them (a second SIGINT)."""
+        self._abandon.set()
+
+    @property
+    def state(self) -> str:
+        """``starting``, ``standby``, ``ready``, ``degraded``, ``stopping`` or ``stopped``."""
+        return self._state
+
+    def status(self) -> DaemonStatus:
+        """The typed snapshot the admin face, the metrics and systemd read. No SQL."""
+        now = trio.current_time()
+        earliest = self.deadlines.earliest()
+        next_deadline = next_job = None
+        if earliest is not None:
+            next_deadline = datetime.fromtimestamp(earliest[0], UTC)
+            next_job = self.inventory.key(earliest[1])
+        workers = tuple(w for e in self.executors.values() for w in e.connections())
+        return DaemonStatus(
+            state=self._state,
+            instance=self.instance,
+            uptime_s=0.0 if self._started_at is None else now - self._started_at,
+            leading=self._phase in ("ready", "stopping"),
+            jobs=len(self.inventory.jobs),
+            armed_deadlines=len(self.deadlines),
+            next_deadline=next_deadline,
+            next_job=next_job,
+            running=tuple(
+                RunningCall(
+                    job=r.job_key, job_id=job_id, run=r.run_id, running_s=round(now - r.since, 3)
+                )
+                for job_id, r in sorted(self.dispatcher.running.items())
+            ),
+            held=tuple(
+                HeldResultView(
+                    run=result.run_id,
+                    job=result.job_key,
+                    outcome=result.outcome.status,
+                    attempts=attempts,
+                    error=error,
+                )
+                for result, attempts, error in self.settlement.held()
+            ),
+            workers=workers,
+            refreshes=self.inventory.refreshes,
+            last_refresh=self.inventory.last_refresh,
+            degraded=self._problems(),
+            sql_statements=self.store.statements,
+        )
+
+    def workers_changed(self) -> None:
+        """An executor's pools changed (a worker connected, left, changed capacity).
+
+        Capacities are updated at once; deadlines of worker jobs are armed or disarmed
+        from memory (an overdue one then runs once), with no SQL; and a lifecycle wake
+        asks for a coalesced refresh so queued manual runs for new types are found.
+        """
+        self.dispatcher.pools_changed()
+        self.inventory.workers_changed()
+        self._lifecycle_wake("workers.changed")
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Lead, start up, serve until stopped; returns the exit status."""
+        status = EXIT_FAILED
+        self._started_at = trio.current_time()
+        try:
+            async with trio.open_nursery() as nursery:
+                self.settlement.start(nursery)
+                if self.handle_signals:
+                    nursery.start_soon(self._watch_signals)
+                status = await self._lead_and_serve(nursery)
+                nursery.cancel_scope.cancel()
+        except Exception as exc:  # a bug, or a group of them: stop cleanly, say so
+            self.log.error("daemon.failed", error=_describe(exc))
+            status = EXIT_FAILED
+        finally:
+            with trio.CancelScope(shield=True):
+                if len(self.settlement):  # left held by a way out other than a stop
+                    status = self._stopped(await self._flush(), status)
+                await self.store.pool.close()
+                await self.leadership.release()
+            self._set_phase("stopped")
+            self.stopped.set()
+        return status
+
+    async def _lead_and_serve(self, nursery: trio.Nursery) -> int:
+        attempt = 0
+        while True:
+            if not await self.leadership.acquire(
+                self._stop, on_standby=self._on_standby, on_unavailable=self._on_unavailable
+            ):
+                return EXIT_OK  # stopped while standing by (or before the database answered)
+            try:
+                await self._start_up(nursery)
+                break
+            except _Stopped:
+                return EXIT_OK
+            except ConfigError as exc:
+                self.log.error("startup.refused", error=str(exc))
+                self._print(str(exc))
+                return EXIT_CONFIG
+            except CoordinatorError as exc:
+                # The database went away between two startup steps: give the lock back and
+                # begin again from the lock (every step is idempotent).
+                if classify(exc) is not Failure.UNAVAILABLE:
+                    raise
+                await self.leadership.release()
+                attempt += 1
+                delay = backoff(attempt, cap=self.settings.retry_cap)
+                self._on_unavailable(exc, delay)
+                with trio.move_on_after(delay):
+                    await self._stop.wait()
+                if self._stop.is_set():
+                    return EXIT_OK
+        nursery.start_soon(self._keep_lead)
+        self._set_phase("ready")
+        self.ready.set()
+        snapshot = self.status()
+        self.log.info(
+            "ready",
+            instance=self.instance,
+            jobs=snapshot.jobs,
+            armed=snapshot.armed_deadlines,
+            next_deadline=(
+                snapshot.next_deadline.isoformat(timespec="seconds")
+                if snapshot.next_deadline
+                else None
+            ),
+        )
+        self.notify("READY=1")
+        self._update()
+        async with trio.open_nursery() as calls:
+            loop_scope = trio.CancelScope()
+
+            async def loop() -> None:
+                with loop_scope:
+                    await self.loop.run(calls)
+
+            calls.start_soon(loop)
+            await self._stop.wait()
+            await self._drain(calls, loop_scope)
+        return self._stopped(await self._flush(), EXIT_OK)
+
+    async def _start_up(self, nursery: trio.Nursery) -> None:
+        """Lock taken: schema, spool replay, crash sweep, LISTEN, first refresh."""
+        self.log.info("startup.lock", instance=self.instance)
+        await self._step("schema", self._check_schema)
+        await self._step("spool", self.settlement.replay)
+        lost = await self._step("sweep", self.store.sweep_lost)
+        for item in lost:
+            self.log.warning(
+                "startup.lost_run", run=item.run_id, job_id=item.job_id, action=item.action
+            )
+        self.log.info("startup.sweep", lost=len(lost))
+        if self._listener is None:
+            # LISTEN before the first refresh, so no change can fall between the two.
+            self._listener = Listener(
+                dsn=self.dsn,
+                log=self.log,
+                on_notify=self._on_notification,
+                on_lost=lambda: self._lifecycle_wake("listener.reconnected", urgent=True),
+                on_state=lambda _up: self._update(),
+                on_statement=self.store.count,
+            )
+            await nursery.start(self._listener.run)
+            # Executors that accept connections (workers) open only once we lead: a
+            # standby must not take the leader's socket. Before the first refresh, so
+            # workers that reconnect at once count when deadlines are first armed.
+            for executor in self.executors.values():
+                await nursery.start(executor.serve)
+        await self._step("refresh", lambda: self.inventory.refresh(first=True))
+
+    async def _step(self, purpose: str, action: Callable[[], Awaitable[T]]) -> T:
+        """Run one startup step through the error policy: retried (at once after a
+        deadlock, else with backoff) while PostgreSQL refuses it; an unreachable database
+        propagates (the startup begins again from the lock); a bug propagates."""
+        attempt = 0
+        while True:
+            try:
+                result = await action()
+            except CoordinatorError as exc:
+                if isinstance(exc, ConfigError) or classify(exc) is Failure.UNAVAILABLE:
+                    raise
+                attempt += 1
+                delay = self.policy.failed(f"startup.{purpose}", exc, attempt)
+                self._update()
+                with trio.move_on_after(delay):
+                    await self._stop.wait()
+                if self._stop.is_set():
+                    raise _Stopped from None
+                continue
+            self.policy.recovered(f"startup.{purpose}")
+            return result
+
+    async def _check_schema(self) -> None:
+        """Refuse to start on a schema that lacks migrations (or apply them, if asked)."""
+        expected = [m.name for m in load_migrations()]
+        applied = await self.store.applied_migrations()
+        pending = [name for name in expected if applied is None or name not in applied]
+        if pending and self.settings.migrate:
+            for name in await self.store.migrate():
+                self.log.info("startup.migrated", migration=name)
+            return
+        if pending:
+            raise ConfigError(
+                f"the schema lacks {', '.join(pending)}: run `coordinator migrate` "
+                "(or `coordinator run --migrate`)"
+            )
+
+    async def _keep_lead(self) -> None:
+        await self.leadership.keep(
+            on_lost=self._update,
+            on_regained=lambda: self._lifecycle_wake("leadership.regained", urgent=True),
+            on_stepped_down=self.request_stop,
+        )
+
+    # -- wakes ----------------------------------------------------------------------------
+
+    def _on_notification(self, payload: str) -> None:
+        hint = wakes.parse(payload)
+        if hint is None:
+            self.log.debug("wake.ignored", payload=payload[:200])
+            return
+        if isinstance(hint, wakes.Dispatch):
+            if self._dispatch_hint(hint):
+                return
+            self.events.emit(NotificationWake(payload={"run": hint.run_id}))
+        else:
+            self.events.emit(
+                NotificationWake(
+                    payload={"job": hint.job_ids[0]}
+                    if hint.job_ids and len(hint.job_ids) == 1
+                    else {"changed": "many"}
+                )
+            )
+        self.loop.wake()
+
+    def _dispatch_hint(self, hint: wakes.Dispatch) -> bool:
+        """Take a manual run straight to admission when the hint agrees with what we know;
+        ``False`` sends it the slow way (a coalesced refresh reads the truth)."""
+        known = self.inventory.jobs.get(hint.job_id)
+        if known is not None and (
+            known.worker_type != hint.worker_type or known.priority != hint.priority
+        ):
+            self.log.debug("wake.inconsistent", run=hint.run_id, job_id=hint.job_id)
+            return False
+        if (
+            known is None
+            and hint.worker_type is not None
+            and hint.worker_type not in self.dispatcher.served()
+        ):
+            return False  # nobody serves it: the refresh offers the run if it is real
+        self.dispatcher.offer_manual(
+            job_id=hint.job_id,
+            run_id=hint.run_id,
+            priority=hint.priority,
+            worker_type=hint.worker_type,
+        )
+        self.events.emit(DispatchWake(dispatch=hint.run_id, job_id=hint.job_id))
+        self.loop.kick()
+        return True
+
+    def _lifecycle_wake(self, reason: str, *, urgent: bool = False) -> None:
+        self.events.emit(LifecycleWake(reason=reason, urgent=urgent or None))
+        self.loop.wake(urgent=urgent)
+
+    def _offer_queued(self, entry: JobEntry) -> None:
+        assert entry.run_id is not None
+        self.dispatcher.offer_manual(
+            job_id=entry.id,
+            run_id=entry.run_id,
+            priority=entry.priority,
+            worker_type=entry.worker_type,
+        )
+
+    async def _save_progress(self, run_id: int, snapshot: dict[str, object]) -> None:
+        await self.store.save_progress(run_id, snapshot)
+
+    # -- stop -----------------------------------------------------------------------------
+
+    async def _watch_signals(self) -> None:
+        try:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    self.log.info("signal", signal=name)
+                    if not self._stop.is_set():
+                        self.request_stop()
+                        self._say_what_we_wait_for()
+                    elif signum == signal.SIGINT and not self._abandon.is_set():
+                        self._print("second interrupt: cancelling running calls now")
+                        self.abandon_calls()
+        except ValueError:
+            # Not the main thread (e.g. an embedding test harness): stop via request_stop().
+            await trio.sleep_forever()
+
+    def _say_what_we_wait_for(self) -> None:
+        running = self.dispatcher.running
+        if not running:
+            self._print("stopping")
+            return
+        names = ", ".join(f"{r.job_key} (run {r.run_id})" for r in running.values())
+        self._print(
+            f"stopping: waiting for {len(running)} running call(s): {names}; up to "
+            f"{self.settings.stop_timeout:g}s, then they are cancelled "
+            "(press Ctrl-C again to cancel them now)"
+        )
+
+    async def _drain(self, calls: trio.Nursery, loop_scope: trio.CancelScope) -> None:
+        """Refuse new admissions and wait for admitted calls, bounded by stop_timeout;
+        past it (or on a second SIGINT), abandon them (executors record ``cancelled``)."""
+        self._stop_deadline = trio.current_time() + self.settings.stop_timeout
+        self.dispatcher.stopping = True
+        self._set_phase("stopping")
+        self.notify("STOPPING=1")
+        self.admission.close()
+        self.coalescer.hold()
+        loop_scope.cancel()
+        for executor in self.executors.values():
+            await executor.detach()  # no new workers, nothing new sent; calls in flight go on
+        self.log.info(
+            "stopping", running=len(self.dispatcher.running), retained=len(self.settlement)
+        )
+        with trio.move_on_at(self._stop_deadline) as waited:
+            async with trio.open_nursery() as watch:
+                watch.start_soon(_cancel_when_set, self._abandon, watch.cancel_scope)
+                while self.dispatcher.in_flight:
+                    self.notify(
+                        f"EXTEND_TIMEOUT_USEC={int((self.settings.stop_timeout + 30) * 1e6)}"
+                    )
+                    await self.dispatcher.idle.wait()
+                watch.cancel_scope.cancel()
+        if waited.cancelled_caught or self._abandon.is_set():
+            self.log.warning("stop.abandon", running=len(self.dispatcher.running))
+            self._abandon.set()
+            with trio.move_on_after(30):
+                while self.dispatcher.in_flight:
+                    await self.dispatcher.idle.wait()
+        calls.cancel_scope.cancel()
+
+    async def _flush(self) -> FlushReport:
+        deadline = max(
+            self._stop_deadline or 0.0, trio.current_time() + min(5.0, self.settings.stop_timeout)
+        )
+        return await self.settlement.flush(deadline=deadline)
+
+    def _stopped(self, report: FlushReport, status: int) -> int:
+        """Log the last line and choose the exit status from what the flush kept."""
+        if report.lost:
+            runs = ", ".join(str(r) for r in report.lost)
+            self.log.error(
+                "stopped",
+                instance=self.instance,
+                spooled=len(report.spooled) or None,
+                lost=runs,
+                exit_code=EXIT_LOST,
+            )
+            self._print(f"could not save or spool the results of runs {runs}: they are lost")
+            return EXIT_LOST
+        if report.spooled:
+            # A clean stop that spooled says so with its own status; a failure keeps its.
+            status = EXIT_SPOOLED if status == EXIT_OK else status
+            self.log.error(
+                "stopped", instance=self.instance, spooled=len(report.spooled), exit_code=status
+            )
+            return status
+        if self.leadership.stepped_down:
+            status = EXIT_FAILED
+        self.log.info("stopped", instance=self.instance, exit_code=status or None)
+        return status
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _on_standby(self) -> None:
+        self._set_phase("standby")
+        self.log.info("standby", instance=self.instance)
+
+    def _on_unavailable(self, exc: BaseException, delay: float) -> None:
+        self.log.warning("startup.database_unavailable", error=one_line(exc), retry_s=delay)
+        self._unavailable = one_line(exc)
+        self._update()
+
+    def _problems(self) -> tuple[str, ...]:
+        problems = list(self.policy.problems)
+        if self._phase == "starting" and self._unavailable:
+            problems.append(f"database unavailable: {self._unavailable}")
+        if self._phase in ("ready", "stopping"):
+            if self._listener is not None and not self._listener.connected:
+                problems.append("listener disconnected")
+            if self.store.leader_pid == 0:
+                problems.append("leadership lock session lost")
+        if len(self.settlement):
+            problems.append(f"{len(self.settlement)} result(s) held")
+        return tuple(problems)
+
+    def _set_phase(self, phase: str) -> None:
+        self._phase = phase
+        if phase != "starting":
+            self._unavailable = None
+        self._update()
+
+    def _update(self) -> None:
+        """Recompute the state word; tell systemd and the event stream when it changes."""
+        problems = self._problems()
+        state = self._phase
+        if problems and state in ("starting", "ready"):
+            state = "degraded"
+        changed = state != self._state
+        self._state = state
+        self.notify(f"STATUS={self.status().line()}")
+        if changed:
+            self.events.emit(StateChanged(state=state, reasons=problems))
+
+    def _print(self, message: str) -> None:
+        """A line for the person at the terminal (stderr), beside the log."""
+        if self.handle_signals:
+            print(f"coordinator: {message}", file=sys.stderr, flush=True)
+
+
+async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an exception or a group of them (groups are unwrapped)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {one_line(exc)}"
+
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_FAILED",
+    "EXIT_LOST",
+    "EXIT_OK",
+    "EXIT_SPOOLED",
+    "Daemon",
+    "DaemonSettings",
+    "default_instance",
+]

@@ -1,0 +1,373 @@
+"""Typed events: what happened in the daemon, as values.
+
+The daemon and its executors describe what happens as attrs values (a run finished, a
+refresh was done, a result is held...) and hand them to one :class:`EventBus`. The bus
+writes each one as a log line (its ``NAME`` is the stable log event name scripts and
+tests wait for) and passes the value itself to its subscribers: the metrics, and the
+live streams of the admin face. A subscriber matches on the type, never on a log
+string, so renaming a log field cannot silently break a metric.
+
+Layering: a value module. It imports nothing of the daemon; ``admin/`` and the
+executors import it freely.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+import attrs
+import trio
+
+from .log import EventLog, Level
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+
+#: Events a slow stream subscriber may fall behind by before it is told it missed some.
+STREAM_BUFFER: Final = 1024
+
+
+@attrs.frozen(kw_only=True)
+class Event:
+    """Base of every event: a log name, a level, and fields."""
+
+    #: The log event name (stable: scripts and tests wait for it).
+    NAME: ClassVar[str] = "event"
+    #: The log level it is written at.
+    LEVEL: ClassVar[Level] = "info"
+
+    def level(self) -> Level:
+        """The level of this occurrence (some events are warnings only when they fail)."""
+        return self.LEVEL
+
+    def fields(self) -> dict[str, Any]:
+        """The log line's fields (``None`` values are left out by the log)."""
+        return attrs.asdict(self, recurse=False)
+
+
+# -- wakes and refreshes -------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class NotificationWake(Event):
+    """A NOTIFY from PostgreSQL asked for a refresh (a job or run changed)."""
+
+    NAME: ClassVar[str] = "wake"
+    #: The payload as decoded (a hint only: never trusted as an authority).
+    payload: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class DispatchWake(Event):
+    """A manual run was committed: it goes straight to admission and the claim."""
+
+    NAME: ClassVar[str] = "wake"
+    LEVEL: ClassVar[Level] = "debug"
+    #: The queued run.
+    dispatch: int
+    job_id: int
+
+
+@attrs.frozen(kw_only=True)
+class LifecycleWake(Event):
+    """A wake without a database change (workers came or went, the listener reconnected)."""
+
+    NAME: ClassVar[str] = "wake"
+    reason: str
+    #: Ignore the refresh spacing (notifications may have been missed).
+    urgent: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Refreshed(Event):
+    """The job inventory was read (all of it, or the jobs a wake named)."""
+
+    NAME: ClassVar[str] = "refresh"
+    #: Rows read.
+    jobs: int
+    #: Deadlines armed after it.
+    armed: int
+    #: First deadlines computed and saved, jobs found unusable.
+    initialised: int | None = None
+    invalid: int | None = None
+    #: Wall time it took, milliseconds.
+    elapsed_ms: float
+
+
+# -- claims, runs and results --------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ClaimRejected(Event):
+    """The claim boundary refused a dispatch (see ``coordinator._claim`` for reasons)."""
+
+    NAME: ClassVar[str] = "claim.rejected"
+    job_id: int
+    #: The queued run of a manual dispatch, ``None`` for a deadline.
+    run: int | None
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class RunStarted(Event):
+    """A claim was granted: the call starts now."""
+
+    NAME: ClassVar[str] = "run.started"
+    LEVEL: ClassVar[Level] = "debug"
+    job: str
+    job_id: int
+    run: int
+    trigger: str
+    attempt: int
+
+
+@attrs.frozen(kw_only=True)
+class RunFinished(Event):
+    """A call ended and its result was saved (or held, after :class:`ResultHeld`)."""
+
+    NAME: ClassVar[str] = "job.run"
+    job: str
+    job_id: int
+    run: int
+    trigger: str
+    #: ``succeeded`` | ``failed`` | ``timed_out`` | ``cancelled``.
+    outcome: str
+    #: Why it did not succeed (``handler`` | ``timeout`` | ``crashed`` | ``lost``).
+    cause: str | None = None
+    count: int | None = None
+    #: Call duration, milliseconds.
+    elapsed_ms: float
+    #: Actual start minus the deadline served (scheduled runs only), milliseconds.
+    lateness_ms: float | None = None
+    error: str | None = None
+
+    def level(self) -> Level:
+        return "info" if self.outcome == "succeeded" else "warning"
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.elapsed_ms / 1000.0
+
+    @property
+    def lateness_s(self) -> float | None:
+        return None if self.lateness_ms is None else self.lateness_ms / 1000.0
+
+
+@attrs.frozen(kw_only=True)
+class RunProgress(Event):
+    """A running call reported progress (worker calls)."""
+
+    NAME: ClassVar[str] = "run.progress"
+    LEVEL: ClassVar[Level] = "debug"
+    run: int
+    percent: float | None = None
+    label: str | None = None
+    message: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ResultHeld(Event):
+    """The database refused a result: it is held in memory, exactly, and re-sent."""
+
+    NAME: ClassVar[str] = "settle.retained"
+    LEVEL: ClassVar[Level] = "warning"
+    job: str
+    run: int
+    error: str
+
+
+@attrs.frozen(kw_only=True)
+class ResultSaved(Event):
+    """A held result was saved after all."""
+
+    NAME: ClassVar[str] = "settle.saved"
+    job: str
+    run: int
+    attempts: int
+    #: ``saved`` or ``already`` (saved before: a retry after an unacknowledged commit).
+    outcome: str
+
+
+@attrs.frozen(kw_only=True)
+class ResultSpooled(Event):
+    """At stop, a held result went to the local spool (the next start replays it)."""
+
+    NAME: ClassVar[str] = "settle.spooled"
+    LEVEL: ClassVar[Level] = "error"
+    job: str
+    run: int
+    spool: str
+
+
+# -- workers and the daemon itself ---------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class WorkerConnected(Event):
+    """A worker said hello and serves ``types``."""
+
+    NAME: ClassVar[str] = "worker.connected"
+    worker: str
+    types: tuple[str, ...]
+    capacity: int
+    transport: str
+    peer: str
+    #: It replaced an older connection with the same worker id.
+    replaced: bool | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {**super().fields(), "types": ",".join(self.types)}
+
+
+@attrs.frozen(kw_only=True)
+class WorkerDisconnected(Event):
+    """A worker connection ended; its calls in flight (``crashed``) ended with it."""
+
+    NAME: ClassVar[str] = "worker.disconnected"
+    worker: str
+    reason: str
+    crashed: int | None = None
+
+    def level(self) -> Level:
+        return "warning" if self.crashed else "info"
+
+
+@attrs.frozen(kw_only=True)
+class StateChanged(Event):
+    """The daemon's state word changed (``standby``, ``ready``, ``degraded``...)."""
+
+    NAME: ClassVar[str] = "daemon.state"
+    LEVEL: ClassVar[Level] = "debug"
+    state: str
+    #: Why it is degraded (one line per cause), when it is.
+    reasons: tuple[str, ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        return {"state": self.state, "reasons": "; ".join(self.reasons) or None}
+
+
+# -- the bus -------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Missed(Event):
+    """Put in a stream in place of events it fell too far behind to receive."""
+
+    NAME: ClassVar[str] = "events.missed"
+    LEVEL: ClassVar[Level] = "debug"
+    count: int
+
+
+@attrs.define(eq=False)
+class EventStream:
+    """One subscriber's bounded queue (the web page's live view reads one)."""
+
+    _send: trio.MemorySendChannel[Event]
+    receive: trio.MemoryReceiveChannel[Event]
+    _missed: int = 0
+    closed: bool = False
+
+    def _offer(self, event: Event) -> None:
+        if self._missed:
+            try:
+                self._send.send_nowait(Missed(count=self._missed))
+            except trio.WouldBlock:
+                self._missed += 1
+                return
+            self._missed = 0
+        try:
+            self._send.send_nowait(event)
+        except trio.WouldBlock:
+            self._missed += 1
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self.closed = True
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self.receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+
+@attrs.define(eq=False)
+class EventBus:
+    """Writes each event to the log, then hands the value to every subscriber.
+
+    Subscribers are called synchronously from the emitting task and must be quick (a
+    counter, a channel ``send_nowait``). A subscriber that raises is logged and kept.
+    """
+
+    log: EventLog
+    _subscribers: list[Callable[[Event], None]] = attrs.field(factory=list)
+    _streams: list[EventStream] = attrs.field(factory=list)
+
+    def emit(self, event: Event) -> None:
+        self.log.event(event.NAME, event.level(), **event.fields())
+        for subscriber in self._subscribers:
+            try:
+                subscriber(event)
+            except Exception as exc:  # a subscriber's bug must not stop the daemon
+                self.log.error("events.subscriber_failed", error=repr(exc))
+        if self._streams:
+            for stream in self._streams:
+                stream._offer(event)
+            if any(s.closed for s in self._streams):
+                self._streams = [s for s in self._streams if not s.closed]
+
+    def subscribe(self, subscriber: Callable[[Event], None]) -> None:
+        """Call ``subscriber(event)`` for every event from now on."""
+        self._subscribers.append(subscriber)
+
+    def open_stream(self, buffer: int = STREAM_BUFFER) -> EventStream:
+        """A bounded queue of the events from now on; close it with :meth:`close_stream`.
+        Falling more than ``buffer`` events behind yields one :class:`Missed` event."""
+        send, receive = trio.open_memory_channel[Event](buffer)
+        stream = EventStream(send, receive)
+        self._streams.append(stream)
+        return stream
+
+    def close_stream(self, stream: EventStream) -> None:
+        stream.closed = True
+        stream.receive.close()
+        if stream in self._streams:
+            self._streams.remove(stream)
+
+
+def milliseconds(seconds: float) -> float:
+    """Seconds as milliseconds rounded to 0.1, as every ``*_ms`` field is logged."""
+    return round(seconds * 1000, 1) if math.isfinite(seconds) else seconds
+
+
+def iso(value: datetime | None) -> str | None:
+    """An aware datetime as ISO 8601 with milliseconds, for JSON shapes."""
+    return value.isoformat(timespec="milliseconds") if value is not None else None
+
+
+__all__ = [
+    "ClaimRejected",
+    "DispatchWake",
+    "Event",
+    "EventBus",
+    "EventStream",
+    "LifecycleWake",
+    "Missed",
+    "NotificationWake",
+    "Refreshed",
+    "ResultHeld",
+    "ResultSaved",
+    "ResultSpooled",
+    "RunFinished",
+    "RunProgress",
+    "RunStarted",
+    "StateChanged",
+    "WorkerConnected",
+    "WorkerDisconnected",
+    "iso",
+    "milliseconds",
+]

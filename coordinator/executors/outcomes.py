@@ -1,0 +1,60 @@
+"""Outcome building shared by the executors: the words and shapes of how a call ended.
+
+Every executor ends a call the same few ways (it finished, timed out, was abandoned at
+stop, could not start); the messages operators read and scripts match on are built
+here once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from ..model import Outcome
+from ..text import clip, seconds_text
+
+if TYPE_CHECKING:
+    from datetime import datetime, timedelta
+
+    from ..clock import WallClock
+    from ..model import ErrorCause, OutcomeStatus
+
+#: Message of an outcome whose call was abandoned because the daemon is stopping.
+CANCELLED_MESSAGE: Final = "cancelled: daemon stopping"
+
+
+def ended(
+    clock: WallClock,
+    started_at: datetime,
+    status: OutcomeStatus,
+    cause: ErrorCause | None,
+    message: str | None,
+    extra: dict[str, Any] | None = None,
+    *,
+    count: int | None = None,
+    finished_at: datetime | None = None,
+) -> Outcome:
+    """An outcome finishing now (or at ``finished_at``), its message bounded."""
+    return Outcome(
+        status=status,
+        started_at=started_at,
+        finished_at=clock.now() if finished_at is None else finished_at,
+        count=count,
+        extra=extra or {},
+        error_cause=cause,
+        error_message=None if message is None else clip(message),
+    )
+
+
+def cancelled(
+    clock: WallClock, started_at: datetime, extra: dict[str, Any] | None = None
+) -> Outcome:
+    """The call was abandoned because the daemon is stopping."""
+    return ended(clock, started_at, "cancelled", None, CANCELLED_MESSAGE, extra)
+
+
+def timed_out_message(timeout: timedelta) -> str:
+    """``timed out after 2s``."""
+    return f"timed out after {seconds_text(timeout)}s"
+
+
+__all__ = ["CANCELLED_MESSAGE", "cancelled", "ended", "timed_out_message"]

@@ -1,0 +1,180 @@
+"""The daemon as the outside sees it: one typed, SQL-free snapshot.
+
+:meth:`coordinator.daemon.Daemon.status` builds a :class:`DaemonStatus` from memory; the
+admin API (``/api/status``, ``/healthz``), the metrics' gauges, systemd's ``STATUS=``
+line and ``coordinator status`` read it. Nothing outside the daemon reads its attributes.
+
+Layering: a value module (no I/O); ``admin/`` imports it, the daemon builds it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final
+
+import attrs
+
+from .events import iso
+
+#: The state words, and what the API calls each (``ready`` is ``leader``).
+STATES: Final = ("starting", "standby", "ready", "degraded", "stopping", "stopped")
+_ROLES: Final = {"ready": "leader"}
+
+
+@attrs.frozen(kw_only=True)
+class RunningCall:
+    """A call in progress."""
+
+    #: The job's ``namespace/name`` (``#id`` when the daemon no longer lists it).
+    job: str
+    job_id: int
+    #: The run being served.
+    run: int
+    #: Seconds since the call started.
+    running_s: float
+
+
+@attrs.frozen(kw_only=True)
+class HeldResultView:
+    """A result the database has not acknowledged yet."""
+
+    run: int
+    job: str
+    #: The call's outcome (``succeeded``, ``failed`` ...), kept exactly.
+    outcome: str
+    #: Attempts to save it so far, and why the last one failed.
+    attempts: int
+    error: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class WorkerView:
+    """One connected worker."""
+
+    id: str
+    types: tuple[str, ...]
+    capacity: int
+    #: Calls it is running now.
+    busy: int
+    #: Said ``bye``: finishing its calls, taking no new ones.
+    draining: bool
+    #: ``unix`` or ``tcp``, and who is on the other end.
+    transport: str
+    peer: str
+    connected_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "types": list(self.types),
+            "capacity": self.capacity,
+            "busy": self.busy,
+            "draining": self.draining,
+            "transport": self.transport,
+            "peer": self.peer,
+            "connected_at": iso(self.connected_at),
+        }
+
+
+@attrs.frozen(kw_only=True)
+class DaemonStatus:
+    """What ``/api/status`` (and ``coordinator status``) reports. Built without SQL."""
+
+    #: ``starting``, ``standby``, ``ready``, ``degraded``, ``stopping`` or ``stopped``.
+    state: str
+    #: ``host:pid:random`` of the daemon process.
+    instance: str
+    #: Seconds since the daemon started.
+    uptime_s: float
+    #: This daemon holds the single-writer lock.
+    leading: bool
+    #: Jobs the daemon knows (valid ones, from the last refresh), armed deadlines.
+    jobs: int
+    armed_deadlines: int
+    #: The earliest armed deadline and its job, or ``None``.
+    next_deadline: datetime | None = None
+    next_job: str | None = None
+    running: tuple[RunningCall, ...] = ()
+    held: tuple[HeldResultView, ...] = ()
+    workers: tuple[WorkerView, ...] = ()
+    #: Inventory refreshes done, and when the last one ended (``None`` before the first).
+    refreshes: int = 0
+    last_refresh: datetime | None = None
+    #: Why the daemon is degraded, one line per cause (empty when it is not).
+    degraded: tuple[str, ...] = ()
+    #: Statements the daemon has sent (its own count; proofs use the server's).
+    sql_statements: int = 0
+
+    @property
+    def role(self) -> str:
+        """The state as the API names it: ``leader`` for ``ready``."""
+        return _ROLES.get(self.state, self.state)
+
+    @property
+    def healthy(self) -> bool:
+        """Leading and connected: ``/healthz`` answers 200 only then."""
+        return self.state == "ready"
+
+    @property
+    def served_types(self) -> tuple[str, ...]:
+        """Job types some connected (not draining) worker serves."""
+        return tuple(sorted({t for w in self.workers if not w.draining for t in w.types}))
+
+    @property
+    def running_calls(self) -> int:
+        return len(self.running)
+
+    @property
+    def held_results(self) -> int:
+        return len(self.held)
+
+    def line(self) -> str:
+        """One line for systemd's ``STATUS=``."""
+        text = (
+            f"{self.state}: {self.armed_deadlines} armed, next "
+            f"{iso(self.next_deadline) or 'none'}, {len(self.running)} running, "
+            f"{len(self.held)} retained"
+        )
+        if self.degraded:
+            text += f" ({'; '.join(self.degraded)})"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``/api/status`` body."""
+        return {
+            "state": self.role,
+            "daemon_state": self.state,
+            "instance": self.instance,
+            "uptime_s": round(self.uptime_s, 3),
+            "leading": self.leading,
+            "jobs": self.jobs,
+            "armed_deadlines": self.armed_deadlines,
+            "next_deadline": (
+                {"at": iso(self.next_deadline), "job": self.next_job}
+                if self.next_deadline is not None
+                else None
+            ),
+            "running": [
+                {"job": c.job, "job_id": c.job_id, "run": c.run, "running_s": c.running_s}
+                for c in self.running
+            ],
+            "retained": [
+                {
+                    "run": r.run,
+                    "job": r.job,
+                    "outcome": r.outcome,
+                    "attempts": r.attempts,
+                    "error": r.error,
+                }
+                for r in self.held
+            ],
+            "workers": list(self.served_types),
+            "worker_connections": [w.to_json() for w in self.workers],
+            "refreshes": self.refreshes,
+            "last_refresh": iso(self.last_refresh),
+            "degraded": list(self.degraded),
+            "sql_statements": self.sql_statements,
+        }
+
+
+__all__ = ["STATES", "DaemonStatus", "HeldResultView", "RunningCall", "WorkerView"]

@@ -1,0 +1,85 @@
+"""Wake payloads are hints: every shape the triggers send is read, anything else is
+ignored, and no text can make the parser raise (fuzzed)."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator.daemon import wakes
+from coordinator.daemon.wakes import Changed, Dispatch
+
+
+def test_the_shapes_the_triggers_send() -> None:
+    assert wakes.parse('{"job": 12}') == Changed(job_ids=(12,))
+    assert wakes.parse('{"jobs": "many"}') == Changed()
+    assert wakes.parse('{"run": 5}') == Changed()
+    assert wakes.parse('{"runs": "many"}') == Changed()
+    assert wakes.parse('{"sync": "billing"}') == Changed()
+    assert wakes.parse(
+        '{"run": 5, "dispatch": true, "job": 12, "priority": "interactive", "worker": "images"}'
+    ) == Dispatch(run_id=5, job_id=12, priority="interactive", worker_type="images")
+    assert wakes.parse(
+        '{"run": 5, "dispatch": true, "job": 12, "priority": "background", "worker": null}'
+    ) == Dispatch(run_id=5, job_id=12, priority="background", worker_type=None)
+
+
+def test_forged_and_malformed_payloads_are_ignored() -> None:
+    for text in [
+        "",
+        "not json",
+        "[]",
+        "null",
+        '"job"',
+        "{}",
+        '{"job": "12"}',
+        '{"job": -1}',
+        '{"job": 0}',
+        '{"job": true}',
+        '{"job": 1.5}',
+        '{"job": 99999999999999999999}',
+        '{"job": 1, "extra": 2}',
+        '{"jobs": "few"}',
+        '{"sync": 3}',
+        '{"dispatch": true, "run": 1, "job": 2}',  # no priority
+        '{"dispatch": true, "run": 1, "job": 2, "priority": "urgent", "worker": null}',
+        '{"dispatch": true, "run": 1, "job": 2, "priority": "background", "worker": ""}',
+        '{"dispatch": true, "run": 1, "job": 2, "priority": "background", "worker": 7}',
+        '{"dispatch": true, "run": "1", "job": 2, "priority": "background", "worker": null}',
+        '{"dispatch": true, "run": 1, "job": 2, "priority": "background", "admin": true}',
+        '{"dispatch": 1, "run": 1, "job": 2, "priority": "background", "worker": null}',
+        "[" * 100_000,
+        '{"job": 1}' + " " * 9000,
+    ]:
+        assert wakes.parse(text) is None, text
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner),
+    max_leaves=12,
+)
+_keys = st.sampled_from(["job", "jobs", "run", "runs", "sync", "dispatch", "priority", "worker"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=300))
+def test_any_text_parses_or_is_ignored(text: str) -> None:
+    assert wakes.parse(text) is None or isinstance(wakes.parse(text), Changed | Dispatch)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.dictionaries(_keys, _json, max_size=6))
+def test_lookalike_objects_give_only_valid_hints(data: dict[str, object]) -> None:
+    hint = wakes.parse(json.dumps(data))
+    if isinstance(hint, Dispatch):
+        assert hint.run_id >= 1
+        assert hint.job_id >= 1
+        assert hint.priority in ("interactive", "background")
+        assert hint.worker_type is None or (isinstance(hint.worker_type, str) and hint.worker_type)
+    elif isinstance(hint, Changed):
+        assert hint.job_ids is None or all(isinstance(j, int) and j >= 1 for j in hint.job_ids)
+    else:
+        assert hint is None
