@@ -444,13 +444,33 @@ async def serve_admin(
     config.graceful_timeout = 2.0
     config.include_server_header = False
     async with trio_asyncio_loop(), trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(
-            partial(
-                hypercorn.trio.serve,
-                cast("Framework", app),
-                config,
-                shutdown_trigger=shutdown.wait,
-                mode="asgi",
+        try:
+            binds: list[str] = await nursery.start(
+                partial(
+                    hypercorn.trio.serve,
+                    cast("Framework", app),
+                    config,
+                    shutdown_trigger=shutdown.wait,
+                    mode="asgi",
+                )
             )
-        )
+        except (OSError, BaseExceptionGroup) as exc:
+            bind_error = _os_error(exc)
+            if bind_error is None:
+                raise
+            raise ConfigError(
+                f"admin_listen: cannot listen on {listen}: {bind_error.strerror or bind_error}"
+            ) from None
         task_status.started(binds[0])
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError a bind failed with (hypercorn raises it inside a task group)."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _os_error(inner)
+            if found is not None:
+                return found
+    return None

@@ -394,7 +394,7 @@ class WorkerExecutor:
         assert path is not None
         if len(os.fsencode(path)) > _UNIX_PATH_MAX:
             raise WorkerSocketError(
-                f"worker socket path is longer than {_UNIX_PATH_MAX} bytes: {path}"
+                f"worker_socket: path is longer than {_UNIX_PATH_MAX} bytes: {path}"
             )
         try:
             path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
@@ -402,7 +402,8 @@ class WorkerExecutor:
             if owner not in (0, os.geteuid()):
                 # e.g. /tmp/coordinator-UID made by someone else to catch our workers
                 raise WorkerSocketError(
-                    f"{path.parent} belongs to another user (uid {owner}); not listening there"
+                    f"worker_socket: {path.parent} belongs to another user (uid {owner}); "
+                    "not listening there"
                 )
             try:
                 st = os.lstat(path)
@@ -410,7 +411,9 @@ class WorkerExecutor:
                 pass
             else:
                 if not stat.S_ISSOCK(st.st_mode):
-                    raise WorkerSocketError(f"{path} exists and is not a socket; not removing it")
+                    raise WorkerSocketError(
+                        f"worker_socket: {path} exists and is not a socket; not removing it"
+                    )
                 os.unlink(path)  # stale, from an earlier daemon
             sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -422,7 +425,9 @@ class WorkerExecutor:
                 sock.close()
                 raise
         except OSError as exc:
-            raise WorkerSocketError(f"cannot listen on {path}: {exc.strerror or exc}") from exc
+            raise WorkerSocketError(
+                f"worker_socket: cannot listen on {path}: {exc.strerror or exc}"
+            ) from exc
         self._socket_id = (st.st_dev, st.st_ino)
         listener = trio.SocketListener(sock)
         self._listeners.append(listener)
@@ -435,7 +440,7 @@ class WorkerExecutor:
             listeners = await trio.open_tcp_listeners(port, host=host)
         except OSError as exc:
             raise WorkerSocketError(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+                f"worker_listen: cannot listen on {host}:{port}: {exc.strerror or exc}"
             ) from exc
         self._listeners.extend(listeners)
         name = listeners[0].socket.getsockname()

@@ -1,0 +1,155 @@
+"""What a person sees when `coordinator run` cannot start, and when they press Ctrl-C:
+one line naming the setting and exit status 2, never a traceback; a first interrupt
+says what the daemon waits for, a second one cancels running calls at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .test_daemon_process import COORDINATOR, cli, wait_until
+
+GOOD_TOKEN = "a-token-long-enough-for-the-api"
+
+
+def run(database: str | None, tmp_path: Path, env: dict[str, str] | None = None) -> Any:
+    """``coordinator run`` to completion (it should refuse to start)."""
+    full = {**os.environ, **(env or {})}
+    full.pop("COORDINATOR_TEST_DSN", None)
+    if database is not None:
+        full["COORDINATOR_DSN"] = database
+    full.setdefault(
+        "COORDINATOR_WORKER_SOCKET", str(Path(tempfile.mkdtemp(prefix="cw-")) / "w.sock")
+    )
+    return subprocess.run(
+        [*COORDINATOR, "run", "--state-dir", str(tmp_path / "state")],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=60,
+    )
+
+
+def assert_one_line_refusal(result: Any, *words: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("coordinator: "), last
+    for word in words:
+        assert word in last, last
+
+
+def test_a_short_admin_token(database: str, tmp_path: Path) -> None:
+    result = run(
+        database,
+        tmp_path,
+        {"COORDINATOR_ADMIN_LISTEN": "127.0.0.1:0", "COORDINATOR_ADMIN_TOKEN": "short"},
+    )
+    assert_one_line_refusal(result, "admin token", "16")
+
+
+def test_an_admin_port_in_use(database: str, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = run(
+            database,
+            tmp_path,
+            {
+                "COORDINATOR_ADMIN_LISTEN": f"127.0.0.1:{port}",
+                "COORDINATOR_ADMIN_TOKEN": GOOD_TOKEN,
+            },
+        )
+    assert_one_line_refusal(result, "admin_listen", str(port))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory owned by another user needs root")
+def test_a_socket_directory_owned_by_another_user(database: str, tmp_path: Path) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="cw-"))
+    os.chown(directory, 65534, 65534)
+    result = run(database, tmp_path, {"COORDINATOR_WORKER_SOCKET": str(directory / "w.sock")})
+    assert_one_line_refusal(result, "worker_socket", "another user")
+
+
+def test_a_spool_path_that_is_a_directory(database: str, tmp_path: Path) -> None:
+    (tmp_path / "state" / "spool.jsonl").mkdir(parents=True)
+    result = run(database, tmp_path)
+    assert_one_line_refusal(result, "spool", "is a directory")
+
+
+def test_a_worker_listener_without_a_token(database: str, tmp_path: Path) -> None:
+    result = run(database, tmp_path, {"COORDINATOR_WORKER_LISTEN": "127.0.0.1:0"})
+    assert_one_line_refusal(result, "worker_token")
+
+
+def test_a_schema_that_lacks_migrations(pg_server: Any, tmp_path: Path) -> None:
+    """A database nobody migrated: the daemon says what to do instead of serving."""
+    import asyncio
+
+    import asyncpg
+
+    name = pg_server.new_database_name()
+
+    async def create() -> None:
+        conn = await asyncpg.connect(pg_server.admin_dsn)
+        try:
+            await conn.execute(f"CREATE DATABASE {name}")
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    result = run(pg_server.dsn(name), tmp_path)
+    assert_one_line_refusal(result, "coordinator migrate")
+
+
+def test_first_interrupt_says_what_it_waits_for_second_cancels(
+    database: str, tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    assert (
+        cli(database, "jobs", "define", "slow", "--manual", "--", "sh", "-c",
+            f"touch {started}; sleep 60").returncode
+        == 0
+    )  # fmt: skip
+    env = {**os.environ, "COORDINATOR_DSN": database}
+    env.pop("COORDINATOR_TEST_DSN", None)
+    env["COORDINATOR_WORKER_SOCKET"] = str(Path(tempfile.mkdtemp(prefix="cw-")) / "w.sock")
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("wb") as out:
+        proc = subprocess.Popen(
+            [*COORDINATOR, "run", "--log-format", "json", "--state-dir", str(tmp_path / "s")],
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+            env=env,
+        )
+    try:
+        wait_until(lambda: '"event":"ready"' in stderr.read_text())
+        run_id = cli(database, "jobs", "trigger", "slow").stdout.strip()
+        wait_until(started.exists)
+        proc.send_signal(signal.SIGINT)
+        wait_until(lambda: "waiting for 1 running call" in stderr.read_text())
+        said = [line for line in stderr.read_text().splitlines() if "waiting for" in line]
+        assert f"default/slow (run {run_id})" in said[0]
+        assert "Ctrl-C again" in said[0]
+        assert proc.poll() is None  # still waiting for the call
+        began = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+        assert time.monotonic() - began < 15  # not the 60 s stop timeout, nor the sleep
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    shown = json.loads(cli(database, "runs", "show", run_id, "--json").stdout)
+    assert shown["status"] == "cancelled"
+    assert "Traceback" not in stderr.read_text()
