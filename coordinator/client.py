@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 import asyncpg
 import attrs
 
+from . import rows
 from . import schedule as schedules
 from .db import one_line
 from .errors import (
@@ -698,10 +699,8 @@ async def summary(conn: Connection) -> dict[str, Any]:
     }
 
 
-_JOB_COLUMNS: Final = """
-    j.id, j.namespace, j.name, j.schedule_kind, j.schedule, j.timezone,
-    j.target::text AS target, j.params::text AS params, j.timeout, j.priority,
-    j.idempotent, j.paused, j.invalid_reason, j.next_run_at, j.schedule_version,
+_JOB_COLUMNS: Final = f"""
+    {rows.select_list()},
     j.created_at, j.updated_at,
     last.id AS last_run, last.status AS last_status,
     o.id AS outstanding_run, o.status AS outstanding_status
@@ -727,21 +726,7 @@ SELECT {_JOB_COLUMNS}
 def _job_view(row: Mapping[str, Any]) -> JobView:
     outstanding_status = row["outstanding_status"]
     return JobView(
-        id=row["id"],
-        namespace=row["namespace"],
-        name=row["name"],
-        schedule_kind=row["schedule_kind"],
-        schedule=row["schedule"],
-        timezone=row["timezone"],
-        target=_json_field(row["target"]),
-        params=_json_field(row["params"]),
-        timeout=row["timeout"],
-        priority=row["priority"],
-        idempotent=row["idempotent"],
-        paused=row["paused"],
-        invalid_reason=row["invalid_reason"],
-        next_run_at=row["next_run_at"],
-        schedule_version=row["schedule_version"],
+        **rows.job_fields(row),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         last_run=row["last_run"],

@@ -2,16 +2,14 @@
 
 Timers run on trio's clock; deadlines stored in PostgreSQL are wall time. Nothing in the
 daemon calls ``datetime.now()`` inline: it asks a :class:`WallClock`, so tests can derive
-wall time from trio's (mock) clock and move both together.
+wall time from trio's (mock) clock and move both together (``tests/unit/test_loop.py``
+does, with a clock of its own).
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Protocol
-
-import attrs
-import trio
 
 
 class WallClock(Protocol):
@@ -27,17 +25,3 @@ class SystemWallClock:
 
     def now(self) -> datetime:
         return datetime.now(UTC)
-
-
-@attrs.define(eq=False)
-class TrioWallClock:
-    """Wall time that advances with trio's clock (a ``MockClock`` in tests).
-
-    ``origin`` is the wall time that corresponds to trio time ``trio_origin``.
-    """
-
-    origin: datetime
-    trio_origin: float = 0.0
-
-    def now(self) -> datetime:
-        return self.origin + timedelta(seconds=trio.current_time() - self.trio_origin)

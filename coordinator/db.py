@@ -13,7 +13,6 @@ need an open trio-asyncio loop (``trio_asyncio.open_loop()``).
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
@@ -40,11 +39,6 @@ T = TypeVar("T")
 def aio(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     """Wrap an asyncio coroutine function so trio code can await it."""
     return trio_asyncio.aio_as_trio(fn)  # type: ignore[no-any-return]
-
-
-def resolve_dsn(dsn: str | None) -> str | None:
-    """The DSN to use: the explicit one, else ``COORDINATOR_DSN``, else ``None``."""
-    return dsn or os.environ.get("COORDINATOR_DSN") or None
 
 
 async def connect(

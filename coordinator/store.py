@@ -29,7 +29,8 @@ from asyncpg import Connection
 
 from .db import APP_DAEMON, aio, close_quietly, connect, one_line
 from .errors import CoordinatorError, DatabaseError, DatabaseUnavailable
-from .model import Claim, Job, Schedule, Target
+from .model import Claim, Schedule
+from .rows import job_from_row, json_object
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -388,33 +389,14 @@ class Store:
         )
         if row["reason"] is not None:
             return ClaimResult(reason=row["reason"])
-        target_error: str | None = None
-        try:
-            target = Target.from_json(_json(row["target"]))
-        except ValueError as exc:
-            target, target_error = Target(kind="exec"), str(exc)
-        job = Job(
-            id=ticket.job_id,
-            namespace=row["namespace"],
-            name=row["name"],
-            schedule=Schedule(
-                kind=row["schedule_kind"], expression=row["schedule"], timezone=row["timezone"]
-            ),
-            target=target,
-            params=_json(row["params"]),
-            timeout=row["timeout"],
-            priority=row["priority"],
-            idempotent=row["idempotent"],
-            next_run_at=row["next_run_at"],
-            schedule_version=row["schedule_version"],
-        )
+        job, target_error = job_from_row(row, job_id=ticket.job_id)
         return ClaimResult(
             claim=Claim(
                 run_id=row["run_id"],
                 job=job,
                 trigger=row["trigger"],
                 scheduled_for=row["scheduled_for"],
-                args=_json(row["args"]),
+                args=json_object(row["args"]),
                 attempt=row["attempt"],
                 claimed_at=row["claimed_at"],
             ),
@@ -487,15 +469,6 @@ class Store:
         """Mark runs left pending/running by a dead daemon (startup only)."""
         rows = await self._call("sweep_lost", "fetch", _SWEEP_LOST, self.instance)
         return [LostRun(run_id=r["run_id"], job_id=r["job_id"], action=r["action"]) for r in rows]
-
-
-def _json(value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        loaded = json.loads(value)
-        return loaded if isinstance(loaded, dict) else {}
-    return dict(value)
 
 
 __all__ = [

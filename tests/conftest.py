@@ -1,6 +1,6 @@
 """The real-PostgreSQL test harness.
 
-One server per session, found in this order (DESIGN.md §7):
+One server per session, found in this order (docs/design.md, "Tests"):
 
 1. ``COORDINATOR_TEST_DSN`` (an existing server; the role must be allowed to create
    databases; SQL-counting tests are skipped because its log is out of reach);

@@ -1,7 +1,8 @@
 """The pure core: deadlines, the refresh coalescer and admission.
 
 Layering: nothing here does I/O, reads a clock or imports from the rest of the package;
-the shell (store, listener, executors, daemon) passes time in as trio seconds and acts on
+the shell (store, listener, executors, daemon) passes time in (trio seconds for the
+coalescer, wall-clock epoch seconds for deadlines and admission order) and acts on
 the answers. That is what lets ``tests/unit`` drive it with ``trio.testing.MockClock``.
 """
 

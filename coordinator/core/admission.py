@@ -49,7 +49,7 @@ class Ticket:
     #: ``interactive`` tickets are admitted before ``background`` ones.
     priority: Priority = attrs.field(validator=attrs.validators.in_(tuple(_RANK)))
     #: FIFO key within a priority: the deadline served, or when the trigger arrived
-    #: (trio seconds).
+    #: (wall-clock epoch seconds, as the daemon passes them).
     due: float = attrs.field(validator=_check_due)
     #: The capacity pool the run needs (a worker type); ``None`` needs only a global slot.
     pool: str | None = None

@@ -6,8 +6,9 @@ a wake), then takes what :meth:`DeadlineSet.pop_due` hands back. Everything else
 exists to keep that one question cheap while deadlines are added, moved and removed by
 the thousand.
 
-Deadlines are trio clock seconds (``float``); converting the stored wall-time
-``next_run_at`` is the caller's business, so this module never looks at a clock.
+Deadlines are plain ``float`` seconds on one scale the caller chooses; the daemon uses
+wall-clock epoch seconds (``next_run_at.timestamp()``) and compares them with its
+injected wall clock, so this module never looks at a clock.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The daemon core against a real PostgreSQL (real clock; SQL counted from the server log).
 
-DESIGN.md §1 promises 1-6: idle silence, saved deadlines only, post-commit wakes,
+docs/design.md, promises 1-6: idle silence, saved deadlines only, post-commit wakes,
 coalesced refresh, one claim boundary, settlement with the next deadline.
 """
 

@@ -1,5 +1,5 @@
 """Durability with real faults: a stopped server, a killed listener, a stop mid-run
-(DESIGN.md §1 promises 6-9)."""
+(docs/design.md, promises 6-9)."""
 
 from __future__ import annotations
 

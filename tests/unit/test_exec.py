@@ -1,4 +1,4 @@
-"""The ``exec`` executor, with real subprocesses on trio's real clock (DESIGN.md §4).
+"""The ``exec`` executor, with real subprocesses on trio's real clock (docs/design.md, "Executors").
 
 Process deaths are awaited through pidfds (which also work for processes that are not
 our children, and count an unreaped zombie as gone), never by polling.

@@ -1,0 +1,101 @@
+"""One job shape: the columns that make a job's definition, and how a row becomes a value.
+
+The store (the daemon's claim) and the client (``jobs list``/``show``, the admin API)
+both read job definitions; they share this list and these decoders, so a new job field
+is declared here once for both readers (docs/design.md, "Adding a job field", lists the
+other places). JSON columns are selected as text (``::text``), so the reads work
+whatever jsonb codec an application has set on its connection.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Final
+
+from .model import Job, Schedule, Target
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+#: (field, SQL expression on the ``coordinator.jobs`` row aliased ``j``).
+JOB_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
+    ("id", "j.id"),
+    ("namespace", "j.namespace"),
+    ("name", "j.name"),
+    ("schedule_kind", "j.schedule_kind"),
+    ("schedule", "j.schedule"),
+    ("timezone", "j.timezone"),
+    ("target", "j.target::text"),
+    ("params", "j.params::text"),
+    ("timeout", "j.timeout"),
+    ("priority", "j.priority"),
+    ("idempotent", "j.idempotent"),
+    ("paused", "j.paused"),
+    ("invalid_reason", "j.invalid_reason"),
+    ("next_run_at", "j.next_run_at"),
+    ("schedule_version", "j.schedule_version"),
+)
+_MISSING: Final = object()
+#: Fields held as JSON objects.
+_JSON_FIELDS: Final = frozenset({"target", "params"})
+
+
+def select_list() -> str:
+    """The columns for a ``SELECT ... FROM coordinator.jobs j``."""
+    return ", ".join(f"{sql} AS {field}" for field, sql in JOB_COLUMNS)
+
+
+def json_object(value: Any) -> dict[str, Any]:
+    """A JSON object column, whether it arrives as text or decoded; ``{}`` for NULL."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        loaded = json.loads(value)
+        return loaded if isinstance(loaded, dict) else {}
+    return dict(value)
+
+
+def job_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The definition fields of a row, decoded, by field name (missing columns skipped:
+    ``coordinator._claim`` returns the job's id as its argument, not as a column)."""
+    out: dict[str, Any] = {}
+    for field, _sql in JOB_COLUMNS:
+        value = row.get(field, _MISSING)  # a dict or an asyncpg Record alike
+        if value is _MISSING:
+            continue
+        out[field] = json_object(value) if field in _JSON_FIELDS else value
+    return out
+
+
+def job_from_row(row: Mapping[str, Any], *, job_id: int | None = None) -> tuple[Job, str | None]:
+    """A :class:`~coordinator.model.Job` from a row with the definition columns, and why
+    its stored target cannot be called (``None`` when it can)."""
+    fields = job_fields(row)
+    target_error: str | None = None
+    try:
+        target = Target.from_json(fields["target"])
+    except ValueError as exc:
+        target, target_error = Target(kind="exec"), str(exc)
+    job = Job(
+        id=job_id if job_id is not None else fields["id"],
+        namespace=fields["namespace"],
+        name=fields["name"],
+        schedule=Schedule(
+            kind=fields["schedule_kind"],
+            expression=fields["schedule"],
+            timezone=fields["timezone"],
+        ),
+        target=target,
+        params=fields["params"],
+        timeout=fields["timeout"],
+        priority=fields["priority"],
+        idempotent=fields["idempotent"],
+        paused=fields.get("paused", False),
+        invalid_reason=fields.get("invalid_reason"),
+        next_run_at=fields["next_run_at"],
+        schedule_version=fields["schedule_version"],
+    )
+    return job, target_error
+
+
+__all__ = ["JOB_COLUMNS", "job_fields", "job_from_row", "json_object", "select_list"]
