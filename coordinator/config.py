@@ -2,7 +2,8 @@
 environment variables, then command-line flags; each layer overrides the one before.
 
 Every setting is declared once, in :data:`SETTINGS`, with its type, default and meaning;
-README's table is written from the same list. An unknown key or a bad value stops
+README's table lists the same settings (``tests/unit/test_config.py`` keeps the two in
+step). An unknown key or a bad value stops
 startup with a message naming it.
 """
 

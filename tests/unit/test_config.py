@@ -96,3 +96,17 @@ def test_admin_token_is_redacted_and_read_from_a_file(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="COORDINATOR_METRICS_PUBLIC"):
         load(file=None, environ={"COORDINATOR_METRICS_PUBLIC": "maybe"}, flags={})
+
+
+def test_readme_lists_every_setting() -> None:
+    from pathlib import Path
+
+    import coordinator.config as config_mod
+
+    readme = (Path(config_mod.__file__).parent.parent / "README.md").read_text()
+    missing = [
+        s.name
+        for s in config_mod.SETTINGS
+        if f"`{s.name}`" not in readme or f"`{s.env.removeprefix('COORDINATOR_')}`" not in readme
+    ]
+    assert missing == []
