@@ -31,7 +31,7 @@ import trio
 import trio_asyncio
 
 from coordinator import migrate as migrate_mod
-from coordinator.embedded import Cluster, NoServerBinaries, StatementLog
+from coordinator.embedded import Cluster, NoServerBinaries, StatementLog, free_port
 
 TEMPLATE = "coordinator_template"
 HOW_TO = (
@@ -156,6 +156,24 @@ def pg_server() -> Iterator[TestServer]:
         yield server
     finally:
         container.stop()
+
+
+@pytest.fixture
+def private_cluster() -> Iterator[Cluster]:
+    """A cluster of this test's own, so the test may stop, restart or reconfigure it."""
+    root = Path(tempfile.mkdtemp(prefix="coordinator-fault-"))
+    root.chmod(0o755)
+    try:
+        cluster = Cluster(root=root / "pg", port=free_port(), settings={"fsync": "off"})
+    except NoServerBinaries:
+        pytest.skip("fault tests need PostgreSQL server binaries to stop and start a server")
+    cluster.init()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

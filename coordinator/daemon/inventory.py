@@ -167,17 +167,17 @@ class Inventory:
         A failure goes through the error policy: a bug propagates; a database failure
         is logged with its purpose and the refresh is asked for again after the policy's
         pause (at once after a deadlock). ``first`` (the startup refresh) re-raises
-        database failures too, for the startup sequence to pace.
+        every failure, for the startup sequence to log and pace.
         """
         started = trio.current_time()
         try:
             counts = await self._refresh()
         except Exception as exc:
+            if first:
+                raise  # the startup sequence logs and paces its own steps
             self._failures += 1
             # The store's message names the statement (refresh, init_deadlines, ...).
             delay = self.policy.failed("refresh", exc, self._failures)
-            if first:
-                raise
             self.coalescer.refresh_failed(trio.current_time() + delay)
             return False
         self._failures = 0

@@ -143,6 +143,8 @@ class Daemon:
     _started_at: float | None = attrs.field(default=None, init=False)
     #: Trio time the stop sequence must be done by (set when it begins).
     _stop_deadline: float | None = attrs.field(default=None, init=False)
+    #: Held results were flushed (the stop sequence ran): the way out need not flush.
+    _flushed: bool = attrs.field(default=False, init=False)
     #: Why the database could not be reached at start (while it cannot).
     _unavailable: str | None = attrs.field(default=None, init=False)
 
@@ -296,7 +298,7 @@ class Daemon:
             status = EXIT_FAILED
         finally:
             with trio.CancelScope(shield=True):
-                if len(self.settlement):  # left held by a way out other than a stop
+                if not self._flushed:  # a way out other than a stop: a bug, a cancel
                     status = self._stopped(await self._flush(), status)
                 await self.store.pool.close()
                 await self.leadership.release()
@@ -560,6 +562,7 @@ class Daemon:
         calls.cancel_scope.cancel()
 
     async def _flush(self) -> FlushReport:
+        self._flushed = True
         deadline = max(
             self._stop_deadline or 0.0, trio.current_time() + min(5.0, self.settings.stop_timeout)
         )

@@ -153,3 +153,33 @@ def test_first_interrupt_says_what_it_waits_for_second_cancels(
     shown = json.loads(cli(database, "runs", "show", run_id, "--json").stdout)
     assert shown["status"] == "cancelled"
     assert "Traceback" not in stderr.read_text()
+
+
+def test_waits_for_the_database_at_start(private_cluster: Any, tmp_path: Path) -> None:
+    """PostgreSQL down when the service starts: the daemon waits (degraded), no exit."""
+    dsn = private_cluster.dsn("postgres")
+    assert cli(dsn, "migrate").returncode == 0
+    private_cluster.stop("fast")
+    env = {**os.environ, "COORDINATOR_DSN": dsn}
+    env.pop("COORDINATOR_TEST_DSN", None)
+    env["COORDINATOR_WORKER_SOCKET"] = str(Path(tempfile.mkdtemp(prefix="cw-")) / "w.sock")
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("wb") as out:
+        proc = subprocess.Popen(
+            [*COORDINATOR, "run", "--log-format", "json", "--state-dir", str(tmp_path / "s")],
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+            env=env,
+        )
+    try:
+        wait_until(lambda: stderr.read_text().count("startup.database_unavailable") >= 2)
+        assert proc.poll() is None
+        private_cluster.start()
+        wait_until(lambda: '"event":"ready"' in stderr.read_text(), timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert "Traceback" not in stderr.read_text()

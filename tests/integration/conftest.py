@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
 import attrs
 import pytest
 import trio
@@ -16,10 +17,23 @@ from coordinator.clock import SystemWallClock
 from coordinator.daemon import Daemon, DaemonSettings
 from coordinator.db import aio
 from coordinator.log import EventLog
+from coordinator.migrate import migrate
 from coordinator.service import build_daemon
 
 if TYPE_CHECKING:
-    import asyncpg
+    from coordinator.embedded import Cluster
+
+
+@pytest.fixture
+async def fault_db(aio_loop: Any, private_cluster: Cluster) -> str:
+    """The migrated ``postgres`` database of :func:`private_cluster`; its DSN."""
+    dsn = private_cluster.dsn("postgres")
+    conn = await aio(asyncpg.connect)(dsn, server_settings={"application_name": "tests-app"})
+    try:
+        await migrate(conn)
+    finally:
+        await aio(conn.close)()
+    return dsn
 
 
 @attrs.define(eq=False)

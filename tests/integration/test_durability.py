@@ -3,55 +3,24 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
-import pytest
 import trio
 
 from coordinator.db import aio
-from coordinator.embedded import Cluster, NoServerBinaries, free_port
-from coordinator.migrate import migrate
 from coordinator.spool import Spool
 
 from .conftest import StartDaemon, define
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from pathlib import Path
 
-
-@pytest.fixture
-def private_cluster() -> Iterator[Cluster]:
-    """A cluster of this test's own, so the test may stop and start it."""
-    root = Path(tempfile.mkdtemp(prefix="coordinator-fault-"))
-    root.chmod(0o755)
-    try:
-        cluster = Cluster(root=root / "pg", port=free_port(), settings={"fsync": "off"})
-    except NoServerBinaries:
-        pytest.skip("fault tests need PostgreSQL server binaries to stop and start a server")
-    cluster.init()
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop("immediate")
+    from coordinator.embedded import Cluster
 
 
 async def _connect(dsn: str) -> asyncpg.Connection:
     return await aio(asyncpg.connect)(dsn, server_settings={"application_name": "tests-app"})
-
-
-@pytest.fixture
-async def fault_db(aio_loop: Any, private_cluster: Cluster) -> str:
-    dsn = private_cluster.dsn("postgres")
-    conn = await _connect(dsn)
-    try:
-        await migrate(conn)
-    finally:
-        await aio(conn.close)()
-    return dsn
 
 
 async def _query(dsn: str, sql: str, *args: Any) -> Any:
