@@ -39,6 +39,23 @@ def run(database: str | None, tmp_path: Path, env: dict[str, str] | None = None)
     )
 
 
+def start_run(dsn: str, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """``coordinator run`` in the background, JSON log lines (and the terminal's lines)
+    going to a file; the process and that file."""
+    env = {**os.environ, "COORDINATOR_DSN": dsn}
+    env.pop("COORDINATOR_TEST_DSN", None)
+    env["COORDINATOR_WORKER_SOCKET"] = str(Path(tempfile.mkdtemp(prefix="cw-")) / "w.sock")
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("wb") as out:
+        proc = subprocess.Popen(
+            [*COORDINATOR, "run", "--log-format", "json", "--state-dir", str(tmp_path / "s")],
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+            env=env,
+        )
+    return proc, stderr
+
+
 def assert_one_line_refusal(result: Any, *words: str) -> None:
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
@@ -121,17 +138,7 @@ def test_first_interrupt_says_what_it_waits_for_second_cancels(
             f"touch {started}; sleep 60").returncode
         == 0
     )  # fmt: skip
-    env = {**os.environ, "COORDINATOR_DSN": database}
-    env.pop("COORDINATOR_TEST_DSN", None)
-    env["COORDINATOR_WORKER_SOCKET"] = str(Path(tempfile.mkdtemp(prefix="cw-")) / "w.sock")
-    stderr = tmp_path / "stderr.txt"
-    with stderr.open("wb") as out:
-        proc = subprocess.Popen(
-            [*COORDINATOR, "run", "--log-format", "json", "--state-dir", str(tmp_path / "s")],
-            stdout=subprocess.DEVNULL,
-            stderr=out,
-            env=env,
-        )
+    proc, stderr = start_run(database, tmp_path)
     try:
         wait_until(lambda: '"event":"ready"' in stderr.read_text())
         run_id = cli(database, "jobs", "trigger", "slow").stdout.strip()
@@ -160,17 +167,7 @@ def test_waits_for_the_database_at_start(private_cluster: Any, tmp_path: Path) -
     dsn = private_cluster.dsn("postgres")
     assert cli(dsn, "migrate").returncode == 0
     private_cluster.stop("fast")
-    env = {**os.environ, "COORDINATOR_DSN": dsn}
-    env.pop("COORDINATOR_TEST_DSN", None)
-    env["COORDINATOR_WORKER_SOCKET"] = str(Path(tempfile.mkdtemp(prefix="cw-")) / "w.sock")
-    stderr = tmp_path / "stderr.txt"
-    with stderr.open("wb") as out:
-        proc = subprocess.Popen(
-            [*COORDINATOR, "run", "--log-format", "json", "--state-dir", str(tmp_path / "s")],
-            stdout=subprocess.DEVNULL,
-            stderr=out,
-            env=env,
-        )
+    proc, stderr = start_run(dsn, tmp_path)
     try:
         wait_until(lambda: stderr.read_text().count("startup.database_unavailable") >= 2)
         assert proc.poll() is None
