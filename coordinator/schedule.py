@@ -23,24 +23,35 @@ Schedule kinds
 
 Daylight saving time (cron only)
 --------------------------------
-Cron expressions match *local wall time* in the schedule's timezone. Around transitions:
+Cron expressions match *local wall time* in the schedule's timezone. Around transitions
+this module follows Vixie cron (``cron(8)``: "jobs specified with wildcards run based on
+the new time immediately"), and cronsim, which the tests use as the oracle (see
+docs/schedules.md). Jobs come in two kinds, decided by the text alone:
 
-* A wall time skipped by a spring-forward gap fires once, right at the jump: at the first
-  instant after the gap (Berlin, ``30 2 * * *`` on the last Sunday of March fires at
-  03:00 CEST = 01:00 UTC). Several matches inside one gap (``*/15``) collapse into that one
-  firing, which may coincide with a match at the end of the gap (03:00 for ``*/15``).
-* A wall time repeated by a fall-back overlap fires once, at its first occurrence
-  (New York, ``30 1 * * *`` on the first Sunday of November fires at 01:30 EDT, not again
-  at 01:30 EST).
+* A **wildcard job** has a minute or hour field starting with ``*`` (``*``, ``*/15``,
+  ``*/5 1-3 * * *``, ``0 */2 * * *``, ``7 * * * *``), or is ``@hourly``. It fires at every
+  real instant whose wall time matches: both passes of a repeated hour, and nothing for a
+  wall time skipped by a spring-forward gap (Berlin, ``*/15 * * * *`` on 2026-10-25 fires
+  at 02:00, 02:15, 02:30, 02:45 CEST and again at 02:00 ... 02:45 CET; on 2026-03-29 01:45
+  CET is followed by 03:00 CEST).
+* Every other job is a **fixed-time job**: ranges, lists and steps that do not start with
+  ``*`` (``30 2 * * *``, ``15,45 2 * * *``, ``0-59/5 1 * * *``, ``0 0-23 * * *``) and
+  ``@daily``/``@midnight``/``@weekly``/``@monthly``/``@yearly``/``@annually``. A wall
+  time skipped by a spring-forward gap fires right at the jump, the first instant after
+  the gap (Berlin, ``30 2 * * *`` on 2026-03-29 fires at 03:00 CEST = 01:00 UTC); several
+  matches inside one gap (``15,45 2``) collapse into that one firing, which may coincide
+  with a match at the end of the gap. A wall time repeated by a fall-back overlap fires
+  once, at its first pass (New York, ``30 1 * * *`` on 2026-11-01 fires at 01:30 EDT, not
+  again at 01:30 EST).
 
-This is what Vixie cron does for daily jobs, and it makes the sequence of deadlines a
-monotonic function of the input that never skips a matching wall time.
+Either way the deadlines of a schedule are a fixed set of instants, and each call returns
+the first one strictly after the given instant: so they are strictly increasing and
+monotonic in the input.
 
-croniter 7 with zoneinfo-aware start times does the gap right (it steps minute by minute
-to the first existing wall time) but fires *both* occurrences of a repeated wall time,
-and when started in the second occurrence it continues there. So croniter is only asked
-about naive wall time (pure calendar arithmetic); the conversion to instants, with the
-policy above, is done here (:func:`_to_instant`). croniter is touched in exactly one
+croniter 7 with zoneinfo-aware start times follows neither kind (it fires both passes of
+every repeated wall time and makes up skipped ones). So croniter is only asked about naive
+wall time (pure calendar arithmetic); the conversion to instants, with the policy above,
+is done here (:func:`_next_fixed`, :func:`_next_wildcard`). croniter is touched in one
 function, :func:`_croniter_next_wall`, which parses with ``croniter.expand`` and, for the
 common expressions (numbers, ranges, steps, lists, names), iterates over the expanded
 fields itself: croniter's own ``get_next`` costs ~60 µs a call, too slow for the daemon's
@@ -396,15 +407,16 @@ def _offset(moment: datetime) -> timedelta:
     return offset
 
 
-def _to_instant(wall: datetime, zone: ZoneInfo) -> datetime:
-    """The UTC instant at which the naive local ``wall`` fires, under the DST policy."""
+def _utc(naive_utc: datetime) -> datetime:
+    return naive_utc.replace(tzinfo=UTC)
+
+
+def _passes(wall: datetime, zone: ZoneInfo) -> tuple[timedelta, timedelta]:
+    """The offsets of the first and second pass of ``wall``: equal when it occurs once,
+    first > second when fall-back repeats it, first < second when spring-forward skips it.
+    """
     local = wall.replace(tzinfo=zone)
-    before = _offset(local)  # fold=0: the offset in force before a transition
-    after = _offset(local.replace(fold=1))
-    if before >= after:  # unambiguous, or repeated by fall-back: the first occurrence
-        return (wall - before).replace(tzinfo=UTC)
-    # Skipped by spring-forward: the transition lies in (wall - after, wall - before].
-    return _transition(zone, wall - after, wall - before, before)
+    return _offset(local), _offset(local.replace(fold=1))
 
 
 def _transition(zone: ZoneInfo, low: datetime, high: datetime, before: timedelta) -> datetime:
@@ -419,12 +431,63 @@ def _transition(zone: ZoneInfo, low: datetime, high: datetime, before: timedelta
             low = middle
         else:
             high = middle
-    return high.replace(tzinfo=UTC)
+    return _utc(high)
+
+
+def _next_fixed(next_wall: _NextWall, zone: ZoneInfo, after: datetime) -> datetime:
+    """A fixed-time job's first firing strictly after ``after`` (aware UTC).
+
+    Walks matching wall times from ``after``'s own: a repeated one fires at its first pass
+    only, a skipped one at the jump (the instant the gap ends).
+    """
+    wall = after.astimezone(zone).replace(tzinfo=None)
+    while True:  # more than once only when ``after`` is in a repeated hour's second pass
+        wall = next_wall(wall)
+        first, second = _passes(wall, zone)
+        if first >= second:
+            instant = _utc(wall - first)
+        else:  # skipped: the jump lies in (wall - second, wall - first]
+            instant = _transition(zone, wall - second, wall - first, first)
+        if instant > after:
+            return instant
+
+
+def _next_wildcard(next_wall: _NextWall, zone: ZoneInfo, after: datetime) -> datetime:
+    """A wildcard job's first firing strictly after ``after`` (aware UTC).
+
+    Every real instant whose wall time matches fires, both passes of a repeated one;
+    skipped wall times fire never. Matching walls are walked in order; the first-pass
+    instant grows with the wall, so the search ends at the first wall whose first pass is
+    after ``after`` (an earlier wall's second pass may still come before it).
+    """
+    local = after.astimezone(zone)
+    # In a repeated hour's first pass, the second passes of the wall times already gone
+    # are still ahead: start from the wall ``after`` would have in the second pass.
+    slowest = min(_offset(local), _offset(local.replace(fold=1)))
+    wall = after.replace(tzinfo=None) + slowest
+    last_year = wall.year + _MAX_YEARS_BETWEEN_MATCHES
+    best: datetime | None = None
+    while True:
+        wall = next_wall(wall)
+        if wall.year > last_year:  # e.g. every match falls in a spring-forward gap
+            raise _NeverFires
+        first, second = _passes(wall, zone)
+        if first < second:  # skipped by spring-forward: nothing made up
+            continue
+        early = _utc(wall - first)
+        if early > after:
+            return early if best is None else min(best, early)
+        if best is None:
+            late = _utc(wall - second)  # the second pass; == early when not repeated
+            if late > after:
+                best = late
 
 
 class _CronPlan(NamedTuple):
     next_wall: _NextWall
     zone: ZoneInfo
+    #: True for a wildcard job (see the module docstring), False for a fixed-time job.
+    wildcard: bool
 
 
 def _explain(expression: str, message: str) -> str:
@@ -460,22 +523,40 @@ def _cron_plan(expression: str, timezone: str) -> _CronPlan:
         next_wall = _croniter_next_wall(text)
     except _CronSyntaxError as exc:
         raise InvalidSchedule("cron", _explain(text, str(exc.args[0]))) from None
-    return _CronPlan(next_wall, _zone(timezone))
+    plan = _CronPlan(next_wall, _zone(timezone), _is_wildcard(text))
+    if plan.wildcard:
+        try:  # a wildcard job skips gap times: one that matches nothing else never fires
+            _next_wildcard(next_wall, plan.zone, _utc(_PROBE_WALL))
+        except _NeverFires:
+            raise InvalidSchedule(
+                "cron",
+                f"{text!r} never fires in {timezone}: every matching time falls in a "
+                "daylight-saving gap (a job with '*' in its minute or hour field skips them)",
+            ) from None
+    return plan
+
+
+def _is_wildcard(text: str) -> bool:
+    """Vixie cron's split: a job is a *wildcard* job when its minute or hour field starts
+    with ``*`` (``*``, ``*/15``) or it is ``@hourly``; otherwise it runs at particular
+    times. Ranges, lists and steps without a leading ``*`` (``0-59/5``, ``1-3``, ``0,30``)
+    are particular times even where they cover every hour, exactly as in Vixie cron's
+    ``MIN_STAR``/``HR_STAR`` flags (and cronsim).
+    """
+    if text.startswith("@"):
+        return text == "@hourly"
+    minute, hour = text.split()[:2]
+    return minute.startswith("*") or hour.startswith("*")
 
 
 def _next_cron(plan: _CronPlan, after: datetime) -> datetime:
     """The first firing instant strictly after ``after`` (aware), in UTC."""
     after = after.astimezone(UTC)
-    zone = plan.zone
-    wall = after.astimezone(zone).replace(tzinfo=None)
-    while True:  # more than once only when ``after`` is in a repeated hour's second pass
-        try:
-            wall = plan.next_wall(wall)
-        except _NeverFires:
-            raise InvalidSchedule("cron", f"no firing time after {after.isoformat()}") from None
-        instant = _to_instant(wall, zone)
-        if instant > after:
-            return instant
+    step = _next_wildcard if plan.wildcard else _next_fixed
+    try:
+        return step(plan.next_wall, plan.zone, after)
+    except _NeverFires:
+        raise InvalidSchedule("cron", f"no firing time after {after.isoformat()}") from None
 
 
 # --------------------------------------------------------------------------- interval, once
