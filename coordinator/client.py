@@ -43,6 +43,7 @@ from .errors import (
     RunNotFound,
 )
 from .model import OUTSTANDING, PRIORITIES, TERMINAL, RunStatus, Schedule, Target
+from .text import check_job_name, check_namespace
 
 if TYPE_CHECKING:
     from asyncpg import Connection
@@ -414,11 +415,15 @@ def _prepare(
 ) -> _Prepared:
     """Check and normalise a definition; an ``invalid_reason`` skips the schedule and
     target checks (the job is stored inert, as given)."""
-    _require_text(name, "name")
+    check_job_name(name)
     if priority not in PRIORITIES:
         raise InvalidInput("priority", f"must be one of {', '.join(PRIORITIES)}, not {priority!r}")
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise InvalidInput("timeout", f"must be a timedelta, not {type(timeout).__name__}")
     if timeout is not None and timeout <= timedelta(0):
         raise InvalidInput("timeout", "must be greater than zero")
+    if timeout is not None:
+        schedules.check_duration(timeout, "timeout")
     params_obj = _object(params, "params")
     _to_json_text(params_obj, "params")
     if invalid_reason is None:
@@ -486,9 +491,11 @@ async def define_job(
     field: ``cron``, ``every``, ``at`` or ``timezone``) and stored in its canonical form,
     unless ``invalid_reason`` is given: then it is stored as is and the job is inert.
     Every field is replaced, ``paused`` included. A changed schedule bumps
-    ``schedule_version`` and clears the saved deadline.
+    ``schedule_version`` and clears the saved deadline. Names follow
+    :mod:`coordinator.text`; durations are at most
+    :data:`~coordinator.schedule.MAX_DURATION`.
     """
-    _require_text(namespace, "namespace")
+    check_namespace(namespace)
     job = _prepare(
         name=name,
         schedule=schedule,
@@ -609,12 +616,12 @@ async def sync(
     jobs are created or updated; the namespace's other jobs are paused, history kept; an
     empty list pauses them all. One statement, one wake.
     """
-    _require_text(namespace, "namespace")
+    check_namespace(namespace)
     seen: set[str] = set()
     for index, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
             raise InvalidInput(f"jobs[{index}]", "must be a mapping")
-        entry_name = _require_text(entry.get("name"), f"jobs[{index}].name")
+        entry_name = check_job_name(entry.get("name"), f"jobs[{index}].name")
         if entry_name in seen:
             raise InvalidInput(f"jobs[{index}].name", f"{entry_name!r} is listed twice")
         seen.add(entry_name)
