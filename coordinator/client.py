@@ -324,6 +324,11 @@ def translate_errors(
         raise DatabaseUnavailable(f"database unreachable: {one_line(exc)}") from exc
 
 
+def _invalid(field: str, message: str) -> InvalidInput:
+    """``field: message``, without saying the field twice when the message starts with it."""
+    return InvalidInput(field, message.removeprefix(f"{field}: "))
+
+
 def _from_postgres(
     exc: asyncpg.PostgresError,
     namespace: str | None,
@@ -343,11 +348,12 @@ def _from_postgres(
     if state == "23514":  # check_violation: the constraint names the column
         constraint: str = getattr(exc, "constraint_name", None) or ""
         column = constraint.removeprefix("jobs_").removeprefix("runs_").removesuffix("_check")
-        return InvalidInput(column or field, message)
+        return _invalid(column or field, message)
     if state == "23502":  # not_null_violation
         return InvalidInput(getattr(exc, "column_name", None) or field, "required")
     if state.startswith("22"):  # data exceptions, invalid_parameter_value among them
-        return InvalidInput(field, message)
+        # The SQL API names the argument at fault in COLUMN (and its messages start with it).
+        return _invalid(getattr(exc, "column_name", None) or field, message)
     if state in _SCHEMA_MISSING:
         return DatabaseError(
             f"{message} (is the schema missing or out of date? run `coordinator migrate`)"
