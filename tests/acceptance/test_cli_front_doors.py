@@ -107,7 +107,7 @@ def test_control_characters_in_stored_text_are_escaped_on_output(database: str) 
     jobs = cli("jobs", "list", dsn=database)
     assert jobs.code == 0, jobs
     assert RAW.search(jobs.out) is None, jobs.out
-    header, *rows = jobs.out.splitlines()
+    _header, *rows = jobs.out.splitlines()
     assert len(rows) == 2
     assert "legacy\\n\\x1b[2Jname" in jobs.out
 

@@ -70,7 +70,7 @@ def test_durations_are_bounded(tmp_path: Path, text: str, message: str) -> None:
     assert str(info.value) == message
     file.write_text("stop_timeout = 315360000\n")  # the bound itself is fine
     assert load(file=file, environ={}, flags={}).stop_timeout == 315360000.0
-    with pytest.raises(ConfigError, match="^--refresh-spacing: at most 3650d, not 3000000d$"):
+    with pytest.raises(ConfigError, match=r"^--refresh-spacing: at most 3650d, not 3000000d$"):
         load(file=None, environ={}, flags={"refresh_spacing": "3000000d"})
 
 
