@@ -38,12 +38,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import attrs
 import trio
@@ -56,6 +57,7 @@ from . import migrate as migrations
 from . import schedule as schedules
 from .errors import ConfigError, CoordinatorError, DatabaseUnavailable, InvalidInput
 from .model import PRIORITIES, Schedule, Target
+from .text import check_job_name, check_namespace, printable
 
 if TYPE_CHECKING:
     from asyncpg import Connection
@@ -78,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parse(build_parser(), arguments)
     except _UsageError as exc:
-        print(exc, file=sys.stderr, flush=True)  # already "coordinator ...: <message>"
+        # Already "coordinator ...: <message>"; it may quote what was typed.
+        print(printable(str(exc)), file=sys.stderr, flush=True)
         return 2
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
@@ -122,12 +125,17 @@ def _unwrap(group: BaseExceptionGroup) -> BaseException:
 
 
 def _error(message: str) -> None:
-    text = " ".join(message.split()) if "\n" in message else message
-    print(f"{PROG}: {text}", file=sys.stderr, flush=True)
+    """One line on stderr; control characters (from names, outputs) escaped."""
+    print(f"{PROG}: {printable(message)}", file=sys.stderr, flush=True)
 
 
 def _note(message: str) -> None:
-    print(f"{PROG}: note: {message}", file=sys.stderr, flush=True)
+    print(f"{PROG}: note: {printable(message)}", file=sys.stderr, flush=True)
+
+
+def _say(message: str) -> None:
+    """One line on stdout, control characters escaped (it may quote names as typed)."""
+    print(printable(message))
 
 
 @attrs.define(eq=False)
@@ -475,8 +483,14 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 # --------------------------------------------------------------------------- output
 
 
+#: The control characters ``json.dumps(ensure_ascii=False)`` leaves raw (it escapes C0).
+_RAW_IN_JSON: Final = re.compile("[\x7f-\x9f\u2028\u2029]")
+
+
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
+    text = json.dumps(value, indent=2, ensure_ascii=False)
+    # They can only occur inside strings, where an escape means the same character.
+    print(_RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
 
 
 def _when(value: datetime | None) -> str:
@@ -490,6 +504,8 @@ def _duration(value: timedelta | None) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Aligned columns, one line per row: control characters in cells are escaped."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
@@ -501,7 +517,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 def _fields(pairs: Sequence[tuple[str, str]]) -> None:
     width = max(len(key) for key, _ in pairs) + 1
     for key, value in pairs:
-        print(f"{(key + ':').ljust(width)} {value}")
+        print(f"{(key + ':').ljust(width)} {printable(value)}")
 
 
 def _clip(text: str, limit: int = 60) -> str:
@@ -778,6 +794,8 @@ async def _migrate(args: argparse.Namespace, ctx: Context) -> int:
 
 
 async def _jobs_define(args: argparse.Namespace, ctx: Context) -> int:
+    check_namespace(args.namespace, "--namespace")
+    check_job_name(args.name)
     schedule = _schedule_from(args)
     target = _target_from(args)
     timeout = _duration_arg(args.timeout, "--timeout")
@@ -795,7 +813,7 @@ async def _jobs_define(args: argparse.Namespace, ctx: Context) -> int:
             idempotent=args.idempotent,
             paused=args.paused,
         )
-    print(f"defined {args.namespace}/{args.name} (job {job_id})")
+    _say(f"defined {args.namespace}/{args.name} (job {job_id})")
     return 0
 
 
@@ -921,21 +939,21 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: Context) -> int:
 async def _jobs_pause(args: argparse.Namespace, ctx: Context) -> int:
     async with ctx.connection() as conn:
         await db.aio(client.pause)(conn, args.name, namespace=args.namespace)
-    print(f"paused {args.namespace}/{args.name}")
+    _say(f"paused {args.namespace}/{args.name}")
     return 0
 
 
 async def _jobs_resume(args: argparse.Namespace, ctx: Context) -> int:
     async with ctx.connection() as conn:
         await db.aio(client.resume)(conn, args.name, namespace=args.namespace)
-    print(f"resumed {args.namespace}/{args.name}")
+    _say(f"resumed {args.namespace}/{args.name}")
     return 0
 
 
 async def _jobs_remove(args: argparse.Namespace, ctx: Context) -> int:
     async with ctx.connection() as conn:
         await db.aio(client.remove)(conn, args.name, namespace=args.namespace)
-    print(f"removed {args.namespace}/{args.name}")
+    _say(f"removed {args.namespace}/{args.name}")
     return 0
 
 
@@ -1017,7 +1035,7 @@ async def _sync(args: argparse.Namespace, ctx: Context) -> int:
             _print_json({"namespace": manifest.namespace, "applied": False, "problems": problems})
         else:
             for problem in manifest.problems:
-                print(str(problem), file=sys.stderr)
+                print(printable(str(problem)), file=sys.stderr)
         raise manifests.ManifestRejected(manifest)
     async with ctx.connection() as conn:
         result = await db.aio(client.sync_manifest)(conn, manifest, strict=args.strict)
@@ -1031,7 +1049,7 @@ async def _sync(args: argparse.Namespace, ctx: Context) -> int:
             }
         )
         return 0
-    print(
+    _say(
         f"synced namespace {result.namespace}: {result.created} created, "
         f"{result.updated} updated, {result.paused} paused"
     )
@@ -1039,7 +1057,7 @@ async def _sync(args: argparse.Namespace, ctx: Context) -> int:
         count = len(manifest.problems)
         print(f"{count} problem{'s' if count != 1 else ''} (those jobs are stored inert):")
         for problem in manifest.problems:
-            print(f"  {problem}")
+            _say(f"  {problem}")
     return 0
 
 

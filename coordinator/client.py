@@ -44,6 +44,7 @@ from .errors import (
     RunNotFound,
 )
 from .model import OUTSTANDING, PRIORITIES, TERMINAL, RunStatus, Schedule, Target
+from .text import check_job_name, check_namespace
 
 if TYPE_CHECKING:
     from asyncpg import Connection
@@ -324,6 +325,11 @@ def translate_errors(
         raise DatabaseUnavailable(f"database unreachable: {one_line(exc)}") from exc
 
 
+def _invalid(field: str, message: str) -> InvalidInput:
+    """``field: message``, without saying the field twice when the message starts with it."""
+    return InvalidInput(field, message.removeprefix(f"{field}: "))
+
+
 def _from_postgres(
     exc: asyncpg.PostgresError,
     namespace: str | None,
@@ -343,11 +349,12 @@ def _from_postgres(
     if state == "23514":  # check_violation: the constraint names the column
         constraint: str = getattr(exc, "constraint_name", None) or ""
         column = constraint.removeprefix("jobs_").removeprefix("runs_").removesuffix("_check")
-        return InvalidInput(column or field, message)
+        return _invalid(column or field, message)
     if state == "23502":  # not_null_violation
         return InvalidInput(getattr(exc, "column_name", None) or field, "required")
     if state.startswith("22"):  # data exceptions, invalid_parameter_value among them
-        return InvalidInput(field, message)
+        # The SQL API names the argument at fault in COLUMN (and its messages start with it).
+        return _invalid(getattr(exc, "column_name", None) or field, message)
     if state in _SCHEMA_MISSING:
         return DatabaseError(
             f"{message} (is the schema missing or out of date? run `coordinator migrate`)"
@@ -415,11 +422,15 @@ def _prepare(
 ) -> _Prepared:
     """Check and normalise a definition; an ``invalid_reason`` skips the schedule and
     target checks (the job is stored inert, as given)."""
-    _require_text(name, "name")
+    check_job_name(name)
     if priority not in PRIORITIES:
         raise InvalidInput("priority", f"must be one of {', '.join(PRIORITIES)}, not {priority!r}")
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise InvalidInput("timeout", f"must be a timedelta, not {type(timeout).__name__}")
     if timeout is not None and timeout <= timedelta(0):
         raise InvalidInput("timeout", "must be greater than zero")
+    if timeout is not None:
+        schedules.check_duration(timeout, "timeout")
     params_obj = _object(params, "params")
     _to_json_text(params_obj, "params")
     if invalid_reason is None:
@@ -487,9 +498,11 @@ async def define_job(
     field: ``cron``, ``every``, ``at`` or ``timezone``) and stored in its canonical form,
     unless ``invalid_reason`` is given: then it is stored as is and the job is inert.
     Every field is replaced, ``paused`` included. A changed schedule bumps
-    ``schedule_version`` and clears the saved deadline.
+    ``schedule_version`` and clears the saved deadline. Names follow
+    :mod:`coordinator.text`; durations are at most
+    :data:`~coordinator.schedule.MAX_DURATION`.
     """
-    _require_text(namespace, "namespace")
+    check_namespace(namespace)
     job = _prepare(
         name=name,
         schedule=schedule,
@@ -610,12 +623,12 @@ async def sync(
     jobs are created or updated; the namespace's other jobs are paused, history kept; an
     empty list pauses them all. One statement, one wake.
     """
-    _require_text(namespace, "namespace")
+    check_namespace(namespace)
     seen: set[str] = set()
     for index, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
             raise InvalidInput(f"jobs[{index}]", "must be a mapping")
-        entry_name = _require_text(entry.get("name"), f"jobs[{index}].name")
+        entry_name = check_job_name(entry.get("name"), f"jobs[{index}].name")
         if entry_name in seen:
             raise InvalidInput(f"jobs[{index}].name", f"{entry_name!r} is listed twice")
         seen.add(entry_name)

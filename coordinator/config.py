@@ -10,6 +10,7 @@ startup with a message naming it.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -19,7 +20,7 @@ from typing import Any, Final
 import attrs
 
 from .errors import ConfigError
-from .schedule import parse_duration
+from .schedule import MAX_DURATION, format_duration, parse_duration
 
 DEFAULT_CONFIG_FILE: Final = Path("/etc/coordinator/coordinator.toml")
 
@@ -44,8 +45,14 @@ def _seconds(value: Any, name: str) -> float:
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected a duration, got {value!r}")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ConfigError(f"{name}: must be a finite number of seconds, not {value}")
         if value < 0:
             raise ConfigError(f"{name}: must not be negative")
+        if value > MAX_DURATION.total_seconds():
+            raise ConfigError(
+                f"{name}: at most {format_duration(MAX_DURATION)}, not {value} seconds"
+            )
         return float(value)
     try:
         return parse_duration(str(value), field=name).total_seconds()

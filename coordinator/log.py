@@ -17,6 +17,8 @@ from typing import Any, Literal, TextIO
 
 import attrs
 
+from .text import CONTROL
+
 Level = Literal["debug", "info", "warning", "error"]
 _LEVELS: dict[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 #: syslog priorities for journald's ``<N>`` prefix.
@@ -46,8 +48,10 @@ def _logfmt_value(value: Any) -> str:
         text = json.dumps(value, default=str, separators=(",", ":"))
     else:
         text = str(value)
-    if text == "" or any(c in text for c in ' "=\n\t\\'):
-        return json.dumps(text)
+    if text == "" or any(c in text for c in ' "=\\') or CONTROL.search(text) is not None:
+        # JSON's string syntax: quotes, backslashes, C0 controls and (ensure_ascii) C1
+        # and U+2028/U+2029 escaped; DEL is the one control character it leaves raw.
+        return json.dumps(text).replace("\x7f", "\\u007f")
     return text
 
 
@@ -78,7 +82,8 @@ class EventLog:
         if not written:
             return
         if self.format == "json":
-            line = json.dumps(record, default=str, separators=(",", ":"))
+            # (DEL, the one control character json.dumps leaves raw, can only be in a string.)
+            line = json.dumps(record, default=str, separators=(",", ":")).replace("\x7f", "\\u007f")
         else:
             line = " ".join(f"{k}={_logfmt_value(v)}" for k, v in record.items())
         if self.journal:

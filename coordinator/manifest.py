@@ -31,8 +31,9 @@ mean something else (TOML syntax, a missing ``namespace``, an unknown top-level 
 a misspelt ``[[job]]``) raise :class:`~coordinator.errors.InvalidInput`. Mistakes inside an
 entry are *problems* ``(job, field, reason)``: the entry is kept, in the SQL shape, with
 ``invalid_reason`` saying what is wrong, so ``sync`` stores it inert while the rest applies
-(``--strict`` applies nothing instead). An entry without a usable name cannot be stored
-and is dropped; a name listed twice keeps its first entry, made inert.
+(``--strict`` applies nothing instead). An entry without a usable name (see
+:mod:`coordinator.text`) cannot be stored and is dropped; a name listed twice keeps its
+first entry, made inert.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from . import schedule as schedules
 from .client import job_entry
 from .errors import InvalidInput, InvalidSchedule
 from .model import PRIORITIES, Schedule, ScheduleKind, Target
+from .text import check_job_name, check_namespace
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -170,8 +172,7 @@ def parse(text: str, *, source: str = "<manifest>") -> Manifest:
             f"{source}: namespace",
             'required: the namespace this file declares, e.g. namespace = "billing"',
         )
-    if not isinstance(namespace, str) or not namespace.strip():
-        raise InvalidInput(f"{source}: namespace", "must be a non-empty string")
+    check_namespace(namespace, f"{source}: namespace")
     jobs = document.get("jobs", [])
     if not isinstance(jobs, list):
         raise InvalidInput(f"{source}: jobs", "must be an array of tables ([[jobs]])")
@@ -254,9 +255,12 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
     if not isinstance(raw, dict):
         return None, [Problem(label, "jobs", f"each entry must be a table, not {_describe(raw)}")]
     name = raw.get("name")
-    if not isinstance(name, str) or not name.strip():
-        reason = "required" if name is None else "must be a non-empty string"
-        return None, [Problem(label, "name", f"{reason}; the entry was skipped")]
+    if name is None:
+        return None, [Problem(label, "name", "required; the entry was skipped")]
+    try:
+        check_job_name(name)
+    except InvalidInput as exc:  # PostgreSQL would refuse it: nothing can be stored
+        return None, [Problem(label, "name", f"{exc.reason}; the entry was skipped")]
     e = _Entry(name, raw)
 
     for key in raw:

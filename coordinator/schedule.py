@@ -14,10 +14,11 @@ Schedule kinds
     ``R`` values are refused. Day-of-month and day-of-week combine as in Vixie cron
     (either matches when both are restricted). croniter's ``L``, ``W`` and ``#`` work.
 ``interval``
-    A duration (:func:`parse_duration`) of at least one second, counted from when the
-    previous run settled.
+    A duration (:func:`parse_duration`) of at least one second and at most
+    :data:`MAX_DURATION`, counted from when the previous run settled.
 ``once``
-    An ISO 8601 instant with an explicit offset or ``Z``; stored in UTC.
+    An ISO 8601 instant with an explicit offset or ``Z``, in the years 1970 to 9999 (UTC);
+    stored in UTC.
 ``manual``
     No expression; never due on its own.
 
@@ -80,6 +81,8 @@ from .errors import InvalidInput, InvalidSchedule
 from .model import Schedule, ScheduleKind
 
 __all__ = [
+    "MAX_DURATION",
+    "check_duration",
     "following_deadline",
     "format_duration",
     "initial_deadline",
@@ -108,14 +111,32 @@ _DURATION_TOKEN: Final = re.compile(
 )
 _MAX_NUMBER_LEN: Final = 30
 
+#: The longest duration anything accepts (an interval, a timeout, a setting): ten years.
+#: Far beyond any real schedule, and far inside what datetime arithmetic can add to today
+#: (an unbounded one crashed the daemon with OverflowError). PostgreSQL holds the same
+#: bound (migrations/0005_front_doors.sql).
+MAX_DURATION: Final = timedelta(days=3650)
+
+
+def _too_long(field: str, shown: str) -> InvalidInput:
+    return InvalidInput(field, f"at most {format_duration(MAX_DURATION)}, not {shown}")
+
+
+def check_duration(value: timedelta, field: str) -> timedelta:
+    """``value`` if it is at most :data:`MAX_DURATION`, else :class:`InvalidInput`."""
+    if value > MAX_DURATION:
+        raise _too_long(field, format_duration(value))
+    return value
+
 
 def parse_duration(text: str, *, field: str = "duration") -> timedelta:
     """Read a positive duration: ``90``/``90s``, ``500ms``, ``5m``, ``1h30m``, ``1h 30m``,
-    ``1.5h``, ``2d``, ``1w``.
+    ``1.5h``, ``2d``, ``1w``; at most :data:`MAX_DURATION`.
 
     Units (case-insensitive) are ``ms``, ``s``, ``m`` (minutes), ``h``, ``d`` and ``w``;
     a bare number means seconds and must stand alone. Components go from the largest unit
     to the smallest, each at most once. Raises :class:`InvalidInput` ``(field, reason)``.
+    PostgreSQL reads the same grammar (``coordinator._duration_us``).
     """
     stripped = text.strip()
 
@@ -153,10 +174,9 @@ def parse_duration(text: str, *, field: str = "duration") -> timedelta:
         raise bad("finer than a microsecond")
     if total == 0:
         raise bad("a duration must be greater than zero")
-    try:
-        return timedelta(microseconds=int(total))
-    except OverflowError:
-        raise bad("too large") from None
+    if total > MAX_DURATION // timedelta(microseconds=1):
+        raise _too_long(field, " ".join(stripped.split()))
+    return timedelta(microseconds=int(total))
 
 
 def format_duration(duration: timedelta) -> str:
@@ -575,6 +595,12 @@ def _interval(expression: str) -> timedelta:
     return interval
 
 
+#: The instants a one-shot job may be due at: Python's datetime (and so the daemon's
+#: deadline arithmetic) ends with the year 9999, and nothing is owed from before 1970.
+_FIRST_INSTANT: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_LAST_YEAR: Final = 9999
+
+
 @functools.lru_cache(maxsize=4096)
 def _instant(expression: str) -> datetime:
     text = expression.strip()
@@ -589,10 +615,16 @@ def _instant(expression: str) -> datetime:
         raise InvalidSchedule(
             "at", f"{text!r} has no UTC offset; add one, e.g. '{example}Z' or '{example}+01:00'"
         )
+    out_of_range = InvalidSchedule(
+        "at", f"{text!r} is out of range (the years 1970 to {_LAST_YEAR}, in UTC)"
+    )
     try:
-        return moment.astimezone(UTC)
+        instant = moment.astimezone(UTC)
     except OverflowError:
-        raise InvalidSchedule("at", f"{text!r} is out of range") from None
+        raise out_of_range from None
+    if instant < _FIRST_INSTANT:
+        raise out_of_range
+    return instant
 
 
 # --------------------------------------------------------------------------- schedules

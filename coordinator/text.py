@@ -1,18 +1,110 @@
-"""Text that is safe to keep: bounded, storable in jsonb, and short durations in words.
+"""Text that is safe to keep and to show: bounded, storable, printable, and names.
 
 Executors, the protocol and the daemon all put strings that came from outside (a
-command's stderr, a worker's error, a JSON report) into PostgreSQL; they share these
-helpers so the limits and repairs are the same everywhere.
+command's stderr, a worker's error, a JSON report) into PostgreSQL; they share the
+helpers here so the limits and repairs are the same everywhere. The name rules are the
+database's too (``migrations/0005_front_doors.sql``), so a name the front doors accept
+is one PostgreSQL stores, and a name they refuse gets one clear line here instead of a
+constraint violation there.
 
-Layering: stdlib only (the worker SDK imports it).
+* namespace: 1 to 63 characters, letters, digits, ``.``, ``_`` and ``-``, starting with a
+  letter or a digit (``^[A-Za-z0-9][A-Za-z0-9._-]*$``);
+* job name: 1 to 200 characters, no control character (:data:`CONTROL`), no whitespace
+  at either end. Anything else is allowed, ``/`` and markup included.
+
+Control characters are C0 (U+0000-U+001F), DEL (U+007F), C1 (U+0080-U+009F) and the
+line and paragraph separators U+2028/U+2029: each can end a line or drive a terminal.
+
+Layering: stdlib and :mod:`coordinator.errors` only (the worker SDK imports it).
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Final
+
+from .errors import InvalidInput
 
 if TYPE_CHECKING:
     from datetime import timedelta
+
+
+__all__ = [
+    "CONTROL",
+    "ERROR_MESSAGE_LIMIT",
+    "NAMESPACE_MAX",
+    "NAME_MAX",
+    "TRUNCATED",
+    "check_job_name",
+    "check_namespace",
+    "clip",
+    "printable",
+    "seconds_text",
+    "storable",
+]
+
+#: One control character (see the module docstring).
+CONTROL: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+NAMESPACE_MAX: Final = 63
+NAME_MAX: Final = 200
+_NAMESPACE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: How much of a refused value a message quotes.
+_QUOTED: Final = 40
+_ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as an escape (``\\n``, ``\\x1b``,
+    ``\\u2028``): one line, nothing a terminal acts on. Other text is unchanged."""
+    return CONTROL.sub(_escape, text)
+
+
+def _quoted(value: str) -> str:
+    """``value`` for a message: quoted, cut short when long, escaped by :func:`repr` (which
+    writes every control character as an escape)."""
+    return repr(value if len(value) <= _QUOTED else value[: _QUOTED - 1] + "…")
+
+
+def check_namespace(value: object, field: str = "namespace") -> str:
+    """``value`` if it is an allowed namespace, else :class:`InvalidInput` ``(field, why)``."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(field, "must be a non-empty string")
+    if len(value) > NAMESPACE_MAX:
+        raise InvalidInput(field, f"at most {NAMESPACE_MAX} characters, not {len(value)}")
+    if _NAMESPACE.fullmatch(value) is None:
+        raise InvalidInput(
+            field,
+            f"{_quoted(value)}: use letters, digits, '.', '_' and '-', "
+            "starting with a letter or a digit",
+        )
+    return value
+
+
+def check_job_name(value: object, field: str = "name") -> str:
+    """``value`` if it is an allowed job name, else :class:`InvalidInput` ``(field, why)``."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(field, "must be a non-empty string")
+    if len(value) > NAME_MAX:
+        raise InvalidInput(field, f"at most {NAME_MAX} characters, not {len(value)}")
+    control = CONTROL.search(value)
+    if control is not None:
+        raise InvalidInput(
+            field,
+            f"{_quoted(value)}: control characters are not allowed "
+            f"(U+{ord(control.group()):04X} at character {control.start() + 1})",
+        )
+    if value != value.strip():
+        raise InvalidInput(field, f"{_quoted(value)}: must not start or end with whitespace")
+    return value
+
 
 #: Longest error message kept on a run (characters), whoever reported it.
 ERROR_MESSAGE_LIMIT: Final = 2000
@@ -49,6 +141,3 @@ def seconds_text(delta: timedelta) -> str:
     if seconds.is_integer():
         return str(int(seconds))
     return f"{seconds:.3f}".rstrip("0").rstrip(".")
-
-
-__all__ = ["ERROR_MESSAGE_LIMIT", "TRUNCATED", "clip", "seconds_text", "storable"]

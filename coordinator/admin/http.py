@@ -27,6 +27,11 @@ Errors have one shape, ``{"error": code, "message": text}``:
 
 Every POST, allowed or not, is passed to ``audit`` once its status is known: method,
 path, status, remote address, and the run it concerned.
+
+Job names may contain ``/`` (and ``%``): a client percent-encodes them in the path
+(``/api/jobs/default/reports%2Fdaily``). Starlette routes on the decoded path, where that
+``/`` would split the segment, so :class:`_KeepEncodedSlashes` routes on a path in which
+``%2F`` and ``%25`` stay encoded, and :func:`_job_key` decodes them in the parameters.
 """
 
 from __future__ import annotations
@@ -88,6 +93,8 @@ MAX_LIMIT: Final = 1000
 
 _MAX_BIGINT: Final = 2**63 - 1
 _AUDIT_KEY: Final = "coordinator.audit"
+#: Set in the scope when the path keeps ``%2F`` and ``%25`` encoded.
+_KEPT_KEY: Final = "coordinator.kept_encoded"
 
 # --------------------------------------------------------------------------- errors
 
@@ -216,6 +223,58 @@ def _note(request: Request, **fields: Any) -> None:
         notes.update({k: v for k, v in fields.items() if v is not None})
 
 
+# --------------------------------------------------------------------------- paths
+
+_PERCENT: Final = re.compile(rb"%([0-9A-Fa-f]{2})")
+_KEPT: Final = re.compile("%(2F|25)")
+_KEPT_BYTES: Final = frozenset({0x2F, 0x25})
+
+
+def _routed_path(raw_path: bytes) -> str:
+    """``raw_path`` percent-decoded, except ``%2F`` and ``%25`` (normalised to upper case),
+    so an encoded ``/`` stays inside its segment and an encoded ``%`` stays one."""
+
+    def decode(match: re.Match[bytes]) -> bytes:
+        code = int(match.group(1), 16)
+        return b"%%%02X" % code if code in _KEPT_BYTES else bytes([code])
+
+    # (As hypercorn decodes the path: invalid UTF-8 becomes U+FFFD.)
+    return _PERCENT.sub(decode, raw_path).decode("utf-8", "replace")
+
+
+class _KeepEncodedSlashes:
+    """Pure ASGI: route on a path where ``%2F`` and ``%25`` are still encoded.
+
+    Without ``raw_path`` (optional in ASGI) the server's decoded path is used as is, and
+    path parameters are taken literally (a name with ``/`` is then out of reach).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw_path = scope.get("raw_path")
+        if scope["type"] == "http" and isinstance(raw_path, bytes):
+            scope = {**scope, "path": _routed_path(raw_path), _KEPT_KEY: True}
+        await self.app(scope, receive, send)
+
+
+def _path_param(request: Request, key: str) -> str:
+    value = str(request.path_params[key])
+    if request.scope.get(_KEPT_KEY):
+        value = _KEPT.sub(lambda m: "/" if m.group(1) == "2F" else "%", value)
+    return value
+
+
+def _job_key(request: Request) -> tuple[str, str]:
+    """The ``{ns}`` and ``{name}`` of a job path, decoded (``%2F`` is ``/``).
+
+    Looked up as given (no naming rule applied: a job stored before the rules of
+    :mod:`coordinator.text` stays reachable); an unknown one is a 404.
+    """
+    return _path_param(request, "ns"), _path_param(request, "name")
+
+
 # --------------------------------------------------------------------------- inputs
 
 _DIGITS: Final = re.compile(r"[0-9]{1,19}")
@@ -309,13 +368,13 @@ class _Api:
         return JSONResponse({"jobs": [_job_json(j) for j in jobs]})
 
     async def job(self, request: Request) -> Response:
-        ns, name = request.path_params["ns"], request.path_params["name"]
+        ns, name = _job_key(request)
         async with self._db() as conn:
             job = await aio(client.get_job)(conn, name, namespace=ns)
         return JSONResponse(_job_json(job))
 
     async def job_runs(self, request: Request) -> Response:
-        ns, name = request.path_params["ns"], request.path_params["name"]
+        ns, name = _job_key(request)
         status = request.query_params.get("status") or None
         limit = _limit(request)
         async with self._db() as conn:
@@ -334,7 +393,7 @@ class _Api:
 
     async def trigger(self, request: Request) -> Response:
         """Idempotent: while the job has an outstanding run, that run is the answer."""
-        ns, name = request.path_params["ns"], request.path_params["name"]
+        ns, name = _job_key(request)
         _note(request, job=f"{ns}/{name}")
         force = _flag(request, "force")
         _note(request, force=force or None)
@@ -411,7 +470,8 @@ def make_app(
     return Starlette(
         routes=routes,
         middleware=[
-            Middleware(_Guard, token=token.encode(), public=frozenset(public), audit=audit)
+            Middleware(_KeepEncodedSlashes),
+            Middleware(_Guard, token=token.encode(), public=frozenset(public), audit=audit),
         ],
         exception_handlers={
             HTTPException: _on_http_error,

@@ -143,6 +143,8 @@ class Daemon:
     _started_at: float | None = attrs.field(default=None, init=False)
     #: Trio time the stop sequence must be done by (set when it begins).
     _stop_deadline: float | None = attrs.field(default=None, init=False)
+    #: Lines for the person at the terminal, printed after everything else.
+    _last_words: list[str] = attrs.field(factory=list, init=False)
     #: Held results were flushed (the stop sequence ran): the way out need not flush.
     _flushed: bool = attrs.field(default=False, init=False)
     #: Why the database could not be reached at start (while it cannot).
@@ -303,6 +305,8 @@ class Daemon:
                 await self.store.pool.close()
                 await self.leadership.release()
             self._set_phase("stopped")
+            for words in self._last_words:  # after the log's last line: what a person reads
+                self._print(words)
             self.stopped.set()
         return status
 
@@ -320,7 +324,7 @@ class Daemon:
                 return EXIT_OK
             except ConfigError as exc:
                 self.log.error("startup.refused", error=str(exc))
-                self._print(str(exc))
+                self._last_words.append(str(exc))
                 return EXIT_CONFIG
             except CoordinatorError as exc:
                 # The database went away between two startup steps: give the lock back and
@@ -579,7 +583,9 @@ class Daemon:
                 lost=runs,
                 exit_code=EXIT_LOST,
             )
-            self._print(f"could not save or spool the results of runs {runs}: they are lost")
+            self._last_words.append(
+                f"could not save or spool the results of runs {runs}: they are lost"
+            )
             return EXIT_LOST
         if report.spooled:
             # A clean stop that spooled says so with its own status; a failure keeps its.

@@ -52,6 +52,28 @@ def test_bad_file_values_are_named(tmp_path: Path, text: str, named: str) -> Non
         load(file=file, environ={}, flags={})
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("stop_timeout = 1e300\n", "stop_timeout: at most 3650d, not 1e+300 seconds"),
+        ("stop_timeout = 315360001\n", "stop_timeout: at most 3650d, not 315360001 seconds"),
+        ("stop_timeout = inf\n", "stop_timeout: must be a finite number of seconds, not inf"),
+        ("stop_timeout = nan\n", "stop_timeout: must be a finite number of seconds, not nan"),
+        ('refresh_spacing = "3000000d"\n', "refresh_spacing: at most 3650d, not 3000000d"),
+    ],
+)
+def test_durations_are_bounded(tmp_path: Path, text: str, message: str) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(file=file, environ={}, flags={})
+    assert str(info.value) == message
+    file.write_text("stop_timeout = 315360000\n")  # the bound itself is fine
+    assert load(file=file, environ={}, flags={}).stop_timeout == 315360000.0
+    with pytest.raises(ConfigError, match=r"^--refresh-spacing: at most 3650d, not 3000000d$"):
+        load(file=None, environ={}, flags={"refresh_spacing": "3000000d"})
+
+
 def test_unknown_environment_setting_is_named() -> None:
     with pytest.raises(ConfigError, match="COORDINATOR_CONCURENCY"):
         load(file=None, environ={"COORDINATOR_CONCURENCY": "3"}, flags={})

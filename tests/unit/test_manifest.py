@@ -135,6 +135,12 @@ def test_empty_manifest(text: str) -> None:
         ("cron = 5\nworker = 'w'", "cron", "must be a string"),
         ('manual = true\ntimeout = "soon"\nworker = "w"', "timeout", "'soon'"),
         ('manual = true\ntimeout = "0s"\nworker = "w"', "timeout", "greater than zero"),
+        ('manual = true\ntimeout = "3000000d"\nworker = "w"', "timeout", "at most 3650d"),
+        ("manual = true\ntimeout = 400000000\nworker = 'w'", "timeout", "not 400000000"),
+        ('every = "3000000d"\nworker = "w"', "every", "at most 3650d, not 3000000d"),
+        ("every = 1e300\nworker = 'w'", "every", "unknown unit 'e'"),
+        ('at = "1969-07-20T20:17:00Z"\nworker = "w"', "at", "the years 1970 to 9999"),
+        ("at = 1960-01-01T00:00:00Z\nworker = 'w'", "at", "the years 1970 to 9999"),
         ('manual = true\npriority = "urgent"\nworker = "w"', "priority", "interactive"),
         ('manual = true\nidempotent = "yes"\nworker = "w"', "idempotent", "true or false"),
         ('manual = true\npaused = 1\nworker = "w"', "paused", "true or false"),
@@ -195,6 +201,39 @@ def test_nameless_entries_are_dropped() -> None:
     assert manifest.entries[0]["invalid_reason"] is None
 
 
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ('"two\\nlines"', "'two\\nlines': control characters are not allowed (U+000A"),
+        ('"esc\\u001b[31m"', "(U+001B at character 4)"),
+        ('"cr\\r"', "(U+000D at character 3)"),
+        ('" padded"', "must not start or end with whitespace"),
+        ('"' + "x" * 3000 + '"', "at most 200 characters, not 3000"),
+    ],
+)
+def test_entries_with_refused_names_are_dropped_with_a_problem(name: str, reason: str) -> None:
+    manifest = _parse(
+        f"""
+        namespace = "svc"
+        [[jobs]]
+        name = {name}
+        manual = true
+        worker = "w"
+        [[jobs]]
+        name = "<script>alert(1)</script>/ok"
+        manual = true
+        worker = "w"
+        """
+    )
+    assert [e["name"] for e in manifest.entries] == ["<script>alert(1)</script>/ok"]
+    (problem,) = manifest.problems
+    assert (problem.job, problem.field) == ("jobs[0]", "name")
+    assert reason in problem.reason
+    assert problem.reason.endswith("; the entry was skipped")
+    assert "\n" not in str(problem)
+    assert "\x1b" not in str(problem)
+
+
 def test_non_table_entry() -> None:
     manifest = parse('namespace = "svc"\njobs = [1]\n')
     assert manifest.entries == ()
@@ -236,6 +275,9 @@ def test_problem_prints_as_name_field_reason() -> None:
         ("[[jobs]]\nname = 'a'\n", "jobs.toml: namespace", "required"),
         ('namespace = ""\n', "jobs.toml: namespace", "non-empty"),
         ("namespace = 3\n", "jobs.toml: namespace", "non-empty"),
+        ('namespace = "my app"\n', "jobs.toml: namespace", "use letters, digits"),
+        ('namespace = "a\\nb"\n', "jobs.toml: namespace", "'a\\nb': use letters"),
+        (f'namespace = "{"n" * 64}"\n', "jobs.toml: namespace", "at most 63 characters"),
         ('namespace = "svc"\n[[job]]\nname = "a"\n', "jobs.toml: job", "did you mean 'jobs'?"),
         ('namespace = "svc"\njobs = "a"\n', "jobs.toml: jobs", "array of tables"),
     ],

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from coordinator.errors import InvalidInput, InvalidSchedule
 from coordinator.model import Schedule
 from coordinator.schedule import (
+    MAX_DURATION,
+    check_duration,
     following_deadline,
     format_duration,
     initial_deadline,
@@ -104,7 +106,12 @@ def test_parse_duration_accepts(text: str, expected: timedelta) -> None:
         ("5 sec", "unknown unit 'sec'"),
         ("0.0000001s", "finer than a microsecond"),
         ("9" * 40 + "d", "too large"),
-        ("999999999w", "too large"),
+        ("999999999w", "at most 3650d, not 999999999w"),
+        ("3651d", "at most 3650d, not 3651d"),
+        ("3000000d", "at most 3650d, not 3000000d"),
+        ("3650d 0.001ms", "at most 3650d, not 3650d 0.001ms"),
+        ("3000000d\n1h", "at most 3650d, not 3000000d 1h"),  # shown on one line
+        ("521w4d", "at most 3650d, not 521w4d"),
     ],
 )
 def test_parse_duration_rejects(text: str, reason: str) -> None:
@@ -113,6 +120,22 @@ def test_parse_duration_rejects(text: str, reason: str) -> None:
     assert info.value.field == "timeout"
     assert reason in info.value.reason
     assert not isinstance(info.value, InvalidSchedule)
+
+
+def test_parse_duration_accepts_the_bound() -> None:
+    assert timedelta(days=3650) == MAX_DURATION
+    assert parse_duration("3650d") == MAX_DURATION
+    assert parse_duration("521w3d") == MAX_DURATION
+    assert parse_duration("3649d23h59m59s999.999ms") == MAX_DURATION - timedelta(microseconds=1)
+
+
+def test_check_duration() -> None:
+    assert check_duration(MAX_DURATION, "timeout") == MAX_DURATION
+    with pytest.raises(InvalidInput) as info:
+        check_duration(timedelta(days=3000000), "timeout")
+    assert str(info.value) == "timeout: at most 3650d, not 3000000d"
+    with pytest.raises(InvalidInput, match=r"^timeout: at most 3650d, not 3650d0\.001ms$"):
+        check_duration(MAX_DURATION + timedelta(microseconds=1), "timeout")
 
 
 def test_parse_duration_default_field() -> None:
@@ -142,7 +165,7 @@ def test_format_duration_rejects_negative() -> None:
 
 
 @PROPERTY
-@given(st.timedeltas(min_value=timedelta(microseconds=1), max_value=timedelta(days=100_000)))
+@given(st.timedeltas(min_value=timedelta(microseconds=1), max_value=MAX_DURATION))
 def test_format_duration_round_trips(duration: timedelta) -> None:
     text = format_duration(duration)
     assert parse_duration(text) == duration
@@ -187,11 +210,15 @@ def test_validate_timezone() -> None:
         (cron("0 0 * * *", "Mars/Base"), "timezone", "unknown timezone 'Mars/Base'"),
         (Schedule(kind="interval", expression="5x"), "every", "unknown unit 'x'"),
         (Schedule(kind="interval", expression="500ms"), "every", "at least 1s"),
+        (Schedule(kind="interval", expression="3000000d"), "every", "at most 3650d, not 3000000d"),
         (Schedule(kind="interval"), "every", "needs an expression"),
         (Schedule(kind="interval", expression="5m", timezone="Nowhere"), "timezone", "unknown"),
         (Schedule(kind="once", expression="2026-12-01T10:00:00"), "at", "no UTC offset"),
         (Schedule(kind="once", expression="2026-12-01"), "at", "no UTC offset"),
         (Schedule(kind="once", expression="next tuesday"), "at", "not an ISO 8601"),
+        (Schedule(kind="once", expression="1969-12-31T23:59:59Z"), "at", "the years 1970 to 9999"),
+        (Schedule(kind="once", expression="0001-01-01T00:00:00Z"), "at", "the years 1970 to 9999"),
+        (Schedule(kind="once", expression="9999-12-31T23:00:00-05:00"), "at", "out of range"),
         (Schedule(kind="once"), "at", "needs an expression"),
         (Schedule(kind="manual", expression="5m"), "manual", "no expression"),
         (Schedule(kind="manual", timezone="Nowhere"), "timezone", "unknown"),
@@ -231,7 +258,10 @@ def test_once_naive_rejected_with_advice() -> None:
         cron("0 0 31 2 mon"),  # Vixie OR: Mondays in February
         cron("59/1 * * * *"),
         Schedule(kind="interval", expression="1s"),
+        Schedule(kind="interval", expression="3650d"),
         Schedule(kind="once", expression="1999-12-31T23:59:59Z"),
+        Schedule(kind="once", expression="1970-01-01T00:00:00Z"),
+        Schedule(kind="once", expression="9999-12-31T23:59:59Z"),
         Schedule(kind="manual"),
     ],
 )
