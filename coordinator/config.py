@@ -534,8 +534,9 @@ class ServiceDatabase:
     source: Path
     #: The DSN the service uses, or ``None`` for its embedded database.
     dsn: str | None
-    #: The service's embedded database (``<state dir>/postgres``) when ``dsn`` is None.
-    embedded_root: Path
+    #: The service's embedded database (``<state dir>/postgres``) when ``dsn`` is None,
+    #: if known: named by ``state_dir``, or the shipped unit's for the default file.
+    embedded_root: Path | None
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -561,8 +562,9 @@ def service_database(environ: Mapping[str, str] | None = None) -> ServiceDatabas
     no service configuration (neither the config file nor ``coordinator.env`` beside it).
 
     The service reads the config file and, through systemd's ``EnvironmentFile=``, the
-    environment file, whose values win; its state directory is the unit's
-    (``/var/lib/coordinator``) unless one of them sets ``state_dir``.
+    environment file, whose values win. Its state directory is the one they set, else,
+    for the default file, the shipped unit's (``/var/lib/coordinator``); a file named by
+    ``$COORDINATOR_CONFIG`` that sets none leaves it unknown.
     """
     environ = os.environ if environ is None else environ
     toml_path = config_file(environ)
@@ -572,7 +574,7 @@ def service_database(environ: Mapping[str, str] | None = None) -> ServiceDatabas
         return None
     source = toml_path
     dsn: str | None = None
-    state_dir = SERVICE_STATE_DIR
+    state_dir = SERVICE_STATE_DIR if toml_path == DEFAULT_CONFIG_FILE else None
     if has_toml:
         data = _read_toml(toml_path)
         if isinstance(data.get("dsn"), str) and data["dsn"]:
@@ -591,7 +593,8 @@ def service_database(environ: Mapping[str, str] | None = None) -> ServiceDatabas
             dsn, source = env["COORDINATOR_DSN"] or None, env_path
         if env.get("COORDINATOR_STATE_DIR"):
             state_dir = Path(env["COORDINATOR_STATE_DIR"])
-    return ServiceDatabase(source=source, dsn=dsn, embedded_root=state_dir / "postgres")
+    root = state_dir / "postgres" if state_dir is not None else None
+    return ServiceDatabase(source=source, dsn=dsn, embedded_root=root)
 
 
 def refuse_another_embedded(
@@ -624,7 +627,9 @@ def refuse_another_embedded(
             f"this command has no DSN and would use a separate embedded database in {here} "
             f"whose jobs the service never runs: {fix}"
         )
-    if state_dir_chosen or _same_path(service.embedded_root, here):
+    if service.embedded_root is None or state_dir_chosen:
+        return
+    if _same_path(service.embedded_root, here):
         return
     who = "run it as root, or " if os.geteuid() != 0 else ""
     raise ConfigError(
