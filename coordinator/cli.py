@@ -46,6 +46,7 @@ trio through :func:`coordinator.db.aio`) on one connection whose ``application_n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -694,7 +695,12 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
     base = ctx.config()
     external = base.source("dsn").layer == "flag"
     chosen = base.state_dir if base.source("state_dir").layer == "flag" else None
-    demo = Demo.prepare(chosen, keep=args.keep, external_database=external)
+    not_these = [config_mod.SERVICE_STATE_DIR, config_mod.default_state_dir()]
+    with contextlib.suppress(ConfigError):  # an unreadable env file: the two above remain
+        service = config_mod.service_database()
+        if service is not None and service.embedded_root is not None:
+            not_these.append(service.embedded_root.parent)
+    demo = Demo.prepare(chosen, keep=args.keep, external_database=external, not_these=not_these)
     config = demo.settings(base)
     ctx.use(config, own_database=True)
     owned = external

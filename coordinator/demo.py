@@ -15,6 +15,7 @@ The steps are separate methods so that more can plug in (e.g. an admin web page:
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,7 +29,7 @@ from .errors import InvalidInput
 from .model import Schedule, Target
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from asyncpg import Connection
 
@@ -77,13 +78,27 @@ class Demo:
     external_database: bool
 
     @classmethod
-    def prepare(cls, chosen: Path | None, *, keep: bool, external_database: bool) -> Demo:
+    def prepare(
+        cls,
+        chosen: Path | None,
+        *,
+        keep: bool,
+        external_database: bool,
+        not_these: Sequence[Path] = (),
+    ) -> Demo:
         """Make (or check) the demo's directory. A chosen directory must be empty or an
-        earlier demo's: it is deleted on exit."""
+        earlier demo's, and none of ``not_these`` (the service's state directories): it is
+        deleted on exit."""
         if chosen is None:
             path = Path(tempfile.mkdtemp(prefix="coordinator-demo-"))
         else:
             path = chosen.expanduser().absolute()
+            if any(os.path.realpath(path) == os.path.realpath(p) for p in not_these):
+                raise InvalidInput(
+                    "--state-dir",
+                    f"{path} is the service's state directory; the demo uses its own "
+                    "(leave --state-dir out for a new one)",
+                )
             if path.is_dir() and any(path.iterdir()) and not (path / MARKER).exists():
                 raise InvalidInput(
                     "--state-dir",

@@ -302,6 +302,10 @@ def test_demo_refuses_a_directory_that_is_not_its_own(tmp_path: Path) -> None:
     result = run_cli("demo", "--state-dir", str(busy), config=write(tmp_path / "c.toml", ""))
     one_line_error(result, code=2, contains="is neither empty nor a demo's directory")
     assert (busy / "spool.jsonl").exists()
+    service = tmp_path / "service"
+    config = write(tmp_path / "s.toml", f'state_dir = "{service}"\n')
+    result = run_cli("demo", "--state-dir", str(service), config=config)
+    one_line_error(result, code=2, contains="is the service's state directory")
 
 
 # --------------------------------------------------------------------------- 3. manifests
