@@ -583,20 +583,20 @@ def test_no_dsn_and_no_server_binaries_says_how_to_fix_it(tmp_path: Path) -> Non
     assert "apt-get install -y postgresql" in result.err
 
 
-def test_no_dsn_uses_the_embedded_database_and_stops_it(tmp_path: Path) -> None:
+def test_no_dsn_uses_the_embedded_database_and_stops_it(cluster_home: Path) -> None:
     from coordinator.embedded import NoServerBinaries, find_bin_dir
 
     try:
         bin_dir = str(find_bin_dir())
     except NoServerBinaries:
         pytest.skip("needs PostgreSQL server binaries")
-    env = {"COORDINATOR_STATE_DIR": str(tmp_path / "state"), "COORDINATOR_PG_BIN": bin_dir}
+    env = {"COORDINATOR_STATE_DIR": str(cluster_home / "state"), "COORDINATOR_PG_BIN": bin_dir}
     migrated = cli("migrate", **env)
     assert migrated.code == 0, migrated.err
     assert "started the embedded PostgreSQL" in migrated.err
-    assert (tmp_path / "state" / "postgres" / "data" / "PG_VERSION").exists()
+    assert (cluster_home / "state" / "postgres" / "data" / "PG_VERSION").exists()
     # The cluster is stopped when the command ends; the next command reuses it.
-    assert not (tmp_path / "state" / "postgres" / "data" / "postmaster.pid").exists()
+    assert not (cluster_home / "state" / "postgres" / "data" / "postmaster.pid").exists()
     defined = cli("jobs", "define", "e", "--manual", "--", "true", **env)
     assert defined.code == 0, defined.err
     listed = cli("jobs", "list", "--json", **env)

@@ -254,14 +254,16 @@ def _backend_pids_of_leader(log: StatementLog, db: str, leader: DaemonProcess) -
     }
 
 
-def test_run_without_dsn_uses_and_stops_its_private_cluster(tmp_path: Path) -> None:
+def test_run_without_dsn_uses_and_stops_its_private_cluster(
+    tmp_path: Path, cluster_home: Path
+) -> None:
     from coordinator.embedded import NoServerBinaries, find_bin_dir
 
     try:
         bin_dir = str(find_bin_dir())
     except NoServerBinaries:
         pytest.skip("needs PostgreSQL server binaries")
-    state = tmp_path / "state"
+    state = cluster_home / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("COORDINATOR_")}
     env["COORDINATOR_CONFIG"] = str(EMPTY_CONFIG)
     env.update(

@@ -582,11 +582,13 @@ def test_durations_need_a_unit(tmp_path: Path, args: tuple[str, ...], message: s
     one_line_error(result, code=2, contains=message)
 
 
-def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(tmp_path: Path) -> None:
+def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(
+    tmp_path: Path, cluster_home: Path
+) -> None:
     """`kill -9` of the command that started the embedded PostgreSQL: the next command
     finds the server running with nobody owning it, adopts it and stops it."""
     bin_dir = server_binaries()
-    state = tmp_path / "state"
+    state = cluster_home / "state"
     config = write(
         tmp_path / "coordinator.toml",
         f"""
