@@ -703,10 +703,8 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
     demo = Demo.prepare(chosen, keep=args.keep, external_database=external, not_these=not_these)
     config = demo.settings(base)
     ctx.use(config, own_database=True)
-    owned = external
     try:
         dsn = await ctx.database()
-        owned = owned or ctx.started_cluster is not None
         await _check_schema(dsn, apply=True)
         async with ctx.connection() as conn:
             run_id = await demo.define(conn)
@@ -719,7 +717,7 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
     finally:
         with trio.CancelScope(shield=True):
             await ctx.stop_cluster()
-        demo.finished(cluster_stopped=owned)
+        demo.finished()
 
 
 async def _demo_serve(config: config_mod.Config, dsn: str, ctx: Context) -> int:

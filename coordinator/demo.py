@@ -76,6 +76,8 @@ class Demo:
     #: The database was given with ``--dsn`` (not the demo's own cluster): its demo jobs
     #: are removed on exit.
     external_database: bool
+    #: The jobs were defined (a failure before that leaves nothing worth a word).
+    began: bool = False
 
     @classmethod
     def prepare(
@@ -128,6 +130,7 @@ class Demo:
 
     def started(self, run_id: int) -> None:
         """Tell where everything is."""
+        self.began = True
         where = (
             "the database given with --dsn (jobs in namespace 'demo')"
             if self.external_database
@@ -160,7 +163,7 @@ class Demo:
         for name, _, _ in DEMO_JOBS:
             await db.aio(client.remove)(conn, name, namespace=DEMO_NAMESPACE)
 
-    def finished(self, *, cluster_stopped: bool) -> None:
+    def finished(self) -> None:
         """Remove the directory (unless kept) and say what became of it."""
         if self.keep:
             say(
@@ -169,15 +172,17 @@ class Demo:
                 f"{self.state_dir}`, delete it with `rm -rf {self.state_dir}`"
             )
             return
-        if not self.external_database and not cluster_stopped:
+        if (self.state_dir / "postgres" / "data" / "postmaster.pid").exists():
             say(
                 f"kept {self.state_dir}: its PostgreSQL belongs to another command still "
                 "running; delete the directory once that ends"
             )
             return
+        worth_a_word = self.began or (self.state_dir / "postgres").exists()
         shutil.rmtree(self.state_dir, ignore_errors=True)
-        what = "spool" if self.external_database else "jobs, runs and PostgreSQL"
-        say(f"deleted {self.state_dir} (its {what})")
+        if worth_a_word:
+            what = "spool" if self.external_database else "jobs, runs and PostgreSQL"
+            say(f"deleted {self.state_dir} (its {what})")
 
 
 class OutputFollower:
