@@ -496,6 +496,32 @@ def test_why_nothing_runs_while_a_daemon_runs(start_daemon: Any, database: str) 
     )
 
 
+def test_a_worker_finds_the_socket_in_the_shared_configuration(start_daemon: Any) -> None:
+    """`coordinator worker` with no --socket reads worker_socket from the file the daemon
+    reads (the example worker unit relies on it); the "why" answer then goes away."""
+    d = start_daemon()
+    d.cli("jobs", "define", "n", "--manual", "--worker", "noop")
+    assert d.cli("jobs", "list").out.splitlines()[1].endswith("waiting for a worker serving noop")
+    repo = Path(__file__).resolve().parents[2]
+    worker = subprocess.Popen(
+        [sys.executable, "-c", RUN_MAIN, "worker", "bench.noop_worker:worker"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=repo,
+        env=_environment(d.config, PYTHONPATH=str(repo)),
+    )
+    try:
+        wait_until(
+            lambda: d.cli("jobs", "list").out.splitlines()[1].endswith("active"),
+            what="the worker's connection",
+        )
+        done = d.cli("jobs", "trigger", "n", "--wait-timeout", "30s")
+        assert (done.code, done.out.splitlines()[-1]) == (0, "succeeded"), done
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+
+
 def test_status_labels_its_source_and_explains_differences(
     start_daemon: Any, daemon_config: Path, database: str
 ) -> None:
