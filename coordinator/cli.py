@@ -3,6 +3,7 @@
 ::
 
     coordinator [--dsn DSN] COMMAND ...
+    coordinator --version
       migrate
       jobs define NAME (--cron EXPR [--timezone TZ] | --every DUR | --at ISO | --manual)
                        [--timeout DUR] [--priority interactive|background] [--idempotent]
@@ -16,17 +17,26 @@
       runs list [--job NAME] [--namespace NS] [--status S] [--limit N] [--json]
       runs show ID [--json]
       runs resolve ID --as failed|succeeded|retry
-      sync MANIFEST.toml [--strict] [--json]
+      sync MANIFEST.toml [--allow-invalid] [--json]
       run [--migrate] [--config FILE] [--refresh-spacing DUR] [--concurrency N] ...
-      demo [--state-dir DIR]
+      demo [--state-dir DIR] [--keep]
+      status [--json]
       config [--json]
 
 Exit status: 0 on success, 2 for bad usage or input (one line on stderr naming the bad
 field), 1 for anything else (the database unreachable, a ``--wait`` run that did not
 succeed). Errors are one line, ``coordinator: <message>``, never a traceback.
 
-``sync`` without ``--strict`` stores invalid entries inert and exits 0, listing each
-problem; with ``--strict`` a manifest with any problem applies nothing and exits 2.
+``sync`` applies nothing and exits 2 when the manifest has any problem, listing each
+with its line; ``--allow-invalid`` stores those entries inert instead and exits 0
+(``--strict``, the default now, is still accepted).
+
+Every command reads the configuration the service reads (:mod:`coordinator.config`):
+``--config FILE``, else ``$COORDINATOR_CONFIG``, else ``/etc/coordinator/coordinator.toml``.
+Without a DSN a command uses the embedded cluster under the state directory, but refuses
+(exit 2) when the service's configuration names another database. When nothing seems to
+happen, commands say why (:mod:`coordinator.why`), from PostgreSQL (is a daemon leading?)
+and from the daemon's admin API (what it serves), each labelled.
 
 The commands talk to PostgreSQL through :mod:`coordinator.client` (asyncpg, called from
 trio through :func:`coordinator.db.aio`) on one connection whose ``application_name`` is
@@ -36,6 +46,7 @@ trio through :func:`coordinator.db.aio`) on one connection whose ``application_n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -43,6 +54,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
@@ -50,17 +62,21 @@ import attrs
 import trio
 import trio_asyncio
 
-from . import client, db, embedded
+from . import client, db, embedded, probe, why
 from . import config as config_mod
 from . import manifest as manifests
 from . import migrate as migrations
 from . import schedule as schedules
+from .demo import DEMO_JOBS as DEMO_JOBS
+from .demo import DEMO_NAMESPACE as DEMO_NAMESPACE
 from .errors import ConfigError, CoordinatorError, DatabaseUnavailable, InvalidInput
 from .model import PRIORITIES, Schedule, Target
 from .text import check_job_name, check_namespace, printable
 
 if TYPE_CHECKING:
     from asyncpg import Connection
+
+    from .log import EventLog
 
 PROG = "coordinator"
 
@@ -143,30 +159,51 @@ class Context:
     """What a command handler may use besides its arguments."""
 
     args: argparse.Namespace
-    #: The embedded cluster this command started (stopped again when the command ends).
+    #: The embedded cluster this command owns (started or adopted; stopped when it ends).
     started_cluster: embedded.Cluster | None = None
+    #: The configuration, once loaded (or set by :meth:`use`).
+    _config: config_mod.Config | None = None
+    #: The command chose its own embedded database (the demo): no check against the
+    #: service's configuration.
+    _own_database: bool = False
 
     def config(self) -> config_mod.Config:
-        return _load_config(self.args)
+        if self._config is None:
+            self._config = _load_config(self.args)
+        return self._config
+
+    def use(self, config: config_mod.Config, *, own_database: bool) -> None:
+        """Talk to the database ``config`` names from now on (the demo's own)."""
+        self._config, self._own_database = config, own_database
 
     async def database(self) -> str:
         """The database the command talks to: ``--dsn``, else the configured DSN
-        (``COORDINATOR_DSN``, the config file), else the embedded private cluster under
-        the state directory, created and started on first use. The one place that
-        decides it."""
+        (``COORDINATOR_DSN``, the config file; its password from the credential or
+        ``dsn_password_file``), else the embedded private cluster under the state
+        directory, created and started on first use, unless the service's configuration
+        names another database. The one place that decides it."""
         config = self.config()
-        if config.dsn is not None:
-            return config.dsn
-        cluster = embedded.private_cluster(config.embedded_root, bin_dir=config.pg_bin)
-        if await trio.to_thread.run_sync(embedded.ensure_running, cluster):
+        dsn = config.database_dsn()
+        if dsn is not None:
+            return dsn
+        if not self._own_database:
+            config_mod.refuse_another_embedded(
+                config, state_dir_chosen=config.source("state_dir").layer == "flag"
+            )
+        cluster = embedded.private_cluster(
+            config.embedded_root, bin_dir=config.pg_bin, announce=_note
+        )
+        started = not cluster.is_running()
+        if await trio.to_thread.run_sync(partial(embedded.ensure_running, cluster, say=_note)):
             self.started_cluster = cluster
-            _note(f"started the embedded PostgreSQL in {cluster.root}")
+            if started:
+                _note(f"started the embedded PostgreSQL in {cluster.root}")
         return cluster.dsn()
 
     async def stop_cluster(self) -> None:
         if self.started_cluster is not None:
             cluster, self.started_cluster = self.started_cluster, None
-            await trio.to_thread.run_sync(cluster.stop)
+            await trio.to_thread.run_sync(embedded.stop_owned, cluster)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
@@ -212,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="PostgreSQL connection string (default: $COORDINATOR_DSN)",
     )
     parser.add_argument("--json", action="store_true", default=False, help=argparse.SUPPRESS)
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     _add_migrate(groups)
     _add_jobs(groups)
@@ -229,6 +267,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _Subparsers = Any  # argparse's _SubParsersAction is private
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("coordinator")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
 
 
 def _common() -> argparse.ArgumentParser:
@@ -383,9 +430,15 @@ def _add_sync(groups: _Subparsers) -> None:
         groups, "sync", _sync, "declare a namespace's complete job set from TOML", reads=True
     )
     sync.add_argument("manifest", metavar="MANIFEST")
-    sync.add_argument(
-        "--strict", action="store_true", help="apply nothing (exit 2) if any entry is invalid"
+    choice = sync.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--allow-invalid",
+        action="store_true",
+        help="store entries with problems inert and apply the rest "
+        "(default: apply nothing, exit 2)",
     )
+    # The default since invalid entries stopped being applied silently; still accepted.
+    choice.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)
 
 
 def _daemon_settings(parser: argparse.ArgumentParser) -> None:
@@ -404,9 +457,11 @@ def _daemon_settings(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_config(args: argparse.Namespace) -> config_mod.Config:
+    """The configuration the service reads too: ``--config``, else
+    ``$COORDINATOR_CONFIG``, else the default file; then the environment and flags."""
     names = ("dsn", "refresh_spacing", "concurrency", "stop_timeout", "state_dir")
     flags = {name: getattr(args, name, None) for name in (*names, "log_format", "log_level")}
-    file = getattr(args, "config", None) or os.environ.get("COORDINATOR_CONFIG")
+    file = getattr(args, "config", None)
     return config_mod.load(file=Path(file) if file else None, flags=flags)
 
 
@@ -420,9 +475,17 @@ def _add_run(groups: _Subparsers) -> None:
 
 def _add_demo(groups: _Subparsers) -> None:
     demo = _command(
-        groups, "demo", _demo, "try it: define example jobs and run the daemon in the foreground"
+        groups,
+        "demo",
+        _demo,
+        "try it: example jobs and the daemon in the foreground, in a directory of its own",
     )
     _daemon_settings(demo)
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the demo's directory, database and jobs on exit (default: delete them)",
+    )
 
 
 def _add_status(groups: _Subparsers) -> None:
@@ -493,10 +556,7 @@ def _print_json(value: Any) -> None:
     print(_RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
 
 
-def _when(value: datetime | None) -> str:
-    if value is None:
-        return "-"
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+_when = why.when
 
 
 def _duration(value: timedelta | None) -> str:
@@ -543,10 +603,10 @@ def _describe_target(target: dict[str, Any]) -> str:
         return json.dumps(target)
 
 
-def _job_state(job: client.JobView) -> str:
+def _job_state(job: client.JobView, facts: probe.Facts) -> str:
     if job.invalid_reason is not None:
         return _clip(f"invalid: {job.invalid_reason}", 50)
-    return job.state
+    return why.job_state(job, facts)
 
 
 def _yes(value: bool) -> str:
@@ -580,6 +640,7 @@ def _schedule_from(args: argparse.Namespace) -> Schedule:
     if args.cron is not None:
         schedule = Schedule(kind="cron", expression=args.cron, timezone=args.timezone or "UTC")
     elif args.every is not None:
+        schedules.parse_duration(args.every, field="--every", unit_required=True)
         schedule = Schedule(kind="interval", expression=args.every)
     elif args.at is not None:
         schedule = Schedule(kind="once", expression=args.at)
@@ -612,7 +673,9 @@ def _target_from(args: argparse.Namespace) -> Target:
 
 
 def _duration_arg(text: str | None, flag: str) -> timedelta | None:
-    return schedules.parse_duration(text, field=flag) if text is not None else None
+    if text is None:
+        return None
+    return schedules.parse_duration(text, field=flag, unit_required=True)
 
 
 # --------------------------------------------------------------------------- handlers
@@ -640,7 +703,9 @@ async def _check_schema(dsn: str, *, apply: bool) -> None:
         )
 
 
-async def _serve(config: config_mod.Config, dsn: str, *, migrate: bool = False) -> int:
+async def _serve(
+    config: config_mod.Config, dsn: str, *, migrate: bool = False, log: EventLog | None = None
+) -> int:
     """The daemon in the foreground, reporting to systemd when it runs under it."""
     from .service import serve
     from .systemd import Notifier, watchdog, watchdog_interval
@@ -650,97 +715,168 @@ async def _serve(config: config_mod.Config, dsn: str, *, migrate: bool = False) 
         async with trio.open_nursery() as nursery:
             # The daemon's only periodic wake-up, and only when systemd asks for it.
             nursery.start_soon(watchdog, notifier, watchdog_interval())
-            status = await serve(config, dsn=dsn, notify=notifier, migrate=migrate)
+            status = await serve(config, dsn=dsn, notify=notifier, migrate=migrate, log=log)
             nursery.cancel_scope.cancel()
         return status
     finally:
         notifier.close()
 
 
-#: The demo's jobs: one of each kind a newcomer will want to see run.
-DEMO_NAMESPACE = "demo"
-DEMO_JOBS = (
-    (
-        "heartbeat",
-        Schedule(kind="cron", expression="* * * * *"),
-        ["sh", "-c", 'echo "heartbeat at $(date -u +%T)"'],
-    ),
-    (
-        "tick",
-        Schedule(kind="interval", expression="10s"),
-        ["sh", "-c", 'echo \'{"count": 1, "note": "last stdout line as JSON"}\''],
-    ),
-    ("hello", Schedule(kind="manual"), ["echo", "hello from a manual run"]),
-)
-
-
 async def _demo(args: argparse.Namespace, ctx: Context) -> int:
-    config = ctx.config()
-    dsn = await ctx.database()
-    await _check_schema(dsn, apply=True)
-    async with ctx.connection() as conn:
-        entries = [
-            client.job_entry(name=name, schedule=schedule, target=Target(kind="exec", argv=argv))
-            for name, schedule, argv in DEMO_JOBS
-        ]
-        await db.aio(client.sync)(conn, DEMO_NAMESPACE, entries)
-        run_id = await db.aio(client.trigger)(conn, "hello", namespace=DEMO_NAMESPACE)
-    print(
-        f"demo: jobs defined in namespace '{DEMO_NAMESPACE}' (a cron job each minute, an "
-        f"interval job every 10 s, a manual job); run {run_id} queued for 'hello'.\n"
-        "demo: the daemon logs below; in another shell try `coordinator jobs list` "
-        "and `coordinator runs list` (same --state-dir/--dsn). Ctrl-C stops it.",
-        flush=True,
-    )
+    from .demo import Demo
+
+    base = ctx.config()
+    external = base.source("dsn").layer == "flag"
+    chosen = base.state_dir if base.source("state_dir").layer == "flag" else None
+    not_these = [config_mod.SERVICE_STATE_DIR, config_mod.default_state_dir()]
+    with contextlib.suppress(ConfigError):  # an unreadable env file: the two above remain
+        service = config_mod.service_database()
+        if service is not None and service.embedded_root is not None:
+            not_these.append(service.embedded_root.parent)
+    demo = Demo.prepare(chosen, keep=args.keep, external_database=external, not_these=not_these)
+    config = demo.settings(base)
+    ctx.use(config, own_database=True)
+    try:
+        dsn = await ctx.database()
+        await _check_schema(dsn, apply=True)
+        async with ctx.connection() as conn:
+            run_id = await demo.define(conn)
+        demo.started(run_id)
+        status = await _demo_serve(config, dsn, ctx)
+        if external and not demo.keep:
+            async with ctx.connection() as conn:
+                await demo.remove_jobs(conn)
+        return status
+    finally:
+        with trio.CancelScope(shield=True):
+            await ctx.stop_cluster()
+        demo.finished()
+
+
+async def _demo_serve(config: config_mod.Config, dsn: str, ctx: Context) -> int:
+    """The daemon, each run's output as it ends, and ``jobs list`` once after 12 s."""
+    from .demo import OutputFollower
+    from .service import event_log
+
+    follower = OutputFollower()
+    log = event_log(config)
+    follower.attach(log)
 
     async def show_jobs() -> None:
         await trio.sleep(12)
-        print("\ndemo: coordinator jobs list --namespace demo", flush=True)
+        print(f"\ndemo: coordinator jobs list --namespace {DEMO_NAMESPACE}", flush=True)
         listing = argparse.Namespace(namespace=DEMO_NAMESPACE, json=False)
         await _jobs_list(listing, ctx)
         sys.stdout.flush()
 
-    async with trio.open_nursery() as nursery:
+    async with ctx.connection() as conn, trio.open_nursery() as nursery:
+        nursery.start_soon(follower.follow, conn)
         nursery.start_soon(show_jobs)
-        status = await _serve(config, dsn)
+        status = await _serve(config, dsn, log=log)
         nursery.cancel_scope.cancel()
     return status
 
 
 async def _status(args: argparse.Namespace, ctx: Context) -> int:
     config = ctx.config()
-    live = await trio.to_thread.run_sync(_daemon_status, config)
+    answer = await trio.to_thread.run_sync(probe.fetch_status, config)
+    live = answer.status
+    database: dict[str, Any] | None = None
+    leader: client.Leader | None = None
+    unreachable: str | None = None
+    try:
+        async with ctx.connection() as conn:
+            database = await db.aio(client.summary)(conn)
+            leader = await db.aio(client.daemon_leader)(conn)
+    except CoordinatorError as exc:  # the daemon's view is still worth showing
+        if live is None:
+            raise
+        unreachable = str(exc)
     if live is not None:
-        if getattr(args, "json", False):
-            _print_json({"source": "daemon", **live})
-            return 0
-        next_deadline = live.get("next_deadline") or {}
-        _fields(
-            [
-                ("state", str(live.get("state"))),
-                ("instance", str(live.get("instance"))),
-                ("uptime", f"{live.get('uptime_s', 0):.0f}s"),
-                ("jobs", str(live.get("jobs"))),
-                ("armed deadlines", str(live.get("armed_deadlines"))),
-                ("next deadline", f"{next_deadline.get('at', '-')} {next_deadline.get('job', '')}"),
-                ("running calls", str(len(live.get("running", [])))),
-                ("retained results", str(len(live.get("retained", [])))),
-                ("workers", str(len(live.get("workers", [])))),
-                ("last refresh", str(live.get("last_refresh") or "-")),
-            ]
+        return _status_of_daemon(args, config, answer, database, unreachable)
+    assert database is not None
+    return _status_of_database(args, answer, database, leader)
+
+
+def _status_of_daemon(
+    args: argparse.Namespace,
+    config: config_mod.Config,
+    answer: probe.ApiAnswer,
+    database: dict[str, Any] | None,
+    unreachable: str | None,
+) -> int:
+    live = dict(answer.status or {})
+    differences = (
+        why.status_differences(live, database, refresh_spacing=config.refresh_spacing)
+        if database is not None
+        else []
+    )
+    if getattr(args, "json", False):
+        _print_json(
+            {
+                "source": "daemon",
+                "api": answer.label,
+                **live,
+                "database": database,
+                "differences": differences,
+            }
         )
         return 0
-    async with ctx.connection() as conn:
-        facts = await db.aio(client.summary)(conn)
-    note = "no daemon answered (admin API not configured or not running): from the database"
+    armed = live.get("next_deadline") or {}
+    jobs = str(live.get("jobs"))
+    if database is not None:
+        jobs += f" loaded (the database holds {database['jobs']})"
+    pairs = [
+        ("source", answer.label),
+        ("state", str(live.get("state"))),
+        ("instance", str(live.get("instance"))),
+        ("uptime", _duration(timedelta(seconds=round(float(live.get("uptime_s") or 0))))),
+        ("jobs", jobs),
+        ("armed deadlines", str(live.get("armed_deadlines"))),
+        ("next deadline", f"{armed.get('at') or '-'} {armed.get('job') or ''}".rstrip()),
+        ("running calls", str(len(live.get("running") or ()))),
+        ("retained results", str(len(live.get("retained") or ()))),
+        ("workers", ", ".join(str(w) for w in live.get("workers") or ()) or "none"),
+        ("last refresh", str(live.get("last_refresh") or "-")),
+    ]
+    if unreachable is not None:
+        pairs.append(("database", f"not compared: {unreachable}"))
+    pairs += [("difference", text) for text in differences]
+    _fields(pairs)
+    return 0
+
+
+def _status_of_database(
+    args: argparse.Namespace,
+    answer: probe.ApiAnswer,
+    facts: dict[str, Any],
+    leader: client.Leader | None,
+) -> int:
+    if leader is None:
+        daemon = f"not running: no session holds its lock (start it: {why.START_HINT})"
+    else:
+        since = f", since {why.when(leader.since)}" if leader.since is not None else ""
+        daemon = f"leading: PostgreSQL session {leader.pid} ({leader.application or '?'}{since})"
+    source = f"PostgreSQL (no daemon view: {answer.label})"
     if getattr(args, "json", False):
-        _print_json({"source": "database", "note": note, **facts})
+        _print_json(
+            {
+                "source": "database",
+                "note": answer.label,
+                "daemon": None
+                if leader is None
+                else {"pid": leader.pid, "application": leader.application},
+                **facts,
+            }
+        )
         return 0
-    _note(note)
+    next_job = f" {facts['next_job']}" if facts.get("next_job") else ""
     _fields(
         [
+            ("source", source),
+            ("daemon", daemon),
             ("jobs", f"{facts['jobs']} ({facts['paused']} paused, {facts['invalid']} invalid)"),
-            ("next deadline", facts["next_deadline"] or "-"),
+            ("next deadline", f"{facts['next_deadline'] or '-'}{next_job}"),
             (
                 "outstanding runs",
                 ", ".join(f"{k} {v}" for k, v in facts["outstanding"].items()) or "none",
@@ -750,35 +886,35 @@ async def _status(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-def _daemon_status(config: config_mod.Config) -> dict[str, Any] | None:
-    """``GET /api/status`` from the running daemon, or None if none answers."""
-    import urllib.error
-    import urllib.request
-
-    token = config.admin_token_value()
-    if not config.admin_listen or not token:
-        return None
-    host, _, port = config.admin_listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/api/status"
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=3) as response:
-            data: dict[str, Any] = json.loads(response.read())
-            return data
-    except (OSError, ValueError, urllib.error.URLError):
-        return None
-
-
 async def _config(args: argparse.Namespace, ctx: Context) -> int:
     config = _load_config(args)
-    values = config.redacted()
+    rows = config.describe()
     if getattr(args, "json", False):
-        _print_json(values)
-    else:
-        _fields([(k, "" if v is None else str(v)) for k, v in values.items()])
+        values = config.redacted()
+        units = {s.name: "s" for s in config_mod.SETTINGS if s.unit == "duration"}
+        _print_json(
+            {
+                name.replace(" ", "_"): {
+                    "value": values.get(name, shown),
+                    "unit": units.get(name),
+                    "source": source.layer,
+                    "origin": source.origin or None,
+                }
+                for name, shown, source in rows
+            }
+        )
+        return 0
+    if config.worker_socket is None:  # the computed default, not a description of it
+        from .executors.worker import default_socket_path
+
+        rows = [
+            (n, str(default_socket_path()) if n == "worker_socket" else v, src)
+            for n, v, src in rows
+        ]
+    file = config.file if config.file is not None else config_mod.config_file()
+    exists = "" if config.file is not None else " (absent: defaults, environment and flags only)"
+    print(f"configuration file: {file}{exists}")
+    _table(("SETTING", "VALUE", "SET BY"), [(n, v, str(s)) for n, v, s in rows])
     return 0
 
 
@@ -813,16 +949,45 @@ async def _jobs_define(args: argparse.Namespace, ctx: Context) -> int:
             idempotent=args.idempotent,
             paused=args.paused,
         )
+        facts = await probe.gather(
+            conn, ctx.config(), api=target.kind == "worker" and not args.paused
+        )
     _say(f"defined {args.namespace}/{args.name} (job {job_id})")
+    _say(
+        why.after_define(
+            schedule,
+            target,
+            name=args.name,
+            paused=args.paused,
+            facts=facts,
+            now=datetime.now(UTC),
+        )
+    )
     return 0
+
+
+def _has_worker_jobs(jobs: Sequence[client.JobView]) -> bool:
+    return any(why.worker_type(job.target) is not None for job in jobs)
+
+
+def _unknown_workers_note(jobs: Sequence[client.JobView], facts: probe.Facts) -> None:
+    """Say so when worker jobs are listed and only the daemon could tell if anything
+    serves them."""
+    kinds = sorted({k for job in jobs if (k := why.worker_type(job.target)) is not None})
+    if kinds and facts.served is None and facts.api is not None:
+        _note(
+            f"whether a worker serves {', '.join(kinds)} only the daemon knows, and "
+            f"{facts.api.label}"
+        )
 
 
 async def _jobs_list(args: argparse.Namespace, ctx: Context) -> int:
     async with ctx.connection() as conn:
         jobs = await db.aio(client.list_jobs)(conn, namespace=args.namespace)
-    if args.json:
-        _print_json([job.to_json() for job in jobs])
-        return 0
+        if args.json:
+            _print_json([job.to_json() for job in jobs])
+            return 0
+        facts = await probe.gather(conn, ctx.config(), api=_has_worker_jobs(jobs))
     if not jobs:
         print("no jobs")
         return 0
@@ -834,27 +999,32 @@ async def _jobs_list(args: argparse.Namespace, ctx: Context) -> int:
                 job.name,
                 _describe_schedule(job),
                 _clip(_describe_target(job.target), 40),
-                _when(job.next_run_at),
+                why.next_run(job, facts),
                 job.last_status or "-",
-                _job_state(job),
+                _job_state(job, facts),
             )
             for job in jobs
         ],
     )
+    sys.stdout.flush()
+    _unknown_workers_note(jobs, facts)
+    if (note := why.no_daemon(facts)) is not None:
+        _note(note)
     return 0
 
 
 async def _jobs_show(args: argparse.Namespace, ctx: Context) -> int:
     async with ctx.connection() as conn:
         job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
-    if args.json:
-        _print_json(job.to_json())
-        return 0
+        if args.json:
+            _print_json(job.to_json())
+            return 0
+        facts = await probe.gather(conn, ctx.config(), api=_has_worker_jobs([job]))
     target = job.target
     pairs = [
         ("job", job.key),
         ("id", str(job.id)),
-        ("state", job.state),
+        ("state", _job_state(job, facts)),
         ("schedule", _describe_schedule(job)),
         ("target", _describe_target(target)),
     ]
@@ -869,7 +1039,7 @@ async def _jobs_show(args: argparse.Namespace, ctx: Context) -> int:
         ("idempotent", _yes(job.idempotent)),
         ("paused", _yes(job.paused)),
         ("invalid", job.invalid_reason or "-"),
-        ("next run", _when(job.next_run_at)),
+        ("next run", why.next_run(job, facts)),
         ("last run", f"{job.last_run} ({job.last_status})" if job.last_run else "-"),
         (
             "outstanding",
@@ -877,19 +1047,17 @@ async def _jobs_show(args: argparse.Namespace, ctx: Context) -> int:
         ),
     ]
     if job.blocked_by is not None:
-        pairs.append(
-            (
-                "blocked by",
-                f"run {job.blocked_by}: resolve it with "
-                f"`coordinator runs resolve {job.blocked_by} --as failed|succeeded|retry`",
-            )
-        )
+        pairs.append(("blocked by", f"run {job.blocked_by}: {why.resolve_hint(job.blocked_by)}"))
     pairs += [
         ("schedule version", str(job.schedule_version)),
         ("created", _when(job.created_at)),
         ("updated", _when(job.updated_at)),
     ]
     _fields(pairs)
+    sys.stdout.flush()
+    _unknown_workers_note([job], facts)
+    if (note := why.no_daemon(facts)) is not None:
+        _note(note)
     return 0
 
 
@@ -906,8 +1074,12 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: Context) -> int:
         )
         if not args.json:
             print(run_id, flush=True)
+        facts = await probe.gather(conn, ctx.config(), api=False)
         if run_id == job.outstanding_run:
-            _note(f"{job.key} already has run {run_id} outstanding ({job.outstanding_status})")
+            if job.outstanding_status == "unresolved":
+                _note(why.blocked(job, run_id))
+            else:
+                _note(f"{job.key} already has run {run_id} outstanding ({job.outstanding_status})")
         if job.invalid_reason is not None:
             _note(
                 f"{job.key} is invalid ({job.invalid_reason}); run {run_id} stays queued "
@@ -918,12 +1090,23 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: Context) -> int:
                 f"{job.key} is paused; run {run_id} stays queued until "
                 f"`coordinator jobs resume {job.name}`"
             )
+        if (note := why.no_daemon(facts)) is not None:
+            _note(note)
         if not wait:
             if args.json:
                 _print_json((await db.aio(client.get_run)(conn, run_id)).to_json())
             return 0
         timeout = wait_timeout.total_seconds() if wait_timeout is not None else None
-        run = await db.aio(client.wait_for_run)(conn, run_id, max_wait=timeout)
+        try:
+            run = await db.aio(client.wait_for_run)(conn, run_id, max_wait=timeout)
+        except client.WaitTimeout as exc:
+            job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
+            facts = await probe.gather(
+                conn, ctx.config(), api=why.worker_type(job.target) is not None
+            )
+            raise client.WaitTimeout(
+                exc.run, timeout or 0.0, why=why.still_waiting(job, exc.run, facts)
+            ) from None
     if args.json:
         _print_json(run.to_json())
     else:
@@ -932,7 +1115,10 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: Context) -> int:
         return 0
     detail = f" ({run.error_cause})" if run.error_cause else ""
     message = f": {run.error_message}" if run.error_message else ""
-    _error(f"run {run.id} {run.status}{detail}{message}")
+    blocked = ""
+    if run.status == "unresolved":
+        blocked = f"; it blocks {job.key}: {why.resolve_hint(run.id)}"
+    _error(f"run {run.id} {run.status}{detail}{message}{blocked}")
     return 1
 
 
@@ -1029,16 +1215,19 @@ async def _runs_resolve(args: argparse.Namespace, ctx: Context) -> int:
 
 async def _sync(args: argparse.Namespace, ctx: Context) -> int:
     manifest = manifests.load(args.manifest)
-    problems = [{"job": p.job, "field": p.field, "reason": p.reason} for p in manifest.problems]
-    if args.strict and manifest.problems:
+    problems = [
+        {"job": p.job, "field": p.field, "reason": p.reason, "line": p.line}
+        for p in manifest.problems
+    ]
+    if manifest.problems and not args.allow_invalid:
         if args.json:
             _print_json({"namespace": manifest.namespace, "applied": False, "problems": problems})
         else:
             for problem in manifest.problems:
-                print(printable(str(problem)), file=sys.stderr)
+                print(printable(problem.located(manifest.source)), file=sys.stderr)
         raise manifests.ManifestRejected(manifest)
     async with ctx.connection() as conn:
-        result = await db.aio(client.sync_manifest)(conn, manifest, strict=args.strict)
+        result = await db.aio(client.sync_manifest)(conn, manifest)
     if args.json:
         _print_json(
             {
@@ -1057,7 +1246,7 @@ async def _sync(args: argparse.Namespace, ctx: Context) -> int:
         count = len(manifest.problems)
         print(f"{count} problem{'s' if count != 1 else ''} (those jobs are stored inert):")
         for problem in manifest.problems:
-            _say(f"  {problem}")
+            _say(f"  {problem.located(manifest.source)}")
     return 0
 
 

@@ -55,9 +55,11 @@ __all__ = [
     "RESOLUTIONS",
     "RUN_STATUSES",
     "JobView",
+    "Leader",
     "RunView",
     "SyncResult",
     "WaitTimeout",
+    "daemon_leader",
     "define_job",
     "get_job",
     "get_run",
@@ -85,14 +87,18 @@ _WAIT_ENDS: Final = TERMINAL | {"unresolved"}
 
 
 class WaitTimeout(CoordinatorError):
-    """:func:`wait_for_run` gave up before the run finished; ``run`` is its last state."""
+    """:func:`wait_for_run` gave up before the run finished; ``run`` is its last state,
+    ``why`` (when a caller found out) the reason it has not started."""
 
-    def __init__(self, run: RunView, timeout: float) -> None:
+    def __init__(self, run: RunView, timeout: float, *, why: str | None = None) -> None:
+        because = f": {why}" if why else ""
         super().__init__(
             f"run {run.id} is still {run.status} after "
-            f"{schedules.format_duration(timedelta(seconds=timeout))}"
+            f"{schedules.format_duration(timedelta(seconds=timeout))}{because}"
         )
         self.run = run
+        self.timeout = timeout
+        self.why = why
 
 
 # --------------------------------------------------------------------------- values
@@ -686,30 +692,80 @@ async def cancel_run(conn: Connection, run_id: int) -> None:
 
 
 async def summary(conn: Connection) -> dict[str, Any]:
-    """What the database alone says about the scheduler (``coordinator status`` when no
-    daemon answers): job counts, the next saved deadline, outstanding runs by status."""
+    """What the database alone says about the scheduler (``coordinator status``): job
+    counts, the earliest saved deadline of a job that can run and that job, and
+    outstanding runs by status.
+
+    ``loadable`` counts the jobs a daemon loads at a refresh (neither paused, invalid nor
+    manual-only), so it can be compared with the daemon's own count.
+    """
     with translate_errors():
         row = await conn.fetchrow(
             """
-            SELECT count(*) AS jobs,
-                   count(*) FILTER (WHERE paused) AS paused,
-                   count(*) FILTER (WHERE invalid_reason IS NOT NULL) AS invalid,
-                   min(next_run_at) FILTER (WHERE NOT paused AND invalid_reason IS NULL)
-                       AS next_deadline,
+            WITH live AS (
+                SELECT * FROM coordinator.jobs WHERE NOT paused AND invalid_reason IS NULL)
+            SELECT (SELECT count(*) FROM coordinator.jobs) AS jobs,
+                   (SELECT count(*) FROM coordinator.jobs WHERE paused) AS paused,
+                   (SELECT count(*) FROM coordinator.jobs
+                     WHERE invalid_reason IS NOT NULL) AS invalid,
+                   (SELECT count(*) FROM live WHERE schedule_kind = 'manual') AS manual,
+                   (SELECT count(*) FROM live WHERE schedule_kind <> 'manual') AS loadable,
+                   n.next_run_at AS next_deadline, n.namespace || '/' || n.name AS next_job,
+                   n.target ->> 'type' AS next_worker,
                    (SELECT json_object_agg(status, n)::text FROM (
                         SELECT status, count(*) AS n FROM coordinator.runs
                          WHERE status IN ('queued', 'pending', 'running', 'unresolved')
                          GROUP BY status) s) AS outstanding
-              FROM coordinator.jobs
+              FROM (SELECT 1) one
+              LEFT JOIN LATERAL (SELECT * FROM live WHERE next_run_at IS NOT NULL
+                                  ORDER BY next_run_at LIMIT 1) n ON true
             """
         )
     return {
         "jobs": row["jobs"],
         "paused": row["paused"],
         "invalid": row["invalid"],
+        "manual": row["manual"],
+        "loadable": row["loadable"],
         "next_deadline": _iso(row["next_deadline"]),
+        "next_job": row["next_job"],
+        "next_worker": row["next_worker"],
         "outstanding": json.loads(row["outstanding"]) if row["outstanding"] else {},
     }
+
+
+@attrs.frozen(kw_only=True)
+class Leader:
+    """The PostgreSQL session of the daemon that leads (holds the single-writer lock)."""
+
+    #: Its backend process id.
+    pid: int
+    #: Its ``application_name`` (``coordinator`` for the daemon).
+    application: str | None
+    #: When the session started, when this role may see it (else ``None``).
+    since: datetime | None
+
+
+_LEADER: Final = """
+SELECT l.pid, a.application_name, a.backend_start
+  FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+   AND l.classid::bigint = $1 AND l.objid::bigint = $2
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ LIMIT 1
+"""
+
+
+async def daemon_leader(conn: Connection) -> Leader | None:
+    """The session holding the daemon's single-writer advisory lock, or ``None`` when no
+    daemon leads on this database: whether anything will run, without the admin API."""
+    from .store import LOCK_CLASS, LOCK_OBJECT
+
+    with translate_errors():
+        row = await conn.fetchrow(_LEADER, LOCK_CLASS, LOCK_OBJECT)
+    if row is None:
+        return None
+    return Leader(pid=row["pid"], application=row["application_name"], since=row["backend_start"])
 
 
 _JOB_COLUMNS: Final = f"""

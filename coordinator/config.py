@@ -1,28 +1,48 @@
-"""The daemon's configuration: defaults, then a TOML file, then ``COORDINATOR_*``
-environment variables, then command-line flags; each layer overrides the one before.
+"""The configuration of the daemon and of every CLI command: defaults, then a TOML file,
+then ``COORDINATOR_*`` environment variables, then command-line flags; each layer
+overrides the one before.
 
-Every setting is declared once, in :data:`SETTINGS`, with its type, default and meaning;
-README's table lists the same settings (``tests/unit/test_config.py`` keeps the two in
-step). An unknown key or a bad value stops
-startup with a message naming it.
+One file, ``/etc/coordinator/coordinator.toml`` (or the file ``$COORDINATOR_CONFIG``
+names), is read by the service and by the CLI alike, so ``coordinator jobs define`` run
+by an operator and the daemon systemd runs agree on the database. Secrets stay out of
+it: ``admin_token_file`` and ``dsn_password_file`` name root-only files that root's CLI
+reads, and the systemd unit hands the same secrets to the service as credentials
+(``LoadCredential=admin-token:...``, ``dsn-password``), which are read from
+``$CREDENTIALS_DIRECTORY`` first (the service's unprivileged user cannot read the files).
+
+Every setting is declared once, in :data:`SETTINGS`, with its type, default, unit and
+meaning; README's table lists the same settings (``tests/unit/test_config.py`` keeps
+the two in step). An unknown key or a bad value
+stops startup with a message naming it. :func:`load` records which layer set each value
+(``coordinator config`` shows it).
+
+:func:`service_database` reads what the *service's* files say about its database, for
+the CLI's refusal to create an embedded cluster beside a service that uses another one.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 import tomllib
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 
 import attrs
 
-from .errors import ConfigError
-from .schedule import MAX_DURATION, format_duration, parse_duration
+from .errors import ConfigError, InvalidInput
 
 DEFAULT_CONFIG_FILE: Final = Path("/etc/coordinator/coordinator.toml")
+#: The environment file the unit reads (``EnvironmentFile=``), beside the config file.
+ENV_FILE_NAME: Final = "coordinator.env"
+#: Where the shipped unit keeps its state (``StateDirectory=coordinator``).
+SERVICE_STATE_DIR: Final = Path("/var/lib/coordinator")
+#: Credential names (files in ``$CREDENTIALS_DIRECTORY``) and the secret each holds.
+CREDENTIAL_ADMIN_TOKEN: Final = "admin-token"
+CREDENTIAL_DSN_PASSWORD: Final = "dsn-password"
 
 
 def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -35,29 +55,23 @@ def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
     if os.geteuid() == 0:
         # Not under /root: the embedded server runs as an unprivileged user that must
         # be able to reach its data directory.
-        return Path("/var/lib/coordinator")
+        return SERVICE_STATE_DIR
     xdg = environ.get("XDG_STATE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".local" / "state"
     return base / "coordinator"
 
 
 def _seconds(value: Any, name: str) -> float:
+    """A duration with its unit (``30s``, ``5m``): a bare number is refused, since
+    ``stop_timeout = 5`` is as likely to mean minutes as seconds."""
     if isinstance(value, bool):
-        raise ConfigError(f"{name}: expected a duration, got {value!r}")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ConfigError(f"{name}: must be a finite number of seconds, not {value}")
-        if value < 0:
-            raise ConfigError(f"{name}: must not be negative")
-        if value > MAX_DURATION.total_seconds():
-            raise ConfigError(
-                f"{name}: at most {format_duration(MAX_DURATION)}, not {value} seconds"
-            )
-        return float(value)
+        raise ConfigError(f"{name}: expected a duration such as 30s or 5m, got {value!r}")
     try:
-        return parse_duration(str(value), field=name).total_seconds()
-    except Exception as exc:
-        raise ConfigError(f"{name}: {getattr(exc, 'reason', exc)}") from exc
+        from .schedule import parse_duration  # not at import: the worker SDK reads this module
+
+        return parse_duration(str(value), field=name, unit_required=True).total_seconds()
+    except InvalidInput as exc:
+        raise ConfigError(f"{name}: {exc.reason}") from exc
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -138,15 +152,28 @@ def parse_listen(listen: str, *, setting: str, allow_remote: bool = False) -> tu
 class Setting:
     """One configuration key."""
 
+    #: The key in the TOML file (``COORDINATOR_<NAME>`` in the environment).
     name: str
+    #: Checks and converts a value; raises :class:`ConfigError` naming the key.
     convert: Callable[[Any, str], Any]
+    #: The value when no layer sets it (``None``: unset, or computed at load).
     default: Any
+    #: One line for README and ``--help``.
     help: str
+    #: ``duration`` (seconds, shown as ``30s``), a noun for counts (``calls``), or empty.
+    unit: str = ""
+    #: What an unset value means, for ``coordinator config``.
+    unset: str = ""
+    #: Shown redacted.
     secret: bool = False
 
     @property
     def env(self) -> str:
         return "COORDINATOR_" + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
 
 
 SETTINGS: Final[tuple[Setting, ...]] = (
@@ -156,23 +183,34 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         default=None,
         secret=True,
         help="PostgreSQL DSN; unset = the embedded private cluster under state_dir",
+        unset="the embedded database under state_dir",
+    ),
+    Setting(
+        name="dsn_password_file",
+        convert=_path,
+        default=None,
+        help="file holding the DSN user's password (credential dsn-password under systemd)",
+        unset="no password, or the one in the DSN",
     ),
     Setting(
         name="refresh_spacing",
         convert=_seconds,
         default=30.0,
+        unit="duration",
         help="minimum time between two inventory refreshes (a bound, not a timer)",
     ),
     Setting(
         name="concurrency",
         convert=_positive_int,
         default=16,
+        unit="calls",
         help="calls running at once, all jobs together",
     ),
     Setting(
         name="stop_timeout",
         convert=_seconds,
         default=60.0,
+        unit="duration",
         help="longest a stop waits for running calls before cancelling them",
     ),
     Setting(
@@ -187,11 +225,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         default=None,
         help="initdb/pg_ctl directory for the embedded database "
         "(default: PATH, then /usr/lib/postgresql/*/bin)",
+        unset="PATH, then /usr/lib/postgresql/*/bin",
     ),
     Setting(
         name="pool_size",
         convert=_positive_int,
         default=4,
+        unit="connections",
         help="database connections for claims and settlements",
     ),
     Setting(
@@ -212,6 +252,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         default=None,
         help="Unix socket workers connect to (default: $RUNTIME_DIRECTORY/worker.sock, "
         "else /run/coordinator/worker.sock for root, else $XDG_RUNTIME_DIR/coordinator/)",
+        unset="$RUNTIME_DIRECTORY/worker.sock, else /run/coordinator/worker.sock (root), "
+        "else $XDG_RUNTIME_DIR/coordinator/worker.sock",
     ),
     Setting(
         name="worker_listen",
@@ -231,6 +273,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         convert=_optional_text,
         default=None,
         help="host:port of the admin HTTP API (loopback); unset = no API",
+        unset="no admin API",
     ),
     Setting(
         name="admin_allow_remote",
@@ -244,12 +287,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         default=None,
         secret=True,
         help="bearer token of the admin API (at least 16 characters)",
+        unset="see admin_token_file",
     ),
     Setting(
         name="admin_token_file",
         convert=_path,
         default=None,
-        help="file holding the admin token (instead of admin_token)",
+        help="file holding the admin token (credential admin-token under systemd)",
+        unset="none",
     ),
     Setting(
         name="metrics_public",
@@ -262,10 +307,27 @@ _BY_NAME: Final = {s.name: s for s in SETTINGS}
 
 
 @attrs.frozen(kw_only=True)
+class Source:
+    """Which layer set a value, and where exactly."""
+
+    #: ``default``, ``file``, ``env``, ``flag`` or ``credential``.
+    layer: str
+    #: The file, variable, flag or credential; empty for a default.
+    origin: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.layer} {self.origin}" if self.origin else self.layer
+
+
+_DEFAULT_SOURCE: Final = Source(layer="default")
+
+
+@attrs.frozen(kw_only=True)
 class Config:
     """The effective configuration."""
 
     dsn: str | None = None
+    dsn_password_file: Path | None = None
     refresh_spacing: float = 30.0
     concurrency: int = 16
     stop_timeout: float = 60.0
@@ -282,17 +344,53 @@ class Config:
     admin_token: str | None = None
     admin_token_file: Path | None = None
     metrics_public: bool = False
+    #: ``$CREDENTIALS_DIRECTORY`` (systemd's credentials for the service), if set.
+    credentials_dir: Path | None = None
+    #: The file the settings were read from, if any.
+    file: Path | None = None
+    #: Which layer set each setting (absent: the default).
+    sources: Mapping[str, Source] = attrs.field(factory=dict, eq=False, repr=False)
+
+    def source(self, name: str) -> Source:
+        return self.sources.get(name, _DEFAULT_SOURCE)
+
+    def _credential(self, name: str) -> Path | None:
+        if self.credentials_dir is None:
+            return None
+        path = self.credentials_dir / name
+        return path if path.is_file() else None
 
     def admin_token_value(self) -> str | None:
-        """The admin token: ``admin_token``, else the content of ``admin_token_file``."""
+        """The admin token: ``admin_token``, else the service's credential
+        ``admin-token``, else the content of ``admin_token_file``."""
         if self.admin_token:
             return self.admin_token.strip()
-        if self.admin_token_file is not None:
-            try:
-                return self.admin_token_file.read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"admin_token_file: {exc}") from exc
-        return None
+        path = self._credential(CREDENTIAL_ADMIN_TOKEN) or self.admin_token_file
+        if path is None:
+            return None
+        return _read_secret(path, "admin_token_file") or None
+
+    def database_dsn(self) -> str | None:
+        """``dsn`` with the password from the credential ``dsn-password`` or from
+        ``dsn_password_file`` put in (the one place a password joins the DSN)."""
+        if self.dsn is None:
+            return None
+        path = self._credential(CREDENTIAL_DSN_PASSWORD) or self.dsn_password_file
+        if path is None:
+            return self.dsn
+        password = _read_secret(path, "dsn_password_file")
+        scheme, sep, rest = self.dsn.partition("://")
+        creds, at, host = rest.rpartition("@")
+        if not sep or not at:
+            raise ConfigError(
+                "dsn_password_file: the DSN must be a URL naming its user "
+                "(postgresql://USER@HOST/DB) for a password to be added"
+            )
+        if ":" in creds:
+            raise ConfigError(
+                "dsn_password_file: the DSN already holds a password; keep one of the two"
+            )
+        return f"{scheme}://{creds}:{quote(password, safe='')}@{host}"
 
     @property
     def spool_path(self) -> Path:
@@ -304,7 +402,7 @@ class Config:
         return self.state_dir / "postgres"
 
     def redacted(self) -> dict[str, Any]:
-        """For ``coordinator config``: secrets replaced."""
+        """Every setting's value, secrets replaced (``coordinator config --json``)."""
         out: dict[str, Any] = {}
         for s in SETTINGS:
             value = getattr(self, s.name)
@@ -312,6 +410,48 @@ class Config:
                 value = _redact_dsn(str(value)) if s.name == "dsn" else "***"
             out[s.name] = str(value) if isinstance(value, Path) else value
         return out
+
+    def describe(self) -> list[tuple[str, str, Source]]:
+        """``(setting, value with its unit, source)`` rows for ``coordinator config``."""
+        values = self.redacted()
+        rows = []
+        for s in SETTINGS:
+            value, source = values[s.name], self.source(s.name)
+            if s.name == "admin_token" and value is None:
+                credential = self._credential(CREDENTIAL_ADMIN_TOKEN)
+                if credential is not None:
+                    value, source = "***", Source(layer="credential", origin=str(credential))
+            rows.append((s.name, _shown(s, value), source))
+        if self.dsn is not None and self._credential(CREDENTIAL_DSN_PASSWORD) is not None:
+            path = str(self._credential(CREDENTIAL_DSN_PASSWORD))
+            rows.append(("dsn password", "***", Source(layer="credential", origin=path)))
+        return rows
+
+
+def _shown(setting: Setting, value: Any) -> str:
+    if value is None:
+        return f"(unset: {setting.unset})" if setting.unset else "(unset)"
+    if setting.unit == "duration":
+        from .schedule import format_duration
+
+        return format_duration(timedelta(seconds=value))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if setting.unit:
+        return f"{value} {setting.unit}"
+    return str(value)
+
+
+def _read_secret(path: Path, setting: str) -> str:
+    try:
+        return path.read_text().strip()
+    except PermissionError:
+        raise ConfigError(
+            f"{setting}: cannot read {path} (permission denied): run as root, or as the "
+            "user the secret is for"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{setting}: {path}: {exc.strerror or exc}") from None
 
 
 def _redact_dsn(dsn: str) -> str:
@@ -323,30 +463,55 @@ def _redact_dsn(dsn: str) -> str:
     return f"{scheme}://{user}:***@{host}" if ":" in creds else dsn
 
 
+def config_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The configuration file of the service and of the CLI: ``$COORDINATOR_CONFIG``,
+    else :data:`DEFAULT_CONFIG_FILE` (which may not exist)."""
+    environ = os.environ if environ is None else environ
+    named = environ.get("COORDINATOR_CONFIG")
+    return Path(named) if named else DEFAULT_CONFIG_FILE
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except PermissionError:
+        raise ConfigError(
+            f"config file {path}: permission denied (it holds no secrets: make it "
+            f"readable, chmod 0644 {path}, or name another with --config)"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+
+
 def load(
     *,
     file: Path | None = None,
     environ: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
 ) -> Config:
-    """Build the configuration from its four layers. ``file`` None means the default
-    file if it exists; an explicitly named file must exist."""
+    """Build the configuration from its four layers.
+
+    ``file`` None means ``$COORDINATOR_CONFIG`` (which must exist), else the default file
+    if it exists; an explicitly named file must exist.
+    """
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
+    sources: dict[str, Source] = {}
     path = file
+    if path is None and environ.get("COORDINATOR_CONFIG"):
+        path = Path(environ["COORDINATOR_CONFIG"])
     if path is None and DEFAULT_CONFIG_FILE.exists():
         path = DEFAULT_CONFIG_FILE
     if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path}: not found") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path}: {exc}") from None
-        for key, value in data.items():
+        for key, value in _read_toml(Path(path)).items():
             if key not in _BY_NAME:
                 raise ConfigError(f"config file {path}: unknown setting {key!r}")
             values[key] = _BY_NAME[key].convert(value, key)
+            sources[key] = Source(layer="file", origin=str(path))
     known_env = {s.env for s in SETTINGS}
     for key in environ:
         if key.startswith("COORDINATOR_") and key not in known_env and key not in _OTHER_ENV:
@@ -354,16 +519,172 @@ def load(
     for s in SETTINGS:
         if s.env in environ:
             values[s.name] = s.convert(environ[s.env], s.env)
+            sources[s.name] = Source(layer="env", origin=s.env)
     for key, value in (flags or {}).items():
         if value is None:
             continue
         if key not in _BY_NAME:
             raise ConfigError(f"unknown setting {key!r}")
-        values[key] = _BY_NAME[key].convert(value, "--" + key.replace("_", "-"))
+        setting = _BY_NAME[key]
+        values[key] = setting.convert(value, setting.flag)
+        sources[key] = Source(layer="flag", origin=setting.flag)
     if values.get("state_dir") is None:
         values["state_dir"] = default_state_dir(environ)
-    return Config(**values)
+    credentials = environ.get("CREDENTIALS_DIRECTORY")
+    return Config(
+        **values,
+        credentials_dir=Path(credentials) if credentials else None,
+        file=Path(path) if path is not None else None,
+        sources=sources,
+    )
 
 
-#: COORDINATOR_* variables that are not daemon settings (tests, clients).
-_OTHER_ENV: Final = frozenset({"COORDINATOR_TEST_DSN", "COORDINATOR_CONFIG"})
+#: COORDINATOR_* variables that are not settings: the tests', the config file's, a TCP
+#: worker's token, and those a command job finds in its environment (so that a job may
+#: itself run ``coordinator jobs trigger ...``).
+_OTHER_ENV: Final = frozenset(
+    {
+        "COORDINATOR_TEST_DSN",
+        "COORDINATOR_CONFIG",
+        "COORDINATOR_WORKER_TOKEN",
+        "COORDINATOR_RUN_ID",
+        "COORDINATOR_JOB",
+        "COORDINATOR_NAMESPACE",
+        "COORDINATOR_FORCE",
+        "COORDINATOR_ATTEMPT",
+        "COORDINATOR_TRIGGER",
+        "COORDINATOR_SCHEDULED_FOR",
+        "COORDINATOR_PARAMS",
+    }
+)
+
+
+def file_setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """One setting as the configuration file (alone) gives it, or ``None``: for programs
+    that share the file but not the daemon's other layers (``coordinator worker`` reads
+    ``worker_socket``)."""
+    path = config_file(environ)
+    if not path.is_file():
+        return None
+    value = _read_toml(path).get(name)
+    return None if value is None else _BY_NAME[name].convert(value, name)
+
+
+# --------------------------------------------------------------------------- the service's
+
+
+@attrs.frozen(kw_only=True)
+class ServiceDatabase:
+    """Where the service keeps its jobs, as the service's own files say."""
+
+    #: The file that decided it: the TOML file, or the environment file beside it.
+    source: Path
+    #: The DSN the service uses, or ``None`` for its embedded database.
+    dsn: str | None
+    #: The service's embedded database (``<state dir>/postgres``) when ``dsn`` is None,
+    #: if known: named by ``state_dir``, or the shipped unit's for the default file.
+    embedded_root: Path | None
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``KEY=VALUE`` lines as systemd's ``EnvironmentFile=`` reads them (the subset the
+    shipped example uses: ``#``/``;`` comments, optional surrounding quotes)."""
+    out: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+def service_database(environ: Mapping[str, str] | None = None) -> ServiceDatabase | None:
+    """What the service's configuration says about its database, or ``None`` when there is
+    no service configuration (neither the config file nor ``coordinator.env`` beside it).
+
+    The service reads the config file and, through systemd's ``EnvironmentFile=``, the
+    environment file, whose values win. Its state directory is the one they set, else,
+    for the default file, the shipped unit's (``/var/lib/coordinator``); a file named by
+    ``$COORDINATOR_CONFIG`` that sets none leaves it unknown.
+    """
+    environ = os.environ if environ is None else environ
+    toml_path = config_file(environ)
+    env_path = toml_path.parent / ENV_FILE_NAME
+    has_toml, has_env = toml_path.is_file(), env_path.is_file()
+    if not has_toml and not has_env:
+        return None
+    source = toml_path
+    dsn: str | None = None
+    state_dir = SERVICE_STATE_DIR if toml_path == DEFAULT_CONFIG_FILE else None
+    if has_toml:
+        data = _read_toml(toml_path)
+        if isinstance(data.get("dsn"), str) and data["dsn"]:
+            dsn = data["dsn"]
+        if isinstance(data.get("state_dir"), str) and data["state_dir"]:
+            state_dir = Path(data["state_dir"]).expanduser()
+    if has_env:
+        try:
+            env = read_env_file(env_path)
+        except PermissionError:
+            raise ConfigError(
+                f"the service's environment file {env_path} cannot be read, so this command "
+                "cannot tell which database the service uses: run it as root, or pass --dsn"
+            ) from None
+        if "COORDINATOR_DSN" in env:
+            dsn, source = env["COORDINATOR_DSN"] or None, env_path
+        if env.get("COORDINATOR_STATE_DIR"):
+            state_dir = Path(env["COORDINATOR_STATE_DIR"])
+    root = state_dir / "postgres" if state_dir is not None else None
+    return ServiceDatabase(source=source, dsn=dsn, embedded_root=root)
+
+
+def refuse_another_embedded(
+    config: Config, *, environ: Mapping[str, str] | None = None, state_dir_chosen: bool = False
+) -> None:
+    """Raise :class:`ConfigError` if this command, about to use the embedded database in
+    ``config.embedded_root``, would use one the service does not: its jobs would never run.
+
+    Skipped under systemd (``$STATE_DIRECTORY`` set: the service itself, or a job it runs)
+    and, for the embedded-versus-embedded case, when ``--state-dir`` chose the directory
+    on the command line.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("STATE_DIRECTORY"):
+        return
+    service = service_database(environ)
+    if service is None:
+        return
+    here = config.embedded_root
+    if service.dsn is not None:
+        if service.source.name == ENV_FILE_NAME:
+            fix = (
+                f'move it to {config_file(environ)} (dsn = "..."), which the service and '
+                "the CLI both read, or pass --dsn"
+            )
+        else:
+            fix = "use that file (no --config, no empty COORDINATOR_DSN) or pass --dsn"
+        raise ConfigError(
+            f"{service.source} gives the service the database {_redact_dsn(service.dsn)}, but "
+            f"this command has no DSN and would use a separate embedded database in {here} "
+            f"whose jobs the service never runs: {fix}"
+        )
+    if service.embedded_root is None or state_dir_chosen:
+        return
+    if _same_path(service.embedded_root, here):
+        return
+    who = "run it as root, or " if os.geteuid() != 0 else ""
+    raise ConfigError(
+        f"the service ({service.source}) keeps its jobs in the embedded database in "
+        f"{service.embedded_root}, but this command would use another one in {here}: {who}"
+        f"pass --state-dir {service.embedded_root.parent} (the service's) or --dsn"
+    )
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)

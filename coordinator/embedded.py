@@ -12,6 +12,7 @@ for the purpose) and the commands run through ``runuser``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import os
 import pwd
@@ -20,7 +21,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import attrs
@@ -77,20 +79,42 @@ def find_bin_dir(configured: Path | None = None) -> Path:
     raise NoServerBinaries()
 
 
-def unprivileged_user() -> str | None:
-    """The user to run the server as when we are root (``None`` when we are not root)."""
+def unprivileged_user(announce: Callable[[str], None] | None = None) -> str | None:
+    """The user to run the server as when we are root (``None`` when we are not root).
+
+    ``postgres`` when it exists, else ``coordinator``, else a system user ``coordinator``
+    made with ``useradd``: a change to the machine, so ``announce`` is told first.
+    """
     if os.geteuid() != 0:
         return None
     for name in ("postgres", "coordinator"):
         with contextlib.suppress(KeyError):
             pwd.getpwnam(name)
             return name
+    if announce is not None:
+        announce(
+            "PostgreSQL refuses to run as root and this machine has no user 'postgres' or "
+            "'coordinator': creating the system user 'coordinator' (useradd --system) to "
+            "run the embedded server as"
+        )
     subprocess.run(
         ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "coordinator"],
         check=True,
         capture_output=True,
     )
     return "coordinator"
+
+
+def _server_user(root: Path, announce: Callable[[str], None] | None) -> str | None:
+    """As root: the owner of an existing cluster's data directory (systemd may have
+    handed it to the service's user), else :func:`unprivileged_user`."""
+    if os.geteuid() != 0:
+        return None
+    with contextlib.suppress(OSError, KeyError):
+        owner = pwd.getpwuid((root / "data").stat().st_uid).pw_name
+        if owner != "root":
+            return owner
+    return unprivileged_user(announce)
 
 
 def free_port() -> int:
@@ -332,18 +356,122 @@ def _statement(parts: list[str]) -> Iterator[LoggedStatement]:
         yield LoggedStatement(pid=int(parts[0]), app=parts[1], db=parts[2], sql=sm["sql"])
 
 
-def private_cluster(root: Path, *, bin_dir: Path | None = None) -> Cluster:
+def private_cluster(
+    root: Path, *, bin_dir: Path | None = None, announce: Callable[[str], None] | None = None
+) -> Cluster:
     """The embedded default: a cluster in ``root`` reachable only through its Unix
-    socket (no TCP port), created on first use."""
-    return Cluster(root=root, port=None, bin_dir=find_bin_dir(bin_dir))
+    socket (no TCP port), created on first use. ``announce`` hears of changes to the
+    machine (a user created) before they are made."""
+    return Cluster(
+        root=root, port=None, bin_dir=find_bin_dir(bin_dir), user=_server_user(root, announce)
+    )
 
 
-def ensure_running(cluster: Cluster) -> bool:
-    """Create and start ``cluster`` as needed; True if this call started it (so the
-    caller should stop it when done)."""
+# --------------------------------------------------------------------------- ownership
+
+#: In the cluster's root: the pid of the command that owns the running server, under an
+#: exclusive ``flock`` that command holds. The kernel drops the lock however the owner
+#: ends (``kill -9`` included), so a running server whose lock is free is an orphan.
+OWNER_FILE = "owner.pid"
+#: How long a command waits for another live command to finish starting the server.
+OWNER_START_WAIT = 60.0
+
+
+class _Owner:
+    """The ``flock`` this process holds on a cluster's :data:`OWNER_FILE`."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+_OWNERS: dict[Path, _Owner] = {}
+
+
+def _claim(cluster: Cluster) -> tuple[_Owner | None, int | None]:
+    """Try to become the owner: ``(owner, None)`` on success, else ``(None, pid)`` with
+    the live owner's pid (``(None, None)`` if the file cannot even be opened)."""
+    path = cluster.root / OWNER_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None, None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _read_pid(fd)
+        os.close(fd)
+        return None, holder
+    return _Owner(fd), None
+
+
+def _read_pid(fd: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(os.pread(fd, 32, 0).decode().strip() or "x")
+    return None
+
+
+def _write_pid(owner: _Owner) -> None:
+    os.ftruncate(owner.fd, 0)
+    os.pwrite(owner.fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def ensure_running(cluster: Cluster, *, say: Callable[[str], None] | None = None) -> bool:
+    """Create and start ``cluster`` as needed. True if this process now owns the running
+    server and must stop it when done (:func:`stop_owned`): it started it, or adopted an
+    orphan that a killed command left running (``say`` is told).
+
+    A server owned by another live command is used as it is (that command stops it).
+    """
     if not cluster.initialized:
         cluster.init()
-    if cluster.is_running():
+    owner, holder = _claim(cluster)
+    if owner is None:
+        if holder is None:  # no owner file we can use: the old way, no adoption
+            if cluster.is_running():
+                return False
+            cluster.start()
+            return True
+        _wait_for_start(cluster, holder)
         return False
-    cluster.start()
+    previous = _read_pid(owner.fd)
+    if cluster.is_running():
+        if say is not None:
+            by = f" by pid {previous}, which is gone" if previous else ""
+            say(
+                f"adopted the embedded PostgreSQL in {cluster.root}, left running{by}; "
+                "stopping it when this command ends"
+            )
+    else:
+        try:
+            cluster.start()
+        except BaseException:
+            owner.release()
+            raise
+    _write_pid(owner)
+    _OWNERS[cluster.root] = owner
     return True
+
+
+def _wait_for_start(cluster: Cluster, holder: int) -> None:
+    deadline = time.monotonic() + OWNER_START_WAIT
+    while not cluster.is_running():
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"the embedded PostgreSQL in {cluster.root} belongs to pid {holder}, which "
+                f"has not started it within {OWNER_START_WAIT:.0f}s"
+            )
+        time.sleep(0.1)
+
+
+def stop_owned(cluster: Cluster) -> None:
+    """Stop a server :func:`ensure_running` made ours, then give up the ownership."""
+    try:
+        cluster.stop()
+    finally:
+        owner = _OWNERS.pop(cluster.root, None)
+        if owner is not None:
+            owner.release()

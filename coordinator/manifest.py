@@ -8,7 +8,7 @@ Format::
     name = "invoice-run"           # required, unique in the file
     cron = "0 3 * * *"             # exactly one of cron / every / at / manual = true
     timezone = "Europe/Berlin"     # cron only; default UTC
-    timeout = "15m"                # a duration (90s, 5m, 1h30m) or a number of seconds
+    timeout = "15m"                # a duration with its unit: 90s, 5m, 1h30m
     priority = "background"        # or "interactive"
     idempotent = false
     paused = false
@@ -22,9 +22,10 @@ Format::
     every = "6h"
     worker = "search"
 
-``every`` takes a duration or a number of seconds; ``at`` an ISO 8601 instant with an
-offset, quoted or as a TOML offset date-time. A file without ``jobs`` (or with
-``jobs = []``) is an empty declaration: every job of the namespace is paused.
+``every`` and ``timeout`` take a duration with its unit (``every = 6`` or ``"6"`` is
+refused: six seconds or six hours?); ``at`` an ISO 8601 instant with an offset, quoted or
+as a TOML offset date-time. A file without ``jobs`` (or with ``jobs = []``) is an empty
+declaration: every job of the namespace is paused.
 
 Parsing is pure (no database). The file-level mistakes that would make the whole sync
 mean something else (TOML syntax, a missing ``namespace``, an unknown top-level key such as
@@ -50,7 +51,7 @@ import attrs
 
 from . import schedule as schedules
 from .client import job_entry
-from .errors import InvalidInput, InvalidSchedule
+from .errors import InvalidInput
 from .model import PRIORITIES, Schedule, ScheduleKind, Target
 from .text import check_job_name, check_namespace
 
@@ -92,9 +93,15 @@ class Problem(NamedTuple):
     field: str
     #: What is wrong, for humans.
     reason: str
+    #: The line of the file holding the field (else the entry's ``[[jobs]]``), if known.
+    line: int | None = None
 
     def __str__(self) -> str:
         return f"{self.job}: {self.field}: {self.reason}"
+
+    def located(self, source: str) -> str:
+        """``FILE:LINE: job: field: reason``, the way compilers point at a line."""
+        return f"{source}:{self.line}: {self}" if self.line is not None else f"{source}: {self}"
 
 
 @attrs.frozen(kw_only=True)
@@ -118,13 +125,15 @@ class Manifest:
 
 
 class ManifestRejected(InvalidInput):
-    """``--strict``: the manifest has problems, so nothing was applied."""
+    """The manifest has problems, so nothing was applied (``sync`` without
+    ``--allow-invalid``)."""
 
     def __init__(self, manifest: Manifest) -> None:
         count = len(manifest.problems)
         super().__init__(
             manifest.source,
-            f"{count} problem{'s' if count != 1 else ''} in the manifest; nothing applied",
+            f"{count} problem{'s' if count != 1 else ''} in the manifest; nothing applied "
+            "(fix them, or store those entries inert with --allow-invalid)",
         )
         self.manifest = manifest
 
@@ -180,11 +189,18 @@ def parse(text: str, *, source: str = "<manifest>") -> Manifest:
     entries: list[dict[str, Any]] = []
     problems: list[Problem] = []
     first_index: dict[str, int] = {}  # name -> position in `entries`
+    lines = _Lines(text, len(jobs))
     for index, raw in enumerate(jobs):
         entry, entry_problems = _entry(index, raw)
+        entry_problems = [p._replace(line=lines.of(index, p.field)) for p in entry_problems]
         if entry is not None and entry["name"] in first_index:
             name = entry["name"]
-            problem = Problem(name, "name", f"defined more than once (again as jobs[{index}])")
+            problem = Problem(
+                name,
+                "name",
+                f"defined more than once (again as jobs[{index}])",
+                lines.of(index, "name"),
+            )
             problems.append(problem)
             kept = first_index[name]
             entries[kept] = _make_inert(entries[kept], [problem])
@@ -196,6 +212,50 @@ def parse(text: str, *, source: str = "<manifest>") -> Manifest:
     return Manifest(
         source=source, namespace=namespace, entries=tuple(entries), problems=tuple(problems)
     )
+
+
+_JOBS_HEADER: Final = re.compile(r"^\s*\[\[\s*jobs\s*\]\]")
+_TABLE_HEADER: Final = re.compile(r"^\s*\[")
+
+
+class _Lines:
+    """Finds the line of an entry's field in the manifest's text (tomllib keeps none).
+
+    Entries written as ``[[jobs]]`` tables are found by their headers; inside one, a field
+    is the line where its key is assigned. Entries written inline (``jobs = [{...}]``)
+    point at the ``jobs`` line.
+    """
+
+    def __init__(self, text: str, count: int) -> None:
+        self.lines = text.splitlines()
+        headers = [i for i, line in enumerate(self.lines) if _JOBS_HEADER.match(line)]
+        self.spans: list[tuple[int, int]] = []
+        if len(headers) == count:
+            for start in headers:
+                end = next(
+                    (
+                        i
+                        for i in range(start + 1, len(self.lines))
+                        if _TABLE_HEADER.match(self.lines[i])
+                    ),
+                    len(self.lines),
+                )
+                self.spans.append((start, end))
+        self.jobs_line = next(
+            (i for i, line in enumerate(self.lines) if re.match(r"^\s*jobs\s*=", line)), None
+        )
+
+    def of(self, index: int, field: str) -> int | None:
+        """The 1-based line of ``field`` in entry ``index`` (its header if the field is
+        not written there), or the ``jobs = [...]`` line."""
+        if index >= len(self.spans):
+            return self.jobs_line + 1 if self.jobs_line is not None else None
+        start, end = self.spans[index]
+        key = re.compile(rf"^\s*(?:{re.escape(field)}|\"{re.escape(field)}\")\s*[=.]")
+        for i in range(start + 1, end):
+            if key.match(self.lines[i]):
+                return i + 1
+        return start + 1
 
 
 def _unknown_key(key: str, known: tuple[str, ...], where: str) -> str:
@@ -329,6 +389,7 @@ def _schedule(e: _Entry) -> Schedule:
     elif kind == "once" and isinstance(value, datetime | date):
         expression = value.isoformat()
     elif kind == "interval" and isinstance(value, int | float) and not isinstance(value, bool):
+        e.problem(key, _unit_required(value))
         expression = str(value)
     elif isinstance(value, str):
         expression = value
@@ -341,11 +402,17 @@ def _schedule(e: _Entry) -> Schedule:
     if len(given) > 1 or any(p.field in (key, "timezone") for p in e.problems):
         return schedule
     try:
+        if kind == "interval" and expression is not None:
+            schedules.parse_duration(expression, field="every", unit_required=True)
         schedules.validate(schedule)
-    except InvalidSchedule as exc:
+    except InvalidInput as exc:
         e.problem(exc.field, exc.reason)
         return schedule
     return schedules.normalize(schedule)
+
+
+def _unit_required(value: float) -> str:
+    return f'a unit is required: "{value}s" or "{value}m"? (use ms, s, m, h, d, w)'
 
 
 def _timeout(e: _Entry) -> timedelta | None:
@@ -353,12 +420,13 @@ def _timeout(e: _Entry) -> timedelta | None:
         return None
     value = e.raw["timeout"]
     if isinstance(value, int | float) and not isinstance(value, bool):
-        value = str(value)
+        e.problem("timeout", _unit_required(value))
+        return None
     if not isinstance(value, str):
         e.problem("timeout", f'must be a duration such as "15m", not {_describe(value)}')
         return None
     try:
-        return schedules.parse_duration(value, field="timeout")
+        return schedules.parse_duration(value, field="timeout", unit_required=True)
     except InvalidInput as exc:
         e.problem(exc.field, exc.reason)
         return None

@@ -129,13 +129,15 @@ def check_duration(value: timedelta, field: str) -> timedelta:
     return value
 
 
-def parse_duration(text: str, *, field: str = "duration") -> timedelta:
+def parse_duration(text: str, *, field: str = "duration", unit_required: bool = False) -> timedelta:
     """Read a positive duration: ``90``/``90s``, ``500ms``, ``5m``, ``1h30m``, ``1h 30m``,
     ``1.5h``, ``2d``, ``1w``; at most :data:`MAX_DURATION`.
 
     Units (case-insensitive) are ``ms``, ``s``, ``m`` (minutes), ``h``, ``d`` and ``w``;
-    a bare number means seconds and must stand alone. Components go from the largest unit
-    to the smallest, each at most once. Raises :class:`InvalidInput` ``(field, reason)``.
+    a bare number means seconds and must stand alone, unless ``unit_required`` (what a
+    person types: the CLI, manifests, settings), where ``5`` is refused with a hint
+    because it is as likely to mean minutes. Components go from the largest unit to the
+    smallest, each at most once. Raises :class:`InvalidInput` ``(field, reason)``.
     PostgreSQL reads the same grammar (``coordinator._duration_us``).
     """
     stripped = text.strip()
@@ -159,6 +161,8 @@ def parse_duration(text: str, *, field: str = "duration") -> timedelta:
         if not unit:
             if pos != 0 or match.end() != len(stripped):
                 raise bad(f"{number!r} has no unit ({_UNITS_HINT})")
+            if unit_required:
+                raise bad(f"a unit is required: {number}s or {number}m? ({_UNITS_HINT})")
             unit = "s"
         elif unit not in _US_PER:
             raise bad(f"unknown unit {unit_text!r} ({_UNITS_HINT})")

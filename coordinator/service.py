@@ -75,15 +75,22 @@ def build_daemon(
     )
 
 
+def event_log(config: Config) -> EventLog:
+    """The event log ``config`` asks for (stderr, its format and level)."""
+    return EventLog(format=_log_format(config.log_format), level=_log_level(config.log_level))
+
+
 async def serve(
     config: Config,
     *,
     dsn: str,
     notify: Callable[[str], None] | None = None,
     migrate: bool = False,
+    log: EventLog | None = None,
 ) -> int:
-    """Run the daemon for ``config`` against ``dsn`` until it stops; the exit status."""
-    log = EventLog(format=_log_format(config.log_format), level=_log_level(config.log_level))
+    """Run the daemon for ``config`` against ``dsn`` until it stops; the exit status.
+    ``log`` (default :func:`event_log`) lets a caller observe the events (the demo)."""
+    log = log if log is not None else event_log(config)
     try:
         Spool(config.spool_path).check()
     except SpoolError as exc:

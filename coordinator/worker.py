@@ -546,8 +546,8 @@ def build_parser(prog: str = "coordinator worker") -> argparse.ArgumentParser:
     where.add_argument(
         "--socket",
         metavar="PATH",
-        help="the daemon's worker socket (default: $COORDINATOR_WORKER_SOCKET, else the "
-        "daemon's default runtime path)",
+        help="the daemon's worker socket (default: $COORDINATOR_WORKER_SOCKET, else "
+        "worker_socket in the configuration file, else the daemon's default runtime path)",
     )
     where.add_argument("--tcp", metavar="HOST:PORT", help="connect over loopback TCP instead")
     parser.add_argument(
@@ -644,7 +644,14 @@ def _address(args: argparse.Namespace) -> Path | tuple[str, int]:
     env = os.environ.get("COORDINATOR_WORKER_SOCKET")
     if env:
         return Path(env)
-    return default_socket_path()
+    from .config import file_setting
+    from .errors import ConfigError
+
+    try:  # the daemon's own configuration file, when it names the socket
+        configured = file_setting("worker_socket")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return Path(configured) if configured is not None else default_socket_path()
 
 
 async def _serve_until_signalled(

@@ -288,13 +288,22 @@ def _run_id(request: Request) -> int:
     return value
 
 
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+
+
 def _flag(request: Request, name: str) -> bool:
+    """A boolean query parameter in any usual spelling (``?force=1``, ``=true``, ``=yes``,
+    ``=on`` and their opposites, any case); absent means false."""
     value = request.query_params.get(name)
-    if value is None or value == "false":
+    if value is None:
         return False
-    if value == "true":
+    text = value.strip().lower()
+    if text in _TRUE:
         return True
-    raise InvalidInput(name, f"must be true or false, not {value!r}")
+    if text in _FALSE:
+        return False
+    raise InvalidInput(name, f"must be 1/0, true/false, yes/no or on/off, not {value!r}")
 
 
 def _limit(request: Request) -> int:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -35,13 +36,18 @@ class Result:
 
 
 NO_BINARIES = "/nonexistent/postgresql/bin"
+#: An empty configuration file: the CLI never reads the machine's /etc/coordinator.
+EMPTY_CONFIG = Path(tempfile.mkdtemp(prefix="coordinator-cli-")) / "coordinator.toml"
+EMPTY_CONFIG.write_text("")
 
 
 def _env(env_dsn: str | None, **extra: str) -> dict[str, str]:
-    """The CLI's environment: no DSN unless given, and (unless a test says otherwise) no
-    server binaries, so a command without a DSN never creates an embedded cluster."""
+    """The CLI's environment: no DSN unless given, an empty configuration file, and
+    (unless a test says otherwise) no server binaries, so a command without a DSN never
+    creates an embedded cluster."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COORDINATOR_")}
     env["COORDINATOR_PG_BIN"] = NO_BINARIES
+    env["COORDINATOR_CONFIG"] = str(EMPTY_CONFIG)
     if env_dsn is not None:
         env["COORDINATOR_DSN"] = env_dsn
     env.update(extra)
@@ -72,6 +78,10 @@ def sql(dsn: str, query: str, *args: Any) -> Any:
             await conn.close()
 
     return asyncio.run(run())
+
+
+#: What a command says when no daemon leads on its database (these tests run none).
+NO_DAEMON = "coordinator: note: no daemon is running on this database"
 
 
 def one_line_error(result: Result, *, code: int, contains: str) -> None:
@@ -256,7 +266,9 @@ def test_trigger_prints_run_id_and_is_idempotent(database: str) -> None:
     first = cli("jobs", "trigger", "m", "--force", "--arg", 'day="2026-01-01"', dsn=database)
     assert first.code == 0, first
     run_id = int(first.out)
-    assert first.err == ""
+    assert len(first.err_lines) == 1
+    assert first.err_lines[0].startswith(NO_DAEMON)
+    assert "`coordinator run`, or `systemctl start coordinator`" in first.err
     second = cli("jobs", "trigger", "m", dsn=database)
     assert int(second.out) == run_id
     assert "already has run" in second.err
@@ -320,21 +332,27 @@ def _wait_then_settle(database: str, status: str, *extra: str) -> tuple[Result, 
 
 def test_trigger_wait_succeeded(database: str) -> None:
     result, _ = _wait_then_settle(database, "succeeded")
-    assert (result.code, result.out, result.err) == (0, "succeeded\n", "")
+    assert (result.code, result.out) == (0, "succeeded\n")
+    assert [line.split(":")[:2] for line in result.err.splitlines()] == [["coordinator", " note"]]
 
 
 def test_trigger_wait_failed_exits_1(database: str) -> None:
     result, run_id = _wait_then_settle(database, "failed", "--wait-timeout", "30s")
     assert (result.code, result.out) == (1, "failed\n")
-    assert result.err == f"coordinator: run {run_id} failed (handler): boom\n"
+    assert result.err.splitlines()[-1] == f"coordinator: run {run_id} failed (handler): boom"
 
 
-def test_trigger_wait_timeout(database: str) -> None:
+def test_trigger_wait_timeout_says_the_daemon_is_not_running(database: str) -> None:
     cli("jobs", "define", "w", "--manual", "--", "true", dsn=database)
     r = cli("jobs", "trigger", "w", "--wait-timeout", "300ms", dsn=database)
     assert r.code == 1
     run_id = int(r.out)
-    assert r.err_lines == [f"coordinator: run {run_id} is still queued after 300ms"]
+    assert r.err_lines[0].startswith(NO_DAEMON)
+    assert r.err_lines[1] == (
+        f"coordinator: run {run_id} is still queued after 300ms: the daemon is not running "
+        "(no session holds its lock): start it (`coordinator run`, or "
+        "`systemctl start coordinator`)"
+    )
 
 
 def test_pause_resume_remove(database: str) -> None:
@@ -446,18 +464,18 @@ def test_sync_applies_and_reports(database: str, tmp_path: Path) -> None:
         worker = "w"
         """,
     )
-    r = cli("sync", path, dsn=database)
+    r = cli("sync", path, "--allow-invalid", dsn=database)
     assert r.code == 0, r
     lines = r.out.splitlines()
     assert lines[0] == "synced namespace svc: 2 created, 0 updated, 1 paused"
     assert lines[1].startswith("1 problem")
-    assert lines[2].startswith("  broken: cron: ")
+    assert lines[2].startswith(f"  {path}:11: broken: cron: ")
     jobs = {j["name"]: j for j in cli("jobs", "list", "-n", "svc", "--json", dsn=database).json}
     assert jobs["old"]["paused"] is True
     assert jobs["nightly"]["invalid_reason"] is None
     assert jobs["broken"]["invalid_reason"].startswith("cron: ")
 
-    again = cli("sync", path, "--json", dsn=database).json
+    again = cli("sync", path, "--json", "--allow-invalid", dsn=database).json
     assert again["created"] == 0
     assert again["updated"] == 2
     assert again["paused"] == 0
@@ -465,9 +483,15 @@ def test_sync_applies_and_reports(database: str, tmp_path: Path) -> None:
     assert again["invalid"] == ["broken"]
     assert again["problems"][0]["job"] == "broken"
     assert again["problems"][0]["field"] == "cron"
+    assert again["problems"][0]["line"] == 11
 
 
-def test_sync_strict_applies_nothing(database: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("flags", [(), ("--strict",)])
+def test_sync_refuses_a_manifest_with_problems(
+    database: str, tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    """The default (and the old --strict, still accepted): every problem with its line,
+    nothing applied, exit 2."""
     cli("jobs", "define", "old", "-n", "svc", "--manual", "--", "true", dsn=database)
     path = _manifest(
         tmp_path,
@@ -484,10 +508,13 @@ def test_sync_strict_applies_nothing(database: str, tmp_path: Path) -> None:
         command = ["x"]
         """,
     )
-    r = cli("sync", path, "--strict", dsn=database)
+    r = cli("sync", path, *flags, dsn=database)
     assert r.code == 2
-    assert r.err_lines[0].startswith("bad: command: ")
-    assert r.err_lines[-1] == f"coordinator: {path}: 1 problem in the manifest; nothing applied"
+    assert r.err_lines[0].startswith(f"{path}:11: bad: command: ")
+    assert r.err_lines[-1] == (
+        f"coordinator: {path}: 1 problem in the manifest; nothing applied "
+        "(fix them, or store those entries inert with --allow-invalid)"
+    )
     assert [j["name"] for j in cli("jobs", "list", "--json", dsn=database).json] == ["old"]
     assert cli("jobs", "show", "old", "-n", "svc", "--json", dsn=database).json["paused"] is False
 
@@ -556,20 +583,20 @@ def test_no_dsn_and_no_server_binaries_says_how_to_fix_it(tmp_path: Path) -> Non
     assert "apt-get install -y postgresql" in result.err
 
 
-def test_no_dsn_uses_the_embedded_database_and_stops_it(tmp_path: Path) -> None:
+def test_no_dsn_uses_the_embedded_database_and_stops_it(cluster_home: Path) -> None:
     from coordinator.embedded import NoServerBinaries, find_bin_dir
 
     try:
         bin_dir = str(find_bin_dir())
     except NoServerBinaries:
         pytest.skip("needs PostgreSQL server binaries")
-    env = {"COORDINATOR_STATE_DIR": str(tmp_path / "state"), "COORDINATOR_PG_BIN": bin_dir}
+    env = {"COORDINATOR_STATE_DIR": str(cluster_home / "state"), "COORDINATOR_PG_BIN": bin_dir}
     migrated = cli("migrate", **env)
     assert migrated.code == 0, migrated.err
     assert "started the embedded PostgreSQL" in migrated.err
-    assert (tmp_path / "state" / "postgres" / "data" / "PG_VERSION").exists()
+    assert (cluster_home / "state" / "postgres" / "data" / "PG_VERSION").exists()
     # The cluster is stopped when the command ends; the next command reuses it.
-    assert not (tmp_path / "state" / "postgres" / "data" / "postmaster.pid").exists()
+    assert not (cluster_home / "state" / "postgres" / "data" / "postmaster.pid").exists()
     defined = cli("jobs", "define", "e", "--manual", "--", "true", **env)
     assert defined.code == 0, defined.err
     listed = cli("jobs", "list", "--json", **env)

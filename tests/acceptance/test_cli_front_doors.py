@@ -153,7 +153,10 @@ def test_manifest_bounds_and_names(database: str, tmp_path: Path) -> None:
     assert "huge: every: at most 3650d, not 3000000d" in strict.err
     assert sql(database, "SELECT count(*) AS n FROM coordinator.jobs")[0]["n"] == 0
 
-    applied = cli("sync", str(manifest), dsn=database)
+    refused = cli("sync", str(manifest), dsn=database)  # refusing is the default now
+    assert refused.code == 2, refused
+    assert RAW.search(refused.err) is None, refused.err
+    applied = cli("sync", str(manifest), "--allow-invalid", dsn=database)
     assert applied.code == 0, applied
     assert RAW.search(applied.out) is None, applied.out
     assert "synced namespace svc: 3 created" in applied.out

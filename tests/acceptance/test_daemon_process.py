@@ -25,6 +25,9 @@ COORDINATOR = [
     "-c",
     "import sys; from coordinator.cli import main; sys.exit(main())",
 ]
+#: An empty configuration file: the processes never read the machine's /etc/coordinator.
+EMPTY_CONFIG = Path(tempfile.mkdtemp(prefix="coordinator-daemon-")) / "coordinator.toml"
+EMPTY_CONFIG.write_text("")
 
 
 @attrs.define(eq=False)
@@ -73,7 +76,7 @@ def daemons(database: str, tmp_path: Path) -> Iterator[Any]:
 
     def start(name: str = "d1", *extra: str) -> DaemonProcess:
         log_path = tmp_path / f"{name}.log"
-        env = {**os.environ, "COORDINATOR_DSN": database}
+        env = {**os.environ, "COORDINATOR_DSN": database, "COORDINATOR_CONFIG": str(EMPTY_CONFIG)}
         env["COORDINATOR_WORKER_SOCKET"] = str(sockets / f"{name}.sock")
         env.pop("COORDINATOR_TEST_DSN", None)
         with log_path.open("wb") as log:
@@ -102,7 +105,7 @@ def daemons(database: str, tmp_path: Path) -> Iterator[Any]:
 
 
 def cli(database: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COORDINATOR_DSN": database}
+    env = {**os.environ, "COORDINATOR_DSN": database, "COORDINATOR_CONFIG": str(EMPTY_CONFIG)}
     return subprocess.run(
         [*COORDINATOR, *args], capture_output=True, text=True, env=env, timeout=60
     )
@@ -251,15 +254,18 @@ def _backend_pids_of_leader(log: StatementLog, db: str, leader: DaemonProcess) -
     }
 
 
-def test_run_without_dsn_uses_and_stops_its_private_cluster(tmp_path: Path) -> None:
+def test_run_without_dsn_uses_and_stops_its_private_cluster(
+    tmp_path: Path, cluster_home: Path
+) -> None:
     from coordinator.embedded import NoServerBinaries, find_bin_dir
 
     try:
         bin_dir = str(find_bin_dir())
     except NoServerBinaries:
         pytest.skip("needs PostgreSQL server binaries")
-    state = tmp_path / "state"
+    state = cluster_home / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("COORDINATOR_")}
+    env["COORDINATOR_CONFIG"] = str(EMPTY_CONFIG)
     env.update(
         COORDINATOR_STATE_DIR=str(state),
         COORDINATOR_PG_BIN=bin_dir,
@@ -299,6 +305,7 @@ def test_systemd_notify_ready_status_stopping(database: str, tmp_path: Path) -> 
     receiver.bind(address)
     receiver.settimeout(30)
     env = {k: v for k, v in os.environ.items() if not k.startswith("COORDINATOR_")}
+    env["COORDINATOR_CONFIG"] = str(EMPTY_CONFIG)
     env.update(
         COORDINATOR_DSN=database,
         COORDINATOR_WORKER_SOCKET=str(sock_dir / "w.sock"),

@@ -363,7 +363,7 @@ async def test_error_shapes(admin: Admin, conn: asyncpg.Connection) -> None:
     assert_error(await admin.get("/api/jobs/default/held/runs?limit=x"), 400, "invalid_input")
     assert_error(await admin.get("/api/jobs/default/held/runs?status=odd"), 400, "invalid_input")
     assert_error(
-        await admin.post("/api/jobs/default/held/trigger", params={"force": "yes"}),
+        await admin.post("/api/jobs/default/held/trigger", params={"force": "maybe"}),
         400,
         "invalid_input",
     )

@@ -444,7 +444,10 @@ async def test_sync_strict_applies_nothing(conn: asyncpg.Connection) -> None:
     await _define(conn, "old", namespace="svc")
     with pytest.raises(ManifestRejected) as caught:
         await aio(client.sync_manifest)(conn, parse(BROKEN, source="m.toml"), strict=True)
-    assert str(caught.value) == "m.toml: 3 problems in the manifest; nothing applied"
+    assert str(caught.value) == (
+        "m.toml: 3 problems in the manifest; nothing applied "
+        "(fix them, or store those entries inert with --allow-invalid)"
+    )
     jobs = await _jobs(conn)
     assert list(jobs) == ["old"]
     assert jobs["old"].paused is False

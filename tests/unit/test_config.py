@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import pytest
 
-from coordinator.config import Config, load
+from coordinator.config import Config, load, refuse_another_embedded, service_database
 from coordinator.errors import ConfigError
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -24,7 +21,7 @@ def test_defaults(tmp_path: Path) -> None:
 def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
     file = tmp_path / "c.toml"
     file.write_text(
-        'refresh_spacing = "10s"\nconcurrency = 4\nstop_timeout = 5\nlog_level = "debug"\n'
+        'refresh_spacing = "10s"\nconcurrency = 4\nstop_timeout = "5s"\nlog_level = "debug"\n'
     )
     env = {"COORDINATOR_CONCURRENCY": "8", "COORDINATOR_STOP_TIMEOUT": "2m"}
     config = load(file=file, environ=env, flags={"stop_timeout": "7s"})
@@ -32,6 +29,10 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
     assert config.log_level == "debug"  # file
     assert config.concurrency == 8  # env over file
     assert config.stop_timeout == 7.0  # flag over env
+    assert str(config.source("refresh_spacing")) == f"file {file}"
+    assert str(config.source("concurrency")) == "env COORDINATOR_CONCURRENCY"
+    assert str(config.source("stop_timeout")) == "flag --stop-timeout"
+    assert str(config.source("pool_size")) == "default"
 
 
 @pytest.mark.parametrize(
@@ -41,6 +42,8 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
         ('concurrency = "many"\n', "concurrency"),
         ("concurrency = 0\n", "concurrency"),
         ('refresh_spacing = "5 parsecs"\n', "refresh_spacing"),
+        ("stop_timeout = 60\n", "stop_timeout: '60': a unit is required: 60s or 60m?"),
+        ('refresh_spacing = "30"\n', "refresh_spacing: '30': a unit is required"),
         ('log_format = "xml"\n', "log_format"),
         ("not toml at all [\n", "c.toml"),
     ],
@@ -55,11 +58,11 @@ def test_bad_file_values_are_named(tmp_path: Path, text: str, named: str) -> Non
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("stop_timeout = 1e300\n", "stop_timeout: at most 3650d, not 1e+300 seconds"),
-        ("stop_timeout = 315360001\n", "stop_timeout: at most 3650d, not 315360001 seconds"),
-        ("stop_timeout = inf\n", "stop_timeout: must be a finite number of seconds, not inf"),
-        ("stop_timeout = nan\n", "stop_timeout: must be a finite number of seconds, not nan"),
+        ('stop_timeout = "3651d"\n', "stop_timeout: at most 3650d, not 3651d"),
         ('refresh_spacing = "3000000d"\n', "refresh_spacing: at most 3650d, not 3000000d"),
+        ("stop_timeout = 1e300\n", "stop_timeout: '1e+300': unknown unit 'e'"),
+        ("stop_timeout = inf\n", "stop_timeout: 'inf': unexpected 'i'"),
+        ("stop_timeout = nan\n", "stop_timeout: 'nan': unexpected 'n'"),
     ],
 )
 def test_durations_are_bounded(tmp_path: Path, text: str, message: str) -> None:
@@ -67,8 +70,8 @@ def test_durations_are_bounded(tmp_path: Path, text: str, message: str) -> None:
     file.write_text(text)
     with pytest.raises(ConfigError) as info:
         load(file=file, environ={}, flags={})
-    assert str(info.value) == message
-    file.write_text("stop_timeout = 315360000\n")  # the bound itself is fine
+    assert str(info.value).startswith(message)
+    file.write_text('stop_timeout = "3650d"\n')  # the bound itself is fine
     assert load(file=file, environ={}, flags={}).stop_timeout == 315360000.0
     with pytest.raises(ConfigError, match=r"^--refresh-spacing: at most 3650d, not 3000000d$"):
         load(file=None, environ={}, flags={"refresh_spacing": "3000000d"})
@@ -132,3 +135,118 @@ def test_readme_lists_every_setting() -> None:
         if f"`{s.name}`" not in readme or f"`{s.env.removeprefix('COORDINATOR_')}`" not in readme
     ]
     assert missing == []
+
+
+def test_bare_numbers_in_environment_and_flags_need_a_unit() -> None:
+    with pytest.raises(ConfigError, match="COORDINATOR_STOP_TIMEOUT: '90': a unit is required"):
+        load(file=None, environ={"COORDINATOR_STOP_TIMEOUT": "90"}, flags={})
+    with pytest.raises(ConfigError, match="--refresh-spacing: '5': a unit is required"):
+        load(file=None, environ={}, flags={"refresh_spacing": "5"})
+
+
+def test_config_file_from_the_environment(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text('log_level = "debug"\n')
+    config = load(environ={"COORDINATOR_CONFIG": str(file)}, flags={})
+    assert (config.log_level, config.file) == ("debug", file)
+    with pytest.raises(ConfigError, match="not found"):
+        load(environ={"COORDINATOR_CONFIG": str(tmp_path / "absent.toml")}, flags={})
+
+
+def test_describe_shows_units_and_layers(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text('stop_timeout = "90s"\n')
+    config = load(file=file, environ={"COORDINATOR_CONCURRENCY": "3"}, flags={})
+    rows = {name: (value, str(source)) for name, value, source in config.describe()}
+    assert rows["stop_timeout"] == ("1m30s", f"file {file}")
+    assert rows["refresh_spacing"] == ("30s", "default")
+    assert rows["concurrency"] == ("3 calls", "env COORDINATOR_CONCURRENCY")
+    assert rows["dsn"] == ("(unset: the embedded database under state_dir)", "default")
+
+
+def test_job_environment_is_not_an_unknown_setting() -> None:
+    """A command job may run `coordinator ...` with the COORDINATOR_* it was given."""
+    config = load(
+        file=None, environ={"COORDINATOR_RUN_ID": "7", "COORDINATOR_PARAMS": "{}"}, flags={}
+    )
+    assert config.concurrency == 16
+
+
+def test_credentials_directory_supplies_the_secrets(tmp_path: Path) -> None:
+    """Under systemd the unprivileged service reads LoadCredential= copies of root-only
+    files; root's CLI reads the files themselves (named in the same TOML)."""
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "admin-token").write_text("token-from-the-credential\n")
+    (credentials / "dsn-password").write_text("p@ss/word\n")
+    root_only = tmp_path / "admin-token"
+    root_only.write_text("token-from-the-file\n")
+    file = tmp_path / "c.toml"
+    file.write_text(
+        'dsn = "postgresql://app@db.example/app"\n'
+        f'admin_token_file = "{root_only}"\n'
+        f'dsn_password_file = "{tmp_path / "absent"}"\n'
+    )
+    service = load(file=file, environ={"CREDENTIALS_DIRECTORY": str(credentials)}, flags={})
+    assert service.admin_token_value() == "token-from-the-credential"
+    assert service.database_dsn() == "postgresql://app:p%40ss%2Fword@db.example/app"
+    rows = {name: (value, source.layer) for name, value, source in service.describe()}
+    assert rows["dsn password"] == ("***", "credential")
+    cli = load(file=file, environ={}, flags={})
+    assert cli.admin_token_value() == "token-from-the-file"
+    with pytest.raises(ConfigError, match=r"dsn_password_file: .*absent"):
+        cli.database_dsn()
+
+
+def test_a_password_in_both_places_is_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("x")
+    config = Config(dsn="postgresql://app:old@db/app", dsn_password_file=secret)
+    with pytest.raises(ConfigError, match="already holds a password"):
+        config.database_dsn()
+
+
+def _service_files(tmp_path: Path, toml: str | None, env: str | None) -> dict[str, str]:
+    if toml is not None:
+        (tmp_path / "coordinator.toml").write_text(toml)
+    if env is not None:
+        (tmp_path / "coordinator.env").write_text(env)
+    return {"COORDINATOR_CONFIG": str(tmp_path / "coordinator.toml")}
+
+
+def test_service_database_from_the_toml_and_the_env_file(tmp_path: Path) -> None:
+    environ = _service_files(tmp_path, 'dsn = "postgresql://a@h/x"\n', None)
+    found = service_database(environ)
+    assert found is not None
+    assert (found.dsn, found.source) == ("postgresql://a@h/x", tmp_path / "coordinator.toml")
+    # The environment file is what systemd gives the service last: it wins.
+    (tmp_path / "coordinator.env").write_text(
+        '# comment\nCOORDINATOR_DSN="postgresql://b@h/y"\nCOORDINATOR_STATE_DIR=/srv/c\n'
+    )
+    found = service_database(environ)
+    assert found is not None
+    assert (found.dsn, found.source) == ("postgresql://b@h/y", tmp_path / "coordinator.env")
+    assert found.embedded_root == Path("/srv/c/postgres")
+
+
+def test_no_service_configuration(tmp_path: Path) -> None:
+    assert service_database({"COORDINATOR_CONFIG": str(tmp_path / "none.toml")}) is None
+
+
+def test_embedded_database_beside_a_service_with_a_dsn_is_refused(tmp_path: Path) -> None:
+    environ = _service_files(tmp_path, None, "COORDINATOR_DSN=postgresql://svc@db/jobs\n")
+    config = Config(state_dir=tmp_path / "cli")
+    with pytest.raises(ConfigError, match=r"coordinator\.env gives the service the database"):
+        refuse_another_embedded(config, environ=environ)
+    # The service itself (systemd sets STATE_DIRECTORY) is not refused.
+    refuse_another_embedded(config, environ={**environ, "STATE_DIRECTORY": "/var/lib/x"})
+
+
+def test_another_embedded_database_is_refused_unless_chosen(tmp_path: Path) -> None:
+    environ = _service_files(tmp_path, f'state_dir = "{tmp_path / "svc"}"\n', None)
+    refuse_another_embedded(Config(state_dir=tmp_path / "svc"), environ=environ)
+    with pytest.raises(ConfigError, match=f"pass --state-dir {tmp_path / 'svc'}"):
+        refuse_another_embedded(Config(state_dir=tmp_path / "other"), environ=environ)
+    refuse_another_embedded(
+        Config(state_dir=tmp_path / "other"), environ=environ, state_dir_chosen=True
+    )

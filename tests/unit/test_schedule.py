@@ -138,6 +138,14 @@ def test_check_duration() -> None:
         check_duration(MAX_DURATION + timedelta(microseconds=1), "timeout")
 
 
+def test_parse_duration_unit_required() -> None:
+    """What a person types must say its unit; the SQL API still reads a bare number."""
+    with pytest.raises(InvalidInput, match=r"--every: '5': a unit is required: 5s or 5m\?"):
+        parse_duration("5", field="--every", unit_required=True)
+    assert parse_duration("5m", unit_required=True) == timedelta(minutes=5)
+    assert parse_duration("5") == timedelta(seconds=5)
+
+
 def test_parse_duration_default_field() -> None:
     with pytest.raises(InvalidInput, match=r"^duration: '5x': unknown unit 'x'"):
         parse_duration("5x")

@@ -262,17 +262,37 @@ def test_env_example_names_only_real_settings_with_valid_values() -> None:
     """Commented examples included: uncommenting any of them must not stop startup."""
     text = (SYSTEMD_DIR / "coordinator.env.example").read_text()
     pairs = re.findall(r"^#?(COORDINATOR_[A-Z_]+)=(.*)$", text, flags=re.MULTILINE)
-    names = {name for name, _ in pairs}
-    assert names >= {
-        "COORDINATOR_DSN",
-        "COORDINATOR_REFRESH_SPACING",
-        "COORDINATOR_CONCURRENCY",
-        "COORDINATOR_STOP_TIMEOUT",
-        "COORDINATOR_LOG_FORMAT",
-    }
-    assert names <= {s.env for s in config.SETTINGS}
+    assert {name for name, _ in pairs} <= {s.env for s in config.SETTINGS}
     for name, value in pairs:
         config.load(file=Path(os.devnull), environ={name: value})
+
+
+def test_toml_example_shows_every_setting_with_a_valid_value(tmp_path: Path) -> None:
+    """The one configuration file: every setting appears, and each line, commented or
+    not, loads on its own."""
+    text = (SYSTEMD_DIR / "coordinator.toml.example").read_text()
+    lines = re.findall(r"^#?([a-z_]+ = .*)$", text, flags=re.MULTILINE)
+    # All but the tokens: a token itself does not belong in a world-readable file.
+    expected = {s.name for s in config.SETTINGS} - {"admin_token", "worker_token"}
+    assert {line.split(" = ", 1)[0] for line in lines} == expected
+    file = tmp_path / "one.toml"
+    for line in lines:
+        file.write_text(line + "\n")
+        config.load(file=file, environ={})
+    as_shipped = tmp_path / "shipped.toml"
+    as_shipped.write_text(text)
+    assert config.load(file=as_shipped, environ={}).worker_socket == Path(
+        "/run/coordinator/worker.sock"
+    )
+
+
+def test_unit_loads_the_secrets_as_credentials() -> None:
+    unit = (SYSTEMD_DIR / "coordinator.service").read_text()
+    for credential in (config.CREDENTIAL_ADMIN_TOKEN, config.CREDENTIAL_DSN_PASSWORD):
+        assert re.search(
+            rf"^LoadCredential={credential}:coordinator\.{credential}$", unit, re.MULTILINE
+        )
+    assert re.search(r"^ExecStart=/usr/local/bin/coordinator run --migrate$", unit, re.M)
 
 
 def test_unit_stop_timeout_covers_the_daemon_stop_sequence() -> None:

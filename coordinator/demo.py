@@ -1,0 +1,224 @@
+"""``coordinator demo``: try it without touching anything else on the machine.
+
+The demo keeps to itself. It uses its own state directory (a new temporary one, or with
+``--state-dir`` an empty directory or one an earlier ``--keep`` demo left), so its own
+embedded PostgreSQL, result spool and worker socket, and none of the service's settings
+(database, state directory, worker socket, admin API). It says where on start and on
+exit; on exit it removes its jobs and its directory, cluster included, unless
+``--keep``. Each run's output is printed when the run ends (the daemon's ``job.run``
+event names the run; its saved output tail is read once).
+
+The steps are separate methods so that more can plug in (e.g. an admin web page: give
+:meth:`Demo.settings` an ``admin_listen`` and print its address in :meth:`Demo.started`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import trio
+
+from . import client, db
+from .errors import InvalidInput
+from .model import Schedule, Target
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from asyncpg import Connection
+
+    from .config import Config
+    from .log import EventLog
+
+#: The demo's jobs: one of each kind a newcomer will want to see run.
+DEMO_NAMESPACE: Final = "demo"
+DEMO_JOBS: Final = (
+    (
+        "heartbeat",
+        Schedule(kind="cron", expression="* * * * *"),
+        ["sh", "-c", 'echo "heartbeat at $(date -u +%T)"'],
+    ),
+    (
+        "tick",
+        Schedule(kind="interval", expression="10s"),
+        ["sh", "-c", 'echo \'{"count": 1, "note": "last stdout line as JSON"}\''],
+    ),
+    ("hello", Schedule(kind="manual"), ["echo", "hello from a manual run"]),
+)
+#: Written into a directory the demo made, so that a later ``--state-dir`` may reuse it.
+MARKER: Final = ".coordinator-demo"
+#: Lines of a run's output shown (the end of it).
+OUTPUT_LINES: Final = 20
+
+
+def say(message: str) -> None:
+    print(f"demo: {message}", flush=True)
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+@attrs.define(eq=False)
+class Demo:
+    """One demo: its directory and what to clean up."""
+
+    #: The demo's state directory.
+    state_dir: Path
+    #: Keep the directory, cluster and jobs on exit.
+    keep: bool
+    #: The database was given with ``--dsn`` (not the demo's own cluster): its demo jobs
+    #: are removed on exit.
+    external_database: bool
+    #: The jobs were defined (a failure before that leaves nothing worth a word).
+    began: bool = False
+
+    @classmethod
+    def prepare(
+        cls,
+        chosen: Path | None,
+        *,
+        keep: bool,
+        external_database: bool,
+        not_these: Sequence[Path] = (),
+    ) -> Demo:
+        """Make (or check) the demo's directory. A chosen directory must be empty or an
+        earlier demo's, and none of ``not_these`` (the service's state directories): it is
+        deleted on exit."""
+        if chosen is None:
+            path = Path(tempfile.mkdtemp(prefix="coordinator-demo-"))
+        else:
+            path = chosen.expanduser().absolute()
+            if any(os.path.realpath(path) == os.path.realpath(p) for p in not_these):
+                raise InvalidInput(
+                    "--state-dir",
+                    f"{path} is the service's state directory; the demo uses its own "
+                    "(leave --state-dir out for a new one)",
+                )
+            if path.is_dir() and any(path.iterdir()) and not (path / MARKER).exists():
+                raise InvalidInput(
+                    "--state-dir",
+                    f"{path} is neither empty nor a demo's directory; the demo uses its own "
+                    "directory and deletes it on exit (leave --state-dir out for a new one)",
+                )
+            path.mkdir(parents=True, exist_ok=True)
+        (path / MARKER).write_text(
+            "made by `coordinator demo`; deleted when the demo stops unless it runs with --keep\n"
+        )
+        return cls(state_dir=path, keep=keep, external_database=external_database)
+
+    def settings(self, base: Config) -> Config:
+        """The demo's configuration: ``base`` (log format and level, a ``--dsn``) with
+        everything that could touch the service's state replaced by the demo's own."""
+        return attrs.evolve(
+            base,
+            dsn=base.dsn if self.external_database else None,
+            dsn_password_file=None,
+            state_dir=self.state_dir,
+            worker_socket=self.state_dir / "worker.sock",
+            admin_listen=None,
+            admin_token=None,
+            admin_token_file=None,
+            credentials_dir=None,
+        )
+
+    def started(self, run_id: int) -> None:
+        """Tell where everything is."""
+        self.began = True
+        where = (
+            "the database given with --dsn (jobs in namespace 'demo')"
+            if self.external_database
+            else "its own PostgreSQL"
+        )
+        removal = "kept on exit (--keep)" if self.keep else "deleted on exit unless --keep"
+        say(f"state directory {self.state_dir}: {where}, spool and worker socket; {removal}")
+        say(
+            f"jobs defined in namespace '{DEMO_NAMESPACE}': a cron job each minute, an "
+            f"interval job every 10 s, a manual job; run {run_id} queued for 'hello'"
+        )
+        look = "" if self.external_database else f" --state-dir {self.state_dir}"
+        say(
+            "the daemon's log follows, and each run's output when it ends. In another "
+            f"shell: `coordinator jobs list{look}`, `coordinator runs list{look}`. "
+            "Ctrl-C stops it."
+        )
+
+    async def define(self, conn: Connection) -> int:
+        """Define the demo's jobs and queue a run of ``hello``; its id."""
+        entries = [
+            client.job_entry(name=name, schedule=schedule, target=Target(kind="exec", argv=argv))
+            for name, schedule, argv in DEMO_JOBS
+        ]
+        await db.aio(client.sync)(conn, DEMO_NAMESPACE, entries)
+        run_id: int = await db.aio(client.trigger)(conn, "hello", namespace=DEMO_NAMESPACE)
+        return run_id
+
+    async def remove_jobs(self, conn: Connection) -> None:
+        for name, _, _ in DEMO_JOBS:
+            await db.aio(client.remove)(conn, name, namespace=DEMO_NAMESPACE)
+
+    def finished(self) -> None:
+        """Remove the directory (unless kept) and say what became of it."""
+        if self.keep:
+            say(
+                f"kept {self.state_dir}: look with `coordinator runs list --state-dir "
+                f"{self.state_dir}`, run it again with `coordinator demo --state-dir "
+                f"{self.state_dir}`, delete it with `rm -rf {self.state_dir}`"
+            )
+            return
+        if (self.state_dir / "postgres" / "data" / "postmaster.pid").exists():
+            say(
+                f"kept {self.state_dir}: its PostgreSQL belongs to another command still "
+                "running; delete the directory once that ends"
+            )
+            return
+        worth_a_word = self.began or (self.state_dir / "postgres").exists()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        if worth_a_word:
+            what = "spool" if self.external_database else "jobs, runs and PostgreSQL"
+            say(f"deleted {self.state_dir} (its {what})")
+
+
+class OutputFollower:
+    """Prints each run's output when the daemon logs ``job.run`` for it."""
+
+    def __init__(self) -> None:
+        self._send, self._receive = trio.open_memory_channel[int](100)
+
+    def observe(self, record: dict[str, Any]) -> None:
+        """An :class:`~coordinator.log.EventLog` observer (runs on the trio thread)."""
+        if record.get("event") == "job.run" and isinstance(record.get("run"), int):
+            # If the terminal is behind, a run is skipped here; `runs list` still has it.
+            with contextlib.suppress(trio.WouldBlock):
+                self._send.send_nowait(record["run"])
+
+    def attach(self, log: EventLog) -> None:
+        log.observers.append(self.observe)
+
+    async def follow(self, conn: Connection, write: Callable[[str], None] = _print) -> None:
+        """Forever: read each announced run once and print its output."""
+        async for run_id in self._receive:
+            run = await db.aio(client.get_run)(conn, run_id)
+            for line in describe_run(run):
+                write(line)
+
+
+def describe_run(run: client.RunView) -> list[str]:
+    """A finished run as the demo prints it: a headline, then its output's last lines."""
+    extra = dict(run.extra or {})
+    elapsed = ""
+    if run.started_at is not None and run.finished_at is not None:
+        ms = (run.finished_at - run.started_at).total_seconds() * 1000
+        elapsed = f" in {ms:.0f} ms"
+    error = f" ({run.error_cause}: {run.error_message})" if run.error_cause else ""
+    lines = [f"demo: run {run.id} {run.job_key} ({run.trigger}) {run.status}{elapsed}{error}"]
+    for key, prefix in (("stdout_tail", "  | "), ("stderr_tail", "  ! ")):
+        text = str(extra.get(key) or "")
+        lines += [prefix + line for line in text.splitlines()[-OUTPUT_LINES:]]
+    return lines

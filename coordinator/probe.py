@@ -1,0 +1,128 @@
+"""What a CLI command can learn about the running daemon, to say why nothing happens.
+
+Two sources, each labelled: PostgreSQL says whether a daemon leads at all (the session
+holding its advisory lock, :func:`coordinator.client.daemon_leader`: no admin API
+needed); the daemon's admin API (``GET /api/status``, address and token from the same
+configuration as the CLI's) says what it has loaded, armed and which worker types are
+served. The API is asked only when a command needs what only the daemon knows.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import trio
+
+from . import client, db
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from asyncpg import Connection
+
+    from .config import Config
+
+#: Seconds to wait for the admin API: it answers from memory, so a slow answer is no answer.
+API_TIMEOUT: Final = 2.0
+
+
+@attrs.frozen(kw_only=True)
+class ApiAnswer:
+    """``GET /api/status`` from the daemon, or why there is none."""
+
+    #: The body, or ``None``.
+    status: Mapping[str, Any] | None
+    #: Where it came from (``the daemon's admin API at http://...``) or why none answered.
+    label: str
+
+
+@attrs.frozen(kw_only=True)
+class Facts:
+    """What a command knows about the daemon."""
+
+    #: The daemon leading on the command's database (from PostgreSQL), if known.
+    leader: client.Leader | None = None
+    #: Whether ``leader`` was read (False when the database was not asked).
+    leader_known: bool = False
+    #: The admin API's answer, if it was asked.
+    api: ApiAnswer | None = None
+    #: The configured refresh spacing (seconds), for "within 30s".
+    refresh_spacing: float = 30.0
+
+    @property
+    def status(self) -> Mapping[str, Any] | None:
+        return self.api.status if self.api is not None else None
+
+    @property
+    def daemon_running(self) -> bool | None:
+        """True if a daemon leads, False if none does, None if unknown."""
+        if self.status is not None and self.status.get("state") == "leader":
+            return True
+        if self.leader_known:
+            return self.leader is not None
+        return None
+
+    @property
+    def served(self) -> frozenset[str] | None:
+        """Worker types the daemon serves, or ``None`` when only the API could tell and
+        it did not answer."""
+        if self.status is not None:
+            return frozenset(str(t) for t in self.status.get("workers") or ())
+        if self.daemon_running is False:
+            return frozenset()  # no daemon: no worker is connected to anything
+        return None
+
+
+async def gather(
+    conn: Connection | None, config: Config, *, api: bool, leader: bool = True
+) -> Facts:
+    """Read the facts: the leader from ``conn`` (if given and ``leader``), the daemon's
+    status from its admin API (if ``api``)."""
+    found: client.Leader | None = None
+    known = False
+    if conn is not None and leader:
+        found = await db.aio(client.daemon_leader)(conn)
+        known = True
+    answer = await trio.to_thread.run_sync(fetch_status, config) if api else None
+    return Facts(
+        leader=found, leader_known=known, api=answer, refresh_spacing=config.refresh_spacing
+    )
+
+
+def api_url(listen: str, path: str) -> str:
+    """``http://host:port/path`` for an ``admin_listen`` value (a wildcard means here)."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}{path}"
+
+
+def fetch_status(config: Config) -> ApiAnswer:
+    """``GET /api/status`` with the configured address and token (blocking)."""
+    where = f"in {config.file}" if config.file is not None else "in the configuration"
+    if not config.admin_listen:
+        return ApiAnswer(status=None, label=f"no admin API is configured (admin_listen {where})")
+    try:
+        token = config.admin_token_value()
+    except ConfigError as exc:
+        return ApiAnswer(status=None, label=f"the admin token cannot be read ({exc})")
+    if not token:
+        return ApiAnswer(status=None, label=f"no admin token is configured {where}")
+    url = api_url(config.admin_listen, "/api/status")
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=API_TIMEOUT) as response:
+            data = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return ApiAnswer(status=None, label=f"the admin API at {url} answered {exc.code}")
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        return ApiAnswer(status=None, label=f"nothing answered at {url} ({reason})")
+    if not isinstance(data, dict):
+        return ApiAnswer(status=None, label=f"the admin API at {url} answered {data!r}")
+    return ApiAnswer(status=data, label=f"the daemon's admin API at {url}")

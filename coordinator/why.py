@@ -1,0 +1,201 @@
+"""Answers to "why is nothing happening?": pure sentences from what a command knows.
+
+Every function takes the job or run as the database shows it and the
+:class:`~coordinator.probe.Facts` about the daemon, and returns words for a person. No
+I/O here: the facts are gathered by :mod:`coordinator.probe`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from . import schedule as schedules
+from .errors import CoordinatorError
+from .model import Schedule, Target
+
+if TYPE_CHECKING:
+    from .client import JobView, RunView
+    from .probe import Facts
+
+#: How to start a daemon.
+START_HINT = "`coordinator run`, or `systemctl start coordinator`"
+
+
+def when(value: datetime | None) -> str:
+    """An instant as the CLI prints it (UTC, to the second), ``-`` for none."""
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _within(facts: Facts) -> str:
+    return schedules.format_duration(timedelta(seconds=facts.refresh_spacing))
+
+
+def no_daemon(facts: Facts) -> str | None:
+    """The note every command adds when no daemon leads on its database."""
+    if facts.daemon_running is not False:
+        return None
+    return (
+        "no daemon is running on this database (no session holds its lock): nothing runs "
+        f"until one starts ({START_HINT})"
+    )
+
+
+def worker_type(target: dict[str, Any] | Target) -> str | None:
+    """The worker type a job's target names, or ``None`` for a command."""
+    if isinstance(target, Target):
+        return target.worker_type if target.kind == "worker" else None
+    if target.get("kind") == "worker":
+        return str(target.get("type"))
+    return None
+
+
+def unserved(target: dict[str, Any] | Target, facts: Facts) -> str | None:
+    """The worker type of a worker job that no connected worker serves (known only from
+    the daemon's admin API), else ``None``."""
+    kind = worker_type(target)
+    served = facts.served
+    if kind is None or served is None or kind in served:
+        return None
+    return kind
+
+
+def waiting_for_worker(kind: str) -> str:
+    return f"waiting for a worker serving {kind}"
+
+
+def job_state(job: JobView, facts: Facts) -> str:
+    """The STATE column: the job's own state, or what it waits for."""
+    state = job.state
+    if state in ("active", "queued"):
+        kind = unserved(job.target, facts)
+        if kind is not None:
+            return waiting_for_worker(kind)
+    return state
+
+
+def next_run(job: JobView, facts: Facts) -> str:
+    """The NEXT RUN column: the saved deadline, or why there is none yet."""
+    if job.next_run_at is not None:
+        return when(job.next_run_at)
+    if job.schedule_kind == "manual" or job.paused or job.invalid_reason is not None:
+        return "-"
+    if unserved(job.target, facts) is not None:
+        return "-"
+    running = facts.daemon_running
+    if running is False:
+        return "no daemon"
+    return "next refresh"
+
+
+def after_define(
+    schedule: Schedule, target: Target, *, name: str, paused: bool, facts: Facts, now: datetime
+) -> str:
+    """The line ``jobs define`` prints after ``defined ...``: when it will first run."""
+    if paused:
+        return f"paused: it runs once resumed (coordinator jobs resume {name})"
+    if schedule.kind == "manual":
+        return f"manual: it runs when triggered (coordinator jobs trigger {name})"
+    try:
+        first = schedules.initial_deadline(schedule, now)
+    except (CoordinatorError, ValueError):
+        first = None
+    about = "about " if schedule.kind == "interval" else ""
+    text = f"next run {about}{when(first)}"
+    missing = []
+    if facts.daemon_running is False:
+        missing.append("a daemon runs")
+    kind = unserved(target, facts)
+    if kind is not None:
+        missing.append(f"a worker serving {kind} connects")
+    if missing:
+        start = f" ({START_HINT})" if facts.daemon_running is False else ""
+        return f"{text}, once {' and '.join(missing)}: none does now{start}"
+    armed = f"armed at the daemon's next refresh (within {_within(facts)})"
+    if schedule.kind == "interval":
+        return f"{text} ({schedule.expression} after it is {armed})"
+    return f"{text}, {armed}"
+
+
+def still_waiting(job: JobView, run: RunView, facts: Facts) -> str:
+    """Why run ``run`` of ``job`` has not started (``jobs trigger --wait`` gave up)."""
+    if facts.daemon_running is False:
+        return f"the daemon is not running (no session holds its lock): start it ({START_HINT})"
+    if job.invalid_reason is not None:
+        return f"the job is invalid ({job.invalid_reason}); fix its definition"
+    if job.paused:
+        return f"the job is paused; `coordinator jobs resume {job.name}` lets it run"
+    if job.blocked_by is not None and job.blocked_by != run.id:
+        return f"blocked by unresolved run {job.blocked_by}; {resolve_hint(job.blocked_by)}"
+    kind = worker_type(job.target)
+    if kind is not None:
+        served = facts.served
+        if served is None:
+            api = facts.api.label if facts.api is not None else "the admin API was not asked"
+            return f"perhaps no worker serves {kind}: only the daemon knows, and {api}"
+        if kind not in served:
+            return f"no worker serves {kind}; start one (coordinator worker MODULE:OBJECT)"
+    status = facts.status
+    if status is not None:
+        running = len(status.get("running") or ())
+        return (
+            f"the daemon has not claimed it yet ({running} calls running); see `coordinator status`"
+        )
+    return "the daemon has not claimed it yet; see `coordinator status`"
+
+
+def resolve_hint(run_id: int) -> str:
+    return f"resolve it with `coordinator runs resolve {run_id} --as failed|succeeded|retry`"
+
+
+def blocked(job: JobView, run_id: int) -> str:
+    """A trigger answered with the unresolved run that blocks the job."""
+    return (
+        f"{job.key} is blocked by unresolved run {run_id} (its outcome is unknown); "
+        f"no new run starts until an operator decides: {resolve_hint(run_id)}"
+    )
+
+
+def status_differences(
+    live: dict[str, Any], database: dict[str, Any], *, refresh_spacing: float
+) -> list[str]:
+    """Why the daemon's view (``/api/status``) and the database's (``client.summary``)
+    disagree on the job count or the next deadline; empty when they agree."""
+    notes: list[str] = []
+    loaded, total, loadable = live.get("jobs"), database["jobs"], database["loadable"]
+    if isinstance(loaded, int) and loaded != total:
+        left_out = [
+            f"{database[key]} {word}"
+            for key, word in (("paused", "paused"), ("invalid", "invalid"), ("manual", "manual"))
+            if database[key]
+        ]
+        text = (
+            f"the database holds {total} jobs and the daemon has loaded {loaded}: it loads "
+            "only jobs that can fall due"
+        )
+        if left_out:
+            text += f" ({', '.join(left_out)} not loaded)"
+        if loaded != loadable:
+            spacing = schedules.format_duration(timedelta(seconds=refresh_spacing))
+            text += (
+                f"; {abs(loadable - loaded)} changed since its last refresh "
+                f"({live.get('last_refresh') or 'none yet'}; one comes within {spacing} "
+                "of a change)"
+            )
+        notes.append(text)
+    armed = live.get("next_deadline") or {}
+    db_job = database.get("next_job")
+    if db_job is not None and db_job != armed.get("job"):
+        worker = database.get("next_worker")
+        served = {str(t) for t in live.get("workers") or ()}
+        if worker is not None and worker not in served:
+            reason = f"not armed: no worker serves {worker}"
+        else:
+            reason = "not armed by the daemon: it is running now, or changed after its last refresh"
+        notes.append(
+            f"the database's earliest saved deadline, {database['next_deadline']} for "
+            f"{db_job}, is {reason}"
+        )
+    return notes

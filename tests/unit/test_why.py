@@ -1,0 +1,162 @@
+"""The sentences that say why nothing happens: pure, from a job, a run and the facts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from coordinator import why
+from coordinator.client import JobView, Leader, RunView
+from coordinator.model import Schedule, Target
+from coordinator.probe import ApiAnswer, Facts
+
+NOW = datetime(2026, 11, 30, 8, 0, 0, tzinfo=UTC)
+LEADER = Leader(pid=4242, application="coordinator", since=None)
+
+
+def job(**changes: Any) -> JobView:
+    fields: dict[str, Any] = {
+        "id": 1,
+        "namespace": "default",
+        "name": "j",
+        "schedule_kind": "manual",
+        "schedule": None,
+        "timezone": "UTC",
+        "target": {"kind": "exec", "argv": ["true"]},
+        "params": {},
+        "timeout": None,
+        "priority": "background",
+        "idempotent": False,
+        "paused": False,
+        "invalid_reason": None,
+        "next_run_at": None,
+        "schedule_version": 1,
+        "created_at": NOW,
+        "updated_at": NOW,
+    }
+    fields.update(changes)
+    return JobView(**fields)
+
+
+def run(run_id: int = 7, status: str = "queued") -> RunView:
+    return RunView(
+        id=run_id,
+        job_id=1,
+        namespace="default",
+        job="j",
+        trigger="manual",
+        status=status,
+        scheduled_for=None,
+        claimed_at=None,
+        started_at=None,
+        finished_at=None,
+        created_at=NOW,
+        schedule_version=None,
+        instance=None,
+        args={},
+        count=None,
+        extra=None,
+        error_cause=None,
+        error_message=None,
+        attempt=1,
+    )
+
+
+def api(workers: list[str]) -> ApiAnswer:
+    return ApiAnswer(status={"state": "leader", "workers": workers}, label="the API")
+
+
+NO_DAEMON = Facts(leader=None, leader_known=True)
+LEADING = Facts(leader=LEADER, leader_known=True)
+WORKER = {"kind": "worker", "type": "images"}
+
+
+@pytest.mark.parametrize(
+    ("the_job", "facts", "reason"),
+    [
+        (job(paused=True), NO_DAEMON, "the daemon is not running"),  # first things first
+        (job(invalid_reason="cron: bad"), LEADING, "the job is invalid (cron: bad)"),
+        (job(paused=True), LEADING, "the job is paused; `coordinator jobs resume j`"),
+        (job(blocked_by=3, outstanding_run=3), LEADING, "blocked by unresolved run 3"),
+        (
+            job(target=WORKER),
+            Facts(leader=LEADER, leader_known=True, api=api([])),
+            "no worker serves images",
+        ),
+        (
+            job(target=WORKER),
+            Facts(
+                leader=LEADER,
+                leader_known=True,
+                api=ApiAnswer(status=None, label="nothing answered"),
+            ),
+            "perhaps no worker serves images: only the daemon knows, and nothing answered",
+        ),
+        (
+            job(target=WORKER),
+            Facts(leader=LEADER, leader_known=True, api=api(["images"])),
+            "the daemon has not claimed it yet",
+        ),
+    ],
+)
+def test_still_waiting(the_job: JobView, facts: Facts, reason: str) -> None:
+    assert why.still_waiting(the_job, run(), facts).startswith(reason)
+
+
+def test_state_and_next_run_columns() -> None:
+    unserved = Facts(leader=LEADER, leader_known=True, api=api(["other"]))
+    worker_job = job(target=WORKER, schedule_kind="interval", schedule="5m")
+    assert why.job_state(worker_job, unserved) == "waiting for a worker serving images"
+    assert why.next_run(worker_job, unserved) == "-"
+    # Unknown (no API): the job's own state, no guess.
+    assert why.job_state(worker_job, LEADING) == "active"
+    interval = job(schedule_kind="interval", schedule="5m")
+    assert why.next_run(interval, LEADING) == "next refresh"
+    assert why.next_run(interval, NO_DAEMON) == "no daemon"
+    assert why.next_run(job(schedule_kind="interval", next_run_at=NOW), NO_DAEMON) == (
+        "2026-11-30 08:00:00Z"
+    )
+
+
+def test_after_define() -> None:
+    cron = Schedule(kind="cron", expression="30 2 * * *")
+    exec_target = Target(kind="exec", argv=("true",))
+    assert why.after_define(cron, exec_target, name="b", paused=False, facts=LEADING, now=NOW) == (
+        "next run 2026-12-01 02:30:00Z, armed at the daemon's next refresh (within 30s)"
+    )
+    assert why.after_define(
+        Schedule(kind="interval", expression="5m"),
+        Target(kind="worker", worker_type="images"),
+        name="b",
+        paused=False,
+        facts=Facts(leader=None, leader_known=True),
+        now=NOW,
+    ) == (
+        "next run about 2026-11-30 08:05:00Z, once a daemon runs and a worker serving "
+        "images connects: none does now (`coordinator run`, or `systemctl start coordinator`)"
+    )
+    assert why.after_define(
+        cron, exec_target, name="b", paused=True, facts=LEADING, now=NOW
+    ).startswith("paused")
+
+
+def test_status_differences() -> None:
+    database = {
+        "jobs": 5,
+        "paused": 1,
+        "invalid": 0,
+        "manual": 1,
+        "loadable": 3,
+        "next_deadline": "2026-11-30T08:01:00+00:00",
+        "next_job": "default/thumbs",
+        "next_worker": "images",
+    }
+    live = {"jobs": 2, "workers": [], "next_deadline": {"job": "default/daily"}}
+    first, second = why.status_differences(live, database, refresh_spacing=30)
+    assert first.startswith("the database holds 5 jobs and the daemon has loaded 2")
+    assert "(1 paused, 1 manual not loaded); 1 changed since its last refresh" in first
+    assert second.endswith("default/thumbs, is not armed: no worker serves images")
+    same = {"jobs": 5, "workers": ["images"], "next_deadline": {"job": "default/thumbs"}}
+    assert why.status_differences(same, database, refresh_spacing=30) == []
