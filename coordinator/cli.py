@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 
 PROG = "coordinator"
 
-Handler = Callable[[argparse.Namespace, "Context"], Awaitable[int]]
+CommandHandler = Callable[[argparse.Namespace, "CommandContext"], Awaitable[int]]
 
 
 # --------------------------------------------------------------------------- entry point
@@ -110,8 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _invoke(args: argparse.Namespace) -> int:
-    handler: Handler = args.handler
-    ctx = Context(args=args)
+    handler: CommandHandler = args.handler
+    ctx = CommandContext(args=args)
     try:
         try:
             return await handler(args, ctx)
@@ -155,7 +155,7 @@ def _say(message: str) -> None:
 
 
 @attrs.define(eq=False)
-class Context:
+class CommandContext:
     """What a command handler may use besides its arguments."""
 
     args: argparse.Namespace
@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(groups)
     _add_worker(groups)
     # ---- Later command groups plug in here, one call each, e.g.:
-    # A handler is `async def (args, ctx: Context) -> int`, run inside trio-asyncio; it
+    # A handler is `async def (args, ctx: CommandContext) -> int`, run inside trio-asyncio; it
     # gets the database from `ctx.database()` (or `ctx.connection()`).
     return parser
 
@@ -316,7 +316,12 @@ def _namespace(parser: argparse.ArgumentParser, default: str | None = "default")
 
 
 def _command(
-    subparsers: _Subparsers, name: str, handler: Handler, help_text: str, *, reads: bool = False
+    subparsers: _Subparsers,
+    name: str,
+    handler: CommandHandler,
+    help_text: str,
+    *,
+    reads: bool = False,
 ) -> argparse.ArgumentParser:
     parents = [_common(), _reading()] if reads else [_common()]
     parser: argparse.ArgumentParser = subparsers.add_parser(
@@ -681,7 +686,7 @@ def _duration_arg(text: str | None, flag: str) -> timedelta | None:
 # --------------------------------------------------------------------------- handlers
 
 
-async def _run(args: argparse.Namespace, ctx: Context) -> int:
+async def _run(args: argparse.Namespace, ctx: CommandContext) -> int:
     # The daemon checks (or, with --migrate, applies) the schema itself, waiting with
     # backoff while the database is unreachable instead of exiting at once.
     config = ctx.config()
@@ -722,7 +727,7 @@ async def _serve(
         notifier.close()
 
 
-async def _demo(args: argparse.Namespace, ctx: Context) -> int:
+async def _demo(args: argparse.Namespace, ctx: CommandContext) -> int:
     from .demo import Demo
 
     base = ctx.config()
@@ -753,7 +758,7 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
         demo.finished()
 
 
-async def _demo_serve(config: config_mod.Config, dsn: str, ctx: Context) -> int:
+async def _demo_serve(config: config_mod.Config, dsn: str, ctx: CommandContext) -> int:
     """The daemon, each run's output as it ends, and ``jobs list`` once after 12 s."""
     from .demo import OutputFollower
     from .service import event_log
@@ -777,7 +782,7 @@ async def _demo_serve(config: config_mod.Config, dsn: str, ctx: Context) -> int:
     return status
 
 
-async def _status(args: argparse.Namespace, ctx: Context) -> int:
+async def _status(args: argparse.Namespace, ctx: CommandContext) -> int:
     config = ctx.config()
     answer = await trio.to_thread.run_sync(probe.fetch_status, config)
     live = answer.status
@@ -886,7 +891,7 @@ def _status_of_database(
     return 0
 
 
-async def _config(args: argparse.Namespace, ctx: Context) -> int:
+async def _config(args: argparse.Namespace, ctx: CommandContext) -> int:
     config = _load_config(args)
     rows = config.describe()
     if getattr(args, "json", False):
@@ -918,7 +923,7 @@ async def _config(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-async def _migrate(args: argparse.Namespace, ctx: Context) -> int:
+async def _migrate(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         with client.translate_errors():
             applied = await migrations.migrate(conn)
@@ -929,7 +934,7 @@ async def _migrate(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-async def _jobs_define(args: argparse.Namespace, ctx: Context) -> int:
+async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
     check_namespace(args.namespace, "--namespace")
     check_job_name(args.name)
     schedule = _schedule_from(args)
@@ -981,7 +986,7 @@ def _unknown_workers_note(jobs: Sequence[client.JobView], facts: probe.Facts) ->
         )
 
 
-async def _jobs_list(args: argparse.Namespace, ctx: Context) -> int:
+async def _jobs_list(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         jobs = await db.aio(client.list_jobs)(conn, namespace=args.namespace)
         if args.json:
@@ -1013,7 +1018,7 @@ async def _jobs_list(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-async def _jobs_show(args: argparse.Namespace, ctx: Context) -> int:
+async def _jobs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
         if args.json:
@@ -1061,7 +1066,7 @@ async def _jobs_show(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-async def _jobs_trigger(args: argparse.Namespace, ctx: Context) -> int:
+async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
     run_args = _key_values(args.arg, "--arg", as_json=True)
     if args.force:
         run_args["force"] = True
@@ -1122,28 +1127,28 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: Context) -> int:
     return 1
 
 
-async def _jobs_pause(args: argparse.Namespace, ctx: Context) -> int:
+async def _jobs_pause(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         await db.aio(client.pause)(conn, args.name, namespace=args.namespace)
     _say(f"paused {args.namespace}/{args.name}")
     return 0
 
 
-async def _jobs_resume(args: argparse.Namespace, ctx: Context) -> int:
+async def _jobs_resume(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         await db.aio(client.resume)(conn, args.name, namespace=args.namespace)
     _say(f"resumed {args.namespace}/{args.name}")
     return 0
 
 
-async def _jobs_remove(args: argparse.Namespace, ctx: Context) -> int:
+async def _jobs_remove(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         await db.aio(client.remove)(conn, args.name, namespace=args.namespace)
     _say(f"removed {args.namespace}/{args.name}")
     return 0
 
 
-async def _runs_list(args: argparse.Namespace, ctx: Context) -> int:
+async def _runs_list(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         runs = await db.aio(client.list_runs)(
             conn, namespace=args.namespace, job=args.job, status=args.status, limit=args.limit
@@ -1174,7 +1179,7 @@ async def _runs_list(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-async def _runs_show(args: argparse.Namespace, ctx: Context) -> int:
+async def _runs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         run = await db.aio(client.get_run)(conn, args.run_id)
     if args.json:
@@ -1203,7 +1208,7 @@ async def _runs_show(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-async def _runs_resolve(args: argparse.Namespace, ctx: Context) -> int:
+async def _runs_resolve(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         result = await db.aio(client.resolve)(conn, args.run_id, args.outcome)
     if args.outcome == "retry":
@@ -1213,7 +1218,7 @@ async def _runs_resolve(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-async def _sync(args: argparse.Namespace, ctx: Context) -> int:
+async def _sync(args: argparse.Namespace, ctx: CommandContext) -> int:
     manifest = manifests.load(args.manifest)
     problems = [
         {"job": p.job, "field": p.field, "reason": p.reason, "line": p.line}
