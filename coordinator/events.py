@@ -308,7 +308,9 @@ class EventBus:
     _streams: list[EventStream] = attrs.field(factory=list)
 
     def emit(self, event: Event) -> None:
-        self.log.event(event.NAME, event.level(), **event.fields())
+        level = event.level()
+        if self.log.wants(level):
+            self.log.event(event.NAME, level, **event.fields())
         for subscriber in self._subscribers:
             try:
                 subscriber(event)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -18,6 +19,10 @@ from typing import Any, Literal, TextIO
 import attrs
 
 from .text import CONTROL
+
+#: A logfmt value is quoted when it holds a space, a quote, ``=``, a backslash or a
+#: control character (:data:`~coordinator.text.CONTROL`).
+_QUOTED = re.compile(f'[ "=\\\\]|{CONTROL.pattern}')
 
 Level = Literal["debug", "info", "warning", "error"]
 _LEVELS: dict[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
@@ -48,7 +53,7 @@ def _logfmt_value(value: Any) -> str:
         text = json.dumps(value, default=str, separators=(",", ":"))
     else:
         text = str(value)
-    if text == "" or any(c in text for c in ' "=\\') or CONTROL.search(text) is not None:
+    if not text or _QUOTED.search(text) is not None:
         # JSON's string syntax: quotes, backslashes, C0 controls and (ensure_ascii) C1
         # and U+2028/U+2029 escaped; DEL is the one control character it leaves raw.
         return json.dumps(text).replace("\x7f", "\\u007f")
@@ -68,6 +73,11 @@ class EventLog:
     journal: bool = attrs.field(factory=_stderr_is_journal)
     #: Called with every record written (tests and the metrics use it).
     observers: list[Callable[[dict[str, Any]], None]] = attrs.field(factory=list)
+
+    def wants(self, level: Level) -> bool:
+        """Whether an event at ``level`` would be written or observed (skip building it
+        otherwise: debug events on a hot path cost nothing at the default level)."""
+        return bool(self.observers) or _LEVELS[level] >= _LEVELS[self.level]
 
     def event(self, name: str, level: Level = "info", **fields: Any) -> None:
         written = _LEVELS[level] >= _LEVELS[self.level]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypeAlias, cast
 
 import attrs
+import trio
 
 from .errors import CoordinatorError
 from .text import storable
@@ -70,6 +71,28 @@ def default_socket_path() -> Path:
     if xdg:
         return Path(xdg) / "coordinator" / "worker.sock"
     return Path(f"/tmp/coordinator-{os.geteuid()}") / "worker.sock"
+
+
+#: Most bytes gathered into one write by :func:`gather_lines`.
+MAX_WRITE: Final = 256 * 1024
+
+
+def gather_lines(first: bytes, outbox: trio.MemoryReceiveChannel[bytes]) -> bytes:
+    """``first`` and the lines already queued behind it, as one write: under load many
+    calls (or results) go out in one ``send`` (the protocol allows any number of lines
+    per write), while a lone line still goes at once."""
+    if len(first) >= MAX_WRITE:
+        return first
+    chunks = [first]
+    size = len(first)
+    while size < MAX_WRITE:
+        try:
+            more = outbox.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            break
+        chunks.append(more)
+        size += len(more)
+    return b"".join(chunks) if len(chunks) > 1 else first
 
 
 class ProtocolError(CoordinatorError, ValueError):

@@ -21,6 +21,26 @@ STATES: Final = ("starting", "standby", "ready", "degraded", "stopping", "stoppe
 _ROLES: Final = {"ready": "leader"}
 
 
+def status_line(
+    state: str,
+    *,
+    armed: int,
+    next_deadline: datetime | None,
+    running: int,
+    held: int,
+    degraded: tuple[str, ...] = (),
+) -> str:
+    """``ready: 3 armed, next 2026-...Z, 1 running, 0 retained`` (systemd's ``STATUS=``),
+    from counts alone: the daemon sends it without building a whole snapshot."""
+    text = (
+        f"{state}: {armed} armed, next {iso(next_deadline) or 'none'}, {running} running, "
+        f"{held} retained"
+    )
+    if degraded:
+        text += f" ({'; '.join(degraded)})"
+    return text
+
+
 @attrs.frozen(kw_only=True)
 class RunningCall:
     """A call in progress."""
@@ -130,14 +150,14 @@ class DaemonStatus:
 
     def line(self) -> str:
         """One line for systemd's ``STATUS=``."""
-        text = (
-            f"{self.state}: {self.armed_deadlines} armed, next "
-            f"{iso(self.next_deadline) or 'none'}, {len(self.running)} running, "
-            f"{len(self.held)} retained"
+        return status_line(
+            self.state,
+            armed=self.armed_deadlines,
+            next_deadline=self.next_deadline,
+            running=len(self.running),
+            held=len(self.held),
+            degraded=self.degraded,
         )
-        if self.degraded:
-            text += f" ({'; '.join(self.degraded)})"
-        return text
 
     def to_json(self) -> dict[str, Any]:
         """The ``/api/status`` body."""
@@ -177,4 +197,11 @@ class DaemonStatus:
         }
 
 
-__all__ = ["STATES", "DaemonStatus", "HeldResultView", "RunningCall", "WorkerView"]
+__all__ = [
+    "STATES",
+    "DaemonStatus",
+    "HeldResultView",
+    "RunningCall",
+    "WorkerView",
+    "status_line",
+]

@@ -18,27 +18,28 @@ failure :class:`StoreConflict` (retry at once), anything else the database refus
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
 import asyncpg
 import attrs
 import trio
 from asyncpg import Connection
 
+from .core.admission import Ticket
 from .db import APP_DAEMON, aio, close_quietly, connect, one_line
 from .errors import CoordinatorError, DatabaseError, DatabaseUnavailable
 from .model import Claim, Schedule
 from .rows import job_from_row, json_object
+from .spool import HeldResult
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
     from asyncpg import Record
 
-    from .core.admission import Ticket
-    from .spool import HeldResult
 
 #: The single-writer advisory lock: pg_advisory_lock(LOCK_CLASS, LOCK_OBJECT).
 LOCK_CLASS: Final = 0x636F6F72  # "coor"
@@ -170,13 +171,13 @@ UPDATE coordinator.jobs j
 RETURNING j.id
 """
 
-_CLAIM = """
-SELECT * FROM coordinator._claim($1, $2, $3, $4, $5, $6, $7, $8, $9)
+# Claims and settlements go in batches (migrations/0010): one statement for every run
+# that became admissible (or finished) while the previous statement was in flight.
+_CLAIM_MANY = """
+SELECT * FROM coordinator._claim_many($1, $2, $3, $4, $5, $6)
 """
 
-_SETTLE = """
-SELECT * FROM coordinator._settle($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10)
-"""
+_SETTLE_MANY = "SELECT * FROM coordinator._settle_many($1)"
 
 _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1)"
 
@@ -255,6 +256,106 @@ class ConnectionPool:
             await close_quietly(conn)
 
 
+ItemT = TypeVar("ItemT")
+ResultT = TypeVar("ResultT")
+
+
+@attrs.define(eq=False)
+class _Slot(Generic[ResultT]):
+    """One item's place in a batch: its result or its error, once the batch lands."""
+
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: ResultT | None = None
+    error: BaseException | None = None
+
+    def finish(self, outcome: ResultT | BaseException) -> None:
+        if isinstance(outcome, BaseException):
+            self.error = outcome
+        else:
+            self.result = outcome
+        self.done.set()
+
+
+@attrs.define(eq=False)
+class Batcher(Generic[ItemT, ResultT]):
+    """Group commit for one kind of statement.
+
+    Items submitted while a statement is in flight wait and go together in the next one;
+    an item submitted to an idle batcher goes at once (a batch of one), so batching costs
+    an idle daemon no latency. ``send`` takes the items and returns, in order, a result
+    or an exception per item (an item the database refused fails alone); if the
+    statement itself fails, every item of that batch gets its error. Until :meth:`run`
+    is started (a store used on its own) each item is sent by its caller, alone.
+    """
+
+    send: Callable[[list[ItemT]], Awaitable[list[ResultT | BaseException]]]
+    #: Most items in one statement.
+    limit: int = 512
+    _queue: list[tuple[ItemT, _Slot[ResultT]]] = attrs.field(factory=list)
+    _wake: trio.Event = attrs.field(factory=trio.Event)
+    _running: bool = False
+    #: Statements sent and items carried (for the benchmarks' batch sizes).
+    batches: int = 0
+    items: int = 0
+
+    async def submit(self, item: ItemT) -> ResultT:
+        slot: _Slot[ResultT] = _Slot()
+        if not self._running:
+            await self._send([(item, slot)])
+        else:
+            self._queue.append((item, slot))
+            self._wake.set()
+            await slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+        return cast("ResultT", slot.result)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Send batches until cancelled (a task of the daemon's nursery)."""
+        self._running = True
+        task_status.started()
+        try:
+            while True:
+                while not self._queue:
+                    self._wake = trio.Event()
+                    await self._wake.wait()
+                batch, self._queue = self._queue[: self.limit], self._queue[self.limit :]
+                await self._send(batch)
+        finally:
+            self._running = False
+            queued, self._queue = self._queue, []
+            for _item, slot in queued:  # nobody will send them now: their callers retry
+                slot.finish(StoreUnavailable("the daemon is stopping; not sent"))
+
+    async def _send(self, batch: list[tuple[ItemT, _Slot[ResultT]]]) -> None:
+        self.batches += 1
+        self.items += len(batch)
+        try:
+            outcomes = await self.send([item for item, _slot in batch])
+        except Exception as exc:
+            for _item, slot in batch:
+                slot.finish(exc)
+            return
+        except BaseException:
+            # Cancelled mid-statement: its outcome is unknown to us; the callers' error
+            # policy treats it as unavailable (a claim is retried and refused as
+            # outstanding if it did commit; a settlement is idempotent).
+            for _item, slot in batch:
+                slot.finish(StoreUnavailable("the statement was cancelled"))
+            raise
+        for (_item, slot), outcome in zip(batch, outcomes, strict=True):
+            slot.finish(outcome)
+
+
+def _item_error(what: str, state: str, message: str) -> Exception:
+    """The exception an item of a batch failed with, classified like any other."""
+    if state[:2] in _UNAVAILABLE_CLASSES:
+        return StoreUnavailable(f"{what}: database unavailable ({state}: {message})")
+    if state in _CONFLICT_STATES:
+        return StoreConflict(f"{what}: {message}")
+    return DatabaseError(f"{what}: {message}")
+
+
 @attrs.define(eq=False)
 class Store:
     """The daemon's SQL. One instance per daemon; safe for concurrent tasks (each call
@@ -269,6 +370,19 @@ class Store:
     leader_pid: int | None = None
     #: Statements sent so far (``coordinator_sql_statements_total``).
     statements: int = 0
+    claims: Batcher[tuple[Ticket, tuple[str, ...]], ClaimResult] = attrs.field(init=False)
+    settlements: Batcher[HeldResult, JobState] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.claims = Batcher(send=self._claim_batch)
+        self.settlements = Batcher(send=self._settle_batch)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Batch claims and settlements until cancelled (the daemon runs this)."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.claims.run)
+            await nursery.start(self.settlements.run)
+            task_status.started()
 
     def count(self, n: int = 1) -> None:
         """Count statements sent on the daemon's behalf outside :meth:`_call` (LISTEN)."""
@@ -372,64 +486,90 @@ class Store:
 
     async def claim(self, ticket: Ticket, *, workers: Sequence[str]) -> ClaimResult:
         """The one claim boundary, for scheduled (``ticket.run_id`` None) and manual
-        dispatch."""
-        row: Record = await self._call(
+        dispatch; grouped with other claims under load (:class:`Batcher`)."""
+        return await self.claims.submit((ticket, tuple(workers)))
+
+    async def _claim_batch(
+        self, items: list[tuple[Ticket, tuple[str, ...]]]
+    ) -> list[ClaimResult | BaseException]:
+        batch = [
+            {
+                "i": i,
+                "job": t.job_id,
+                "run": t.run_id,
+                "at": t.scheduled_for.isoformat() if t.scheduled_for is not None else None,
+                "v": t.schedule_version,
+            }
+            for i, (t, _workers) in enumerate(items)
+        ]
+        workers = list(items[-1][1])  # the latest view of who is connected
+        rows: list[Record] = await self._call(
             "claim",
-            "fetchrow",
-            _CLAIM,
-            ticket.job_id,
-            ticket.run_id,
-            ticket.scheduled_for,
-            ticket.schedule_version,
+            "fetch",
+            _CLAIM_MANY,
+            json.dumps(batch),
             self.instance,
-            list(workers),
+            workers,
             self.leader_pid,
             LOCK_CLASS,
             LOCK_OBJECT,
         )
-        if row["reason"] is not None:
-            return ClaimResult(reason=row["reason"])
-        job, target_error = job_from_row(row, job_id=ticket.job_id)
-        return ClaimResult(
-            claim=Claim(
-                run_id=row["run_id"],
-                job=job,
-                trigger=row["trigger"],
-                scheduled_for=row["scheduled_for"],
-                args=json_object(row["args"]),
-                attempt=row["attempt"],
-                claimed_at=row["claimed_at"],
-            ),
-            target_error=target_error,
-        )
+        out: list[ClaimResult | BaseException] = [
+            StoreUnavailable("claim: no answer for this item")
+        ] * len(items)
+        for row in rows:
+            index = row["i"]
+            if row["err_state"] is not None:
+                out[index] = _item_error("claim", row["err_state"], row["err_message"])
+            elif row["reason"] is not None:
+                out[index] = ClaimResult(reason=row["reason"])
+            else:
+                out[index] = _claim_result(row, items[index][0].job_id)
+        return out
 
     async def settle(self, held: HeldResult) -> JobState:
-        """Save a result and its job's next deadline in one transaction (one statement).
-        Idempotent: a result saved before comes back as ``already``."""
-        outcome = held.outcome
-        row: Record = await self._call(
-            "settle",
-            "fetchrow",
-            _SETTLE,
-            held.run_id,
-            outcome.status,
-            outcome.started_at,
-            outcome.finished_at,
-            outcome.count,
-            json.dumps(outcome.extra, default=str),
-            outcome.error_cause,
-            outcome.error_message,
-            held.schedule_version,
-            held.next_run_at,
+        """Save a result and its job's next deadline in one transaction (grouped with
+        other settlements under load). Idempotent: a result saved before comes back as
+        ``already``."""
+        return await self.settlements.submit(held)
+
+    async def _settle_batch(self, items: list[HeldResult]) -> list[JobState | BaseException]:
+        batch = [
+            {
+                "i": i,
+                "run": h.run_id,
+                "status": h.outcome.status,
+                "started": h.outcome.started_at.isoformat(),
+                "finished": h.outcome.finished_at.isoformat(),
+                "count": h.outcome.count,
+                "extra": h.outcome.extra,
+                "cause": h.outcome.error_cause,
+                "message": h.outcome.error_message,
+                "v": h.schedule_version,
+                "next": h.next_run_at.isoformat() if h.next_run_at is not None else None,
+            }
+            for i, h in enumerate(items)
+        ]
+        rows: list[Record] = await self._call(
+            "settle", "fetch", _SETTLE_MANY, json.dumps(batch, default=str)
         )
-        return JobState(
-            outcome=row["outcome"],
-            job_id=row["job_id"],
-            paused=bool(row["paused"]),
-            invalid=bool(row["invalid"]),
-            schedule_version=row["schedule_version"],
-            next_run_at=row["next_run_at"],
-        )
+        out: list[JobState | BaseException] = [
+            StoreUnavailable("settle: no answer for this item")
+        ] * len(items)
+        for row in rows:
+            index = row["i"]
+            if row["err_state"] is not None:
+                out[index] = _item_error("settle", row["err_state"], row["err_message"])
+            else:
+                out[index] = JobState(
+                    outcome=row["outcome"],
+                    job_id=row["job_id"],
+                    paused=bool(row["paused"]),
+                    invalid=bool(row["invalid"]),
+                    schedule_version=row["schedule_version"],
+                    next_run_at=row["next_run_at"],
+                )
+        return out
 
     async def mark_unresolved(self, run_id: int, reason: str) -> None:
         """Leave a run for an operator (its spooled result was refused at start)."""
@@ -469,6 +609,22 @@ class Store:
         """Mark runs left pending/running by a dead daemon (startup only)."""
         rows = await self._call("sweep_lost", "fetch", _SWEEP_LOST, self.instance)
         return [LostRun(run_id=r["run_id"], job_id=r["job_id"], action=r["action"]) for r in rows]
+
+
+def _claim_result(row: Record, job_id: int) -> ClaimResult:
+    job, target_error = job_from_row(row, job_id=job_id)
+    return ClaimResult(
+        claim=Claim(
+            run_id=row["run_id"],
+            job=job,
+            trigger=row["trigger"],
+            scheduled_for=row["scheduled_for"],
+            args=json_object(row["args"]),
+            attempt=row["attempt"],
+            claimed_at=row["claimed_at"],
+        ),
+        target_error=target_error,
+    )
 
 
 __all__ = [

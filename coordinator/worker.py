@@ -67,6 +67,7 @@ from .protocol import (
     Welcome,
     default_socket_path,
     encode,
+    gather_lines,
     parse_from_daemon,
 )
 
@@ -454,7 +455,7 @@ async def _write_loop(
 ) -> None:
     try:
         async for data in outbox:
-            await stream.send_all(data)
+            await stream.send_all(gather_lines(data, outbox))
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         logger.warning("connection to the daemon lost while sending")
         session.cancel()

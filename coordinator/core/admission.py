@@ -91,6 +91,9 @@ class Admission:
     _stale: int = attrs.field(default=0, init=False)
     _running: dict[int, Ticket] = attrs.field(factory=dict, init=False)
     _pool_running: dict[str | None, int] = attrs.field(factory=dict, init=False)
+    #: Jobs whose call ended and whose slot was given back, but whose dispatch is not
+    #: over yet (the result is being saved): no new ticket for them until release().
+    _settling: set[int] = attrs.field(factory=set, init=False)
     _capacity: dict[str, int] = attrs.field(factory=dict, init=False)
     _arrivals: Iterator[int] = attrs.field(factory=itertools.count, init=False)
     _closed: bool = attrs.field(default=False, init=False)
@@ -102,7 +105,12 @@ class Admission:
         runs, or once :meth:`close` was called.
         """
         job_id = ticket.job_id
-        if self._closed or job_id in self._waiting or job_id in self._running:
+        if (
+            self._closed
+            or job_id in self._waiting
+            or job_id in self._running
+            or job_id in self._settling
+        ):
             return False
         key: _Key = (_RANK[ticket.priority], ticket.due, next(self._arrivals), job_id)
         self._waiting[job_id] = (ticket, key)
@@ -163,12 +171,28 @@ class Admission:
                 heapq.heapreplace(heads, (nxt, pool))
         return admitted
 
+    def free_slot(self, job_id: int) -> Ticket | None:
+        """The call of ``job_id`` ended: give its slot back for other work, while the job
+        itself stays busy (its result is being saved) until :meth:`release`.
+
+        Returns its ticket, or ``None`` if it held no slot. Call :meth:`admit` afterwards.
+        """
+        ticket = self._free(job_id)
+        if ticket is not None:
+            self._settling.add(job_id)
+        return ticket
+
     def release(self, job_id: int) -> Ticket | None:
-        """The run of ``job_id`` is over (settled): free its slot.
+        """The dispatch of ``job_id`` is over (settled): free its slot if it still holds
+        one, and let the job be offered again.
 
         Returns its ticket, or ``None`` if it was not running (releasing twice is
         harmless). Call :meth:`admit` afterwards: the freed slot may start waiting work.
         """
+        self._settling.discard(job_id)
+        return self._free(job_id)
+
+    def _free(self, job_id: int) -> Ticket | None:
         ticket = self._running.pop(job_id, None)
         if ticket is not None:
             left = self._pool_running[ticket.pool] - 1
@@ -207,7 +231,8 @@ class Admission:
         return job_id in self._waiting
 
     def is_running(self, job_id: int) -> bool:
-        return job_id in self._running
+        """A dispatch of the job is under way (its call, or the saving of its result)."""
+        return job_id in self._running or job_id in self._settling
 
     @property
     def closed(self) -> bool:

@@ -81,6 +81,10 @@ class Dispatcher:
     _after: dict[int, Ticket] = attrs.field(factory=dict)
     #: Worker types admission knows the capacity of.
     _pools: set[str] = attrs.field(factory=set)
+    #: Pools and capacities as the executors last reported them (pools_changed).
+    _capacities: dict[str, int] = attrs.field(factory=dict)
+    _served: frozenset[str] = frozenset()
+    _workers: tuple[str, ...] = ()
     #: Consecutive claim failures (paces re-arming while the database refuses claims).
     _claim_failures: int = 0
     #: run id -> job, for results held by the settlement (re-armed once saved).
@@ -89,19 +93,22 @@ class Dispatcher:
     # -- pools --------------------------------------------------------------------------
 
     def capacities(self) -> dict[str, int]:
-        """Every executor's pools and their capacities now."""
+        """Every executor's pools and their capacities, as last reported."""
+        return self._capacities
+
+    def served(self) -> frozenset[str]:
+        """Pools (worker types) some executor serves now."""
+        return self._served
+
+    def pools_changed(self) -> None:
+        """An executor's pools changed: admission learns the new capacities (no SQL)."""
         merged: dict[str, int] = {}
         for executor in self.executors.values():
             for pool, capacity in executor.capacities().items():
                 merged[pool] = merged.get(pool, 0) + capacity
-        return merged
-
-    def served(self) -> set[str]:
-        return set(self.capacities())
-
-    def pools_changed(self) -> None:
-        """An executor's pools changed: admission learns the new capacities (no SQL)."""
-        capacities = self.capacities()
+        self._capacities, self._served = merged, frozenset(merged)
+        self._workers = tuple(sorted(merged))
+        capacities = merged
         self._pools |= set(capacities)
         for pool in self._pools:
             self.admission.set_capacity(pool, capacities.get(pool, 0))
@@ -198,7 +205,7 @@ class Dispatcher:
 
     async def _claim(self, ticket: Ticket) -> Claim | None:
         try:
-            result = await self.store.claim(ticket, workers=sorted(self.served()))
+            result = await self.store.claim(ticket, workers=self._workers)
         except Exception as exc:
             self._claim_failures += 1
             delay = self.policy.failed(
@@ -266,6 +273,10 @@ class Dispatcher:
             outcome = await self._call(claim)
         finally:
             self.running.pop(job.id, None)
+            # The call is over: its slot may start other work while the result is saved
+            # (the job itself stays busy until the dispatch ends).
+            self.admission.free_slot(job.id)
+            self.kick()
             self.on_change()
         await self._settle(ticket, claim, outcome)
 

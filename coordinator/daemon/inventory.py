@@ -52,8 +52,8 @@ def _never(_job_id: int) -> bool:
     return False
 
 
-def _no_types() -> set[str]:
-    return set()
+def _no_types() -> frozenset[str]:
+    return frozenset()
 
 
 def _drop(_entry: JobEntry) -> None:
@@ -73,7 +73,7 @@ class Inventory:
     #: The job must not be armed now (a dispatch is under way or its result is held).
     busy: Callable[[int], bool] = _never
     #: Worker types served now.
-    served: Callable[[], set[str]] = _no_types
+    served: Callable[[], frozenset[str]] = _no_types
     #: A refresh found a queued manual run: offer it to admission.
     queued: Callable[[JobEntry], None] = _drop
     jobs: dict[int, JobEntry] = attrs.field(factory=dict)
@@ -90,7 +90,7 @@ class Inventory:
 
     # -- arming -------------------------------------------------------------------------
 
-    def arm(self, entry: JobEntry, served: set[str] | None = None) -> None:
+    def arm(self, entry: JobEntry, served: frozenset[str] | None = None) -> None:
         """Arm the job's saved deadline if it can run; disarm it otherwise."""
         if (
             entry.next_run_at is None
@@ -230,7 +230,7 @@ class Inventory:
             self._arm_written(written.items(), served)
         return len(entries), len(to_init), len(to_invalidate)
 
-    def _arm_written(self, written: Iterable[tuple[int, datetime]], served: set[str]) -> None:
+    def _arm_written(self, written: Iterable[tuple[int, datetime]], served: frozenset[str]) -> None:
         for job_id, at in written:
             known = self.jobs.get(job_id)
             if known is not None:

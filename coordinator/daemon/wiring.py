@@ -21,6 +21,7 @@ The outside sees the daemon through :meth:`Daemon.status` (a typed snapshot) and
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -52,7 +53,7 @@ from ..executors import Executor, ExecutorHooks
 from ..listener import Listener
 from ..migrate import load_migrations
 from ..spool import Spool
-from ..status import DaemonStatus, HeldResultView, RunningCall
+from ..status import DaemonStatus, HeldResultView, RunningCall, status_line
 from ..store import ConnectionPool, JobEntry, Store
 from . import wakes
 from .dispatch import Dispatcher
@@ -64,6 +65,9 @@ from .settlement import FlushReport, Settlement
 
 if TYPE_CHECKING:
     from ..log import EventLog
+
+#: Least seconds between two STATUS= updates while only counts change.
+STATUS_EVERY: Final = 1.0
 
 #: Exit statuses of ``coordinator run`` (README, "Exit status").
 EXIT_OK: Final = 0
@@ -143,6 +147,10 @@ class Daemon:
     _started_at: float | None = attrs.field(default=None, init=False)
     #: Trio time the stop sequence must be done by (set when it begins).
     _stop_deadline: float | None = attrs.field(default=None, init=False)
+    #: When systemd's STATUS= was last sent (trio time), and whether one is scheduled.
+    _status_sent: float = attrs.field(default=-math.inf, init=False)
+    _status_trailing: bool = attrs.field(default=False, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     #: Lines for the person at the terminal, printed after everything else.
     _last_words: list[str] = attrs.field(factory=list, init=False)
     #: Held results were flushed (the stop sequence ran): the way out need not flush.
@@ -290,6 +298,8 @@ class Daemon:
         self._started_at = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self.store.serve)  # batched claims and settlements
                 self.settlement.start(nursery)
                 if self.handle_signals:
                     nursery.start_soon(self._watch_signals)
@@ -299,6 +309,7 @@ class Daemon:
             self.log.error("daemon.failed", error=_describe(exc))
             status = EXIT_FAILED
         finally:
+            self._nursery = None
             with trio.CancelScope(shield=True):
                 if not self._flushed:  # a way out other than a stop: a bug, a cancel
                     status = self._stopped(await self._flush(), status)
@@ -630,16 +641,46 @@ class Daemon:
         self._update()
 
     def _update(self) -> None:
-        """Recompute the state word; tell systemd and the event stream when it changes."""
+        """Recompute the state word; tell the event stream when it changes, and systemd's
+        ``STATUS=`` at once on a change of state, else at most once per
+        :data:`STATUS_EVERY` while calls come and go (one trailing update after the
+        last change, then silence)."""
         problems = self._problems()
         state = self._phase
         if problems and state in ("starting", "ready"):
             state = "degraded"
         changed = state != self._state
         self._state = state
-        self.notify(f"STATUS={self.status().line()}")
         if changed:
             self.events.emit(StateChanged(state=state, reasons=problems))
+        now = trio.current_time()
+        if changed or now >= self._status_sent + STATUS_EVERY or self._nursery is None:
+            self._send_status(problems)
+        elif not self._status_trailing:
+            self._status_trailing = True
+            self._nursery.start_soon(self._trailing_status)
+
+    async def _trailing_status(self) -> None:
+        await trio.sleep_until(self._status_sent + STATUS_EVERY)
+        self._status_trailing = False
+        self._send_status(self._problems())
+
+    def _send_status(self, problems: tuple[str, ...]) -> None:
+        self._status_sent = trio.current_time()
+        earliest = self.deadlines.earliest()
+        self.notify(
+            "STATUS="
+            + status_line(
+                self._state,
+                armed=len(self.deadlines),
+                next_deadline=(
+                    datetime.fromtimestamp(earliest[0], UTC) if earliest is not None else None
+                ),
+                running=len(self.dispatcher.running),
+                held=len(self.settlement),
+                degraded=problems,
+            )
+        )
 
     def _print(self, message: str) -> None:
         """A line for the person at the terminal (stderr), beside the log."""

@@ -60,6 +60,7 @@ from ..protocol import (
     Welcome,
     default_socket_path,
     encode,
+    gather_lines,
     parse_from_worker,
 )
 from ..status import WorkerView
@@ -111,6 +112,8 @@ class _Call:
     conn: _Conn
     #: Set when the result arrives or the connection is lost.
     done: trio.Event = attrs.field(factory=trio.Event)
+    #: Set with ``done``, or when the daemon abandons every call (stop timeout).
+    wake: trio.Event = attrs.field(factory=trio.Event)
     result: Result | None = None
     #: Why the connection went away before the result (``crashed`` message).
     lost: str | None = None
@@ -237,6 +240,8 @@ class WorkerExecutor:
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _accept_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _listeners: list[trio.SocketListener] = attrs.field(factory=list, init=False)
+    #: Abandon events (by id) a watcher task already waits on.
+    _watched: set[int] = attrs.field(factory=set, init=False)
     #: (st_dev, st_ino) of the socket file we bound, so we only ever unlink our own.
     _socket_id: tuple[int, int] | None = attrs.field(default=None, init=False)
 
@@ -525,7 +530,7 @@ class WorkerExecutor:
         with conn.writer_scope:
             try:
                 async for data in conn.outbox_recv:
-                    await conn.stream.send_all(data)
+                    await conn.stream.send_all(gather_lines(data, conn.outbox_recv))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
         if not conn.closing:
@@ -618,6 +623,7 @@ class WorkerExecutor:
         call.result = result
         call.finished = True
         call.done.set()
+        call.wake.set()
         self._slot_freed()
         if conn.draining and not conn.calls:
             self._disconnect(conn, "bye")
@@ -712,6 +718,7 @@ class WorkerExecutor:
             call.lost = message
             call.finished = True
             call.done.set()
+            call.wake.set()
         if conn.worker is None:
             if error is not None:
                 self.events.log.warning("worker.rejected", peer=conn.peer, error=error)
@@ -788,11 +795,27 @@ class WorkerExecutor:
         self, call: _Call, abandon: trio.Event, time_limit: timedelta | None
     ) -> Literal["done", "timeout", "abandon"]:
         limit = math.inf if time_limit is None else max(time_limit.total_seconds(), 0.0)
-        with trio.move_on_after(limit):
-            await _wait_any(call.done, abandon)
+        if not abandon.is_set():
+            # One watcher per abandon event for all calls, not a task pair per call.
+            self._watch_abandon(abandon)
+            with trio.move_on_after(limit):
+                await call.wake.wait()
         if call.done.is_set():
             return "done"
         return "abandon" if abandon.is_set() else "timeout"
+
+    def _watch_abandon(self, abandon: trio.Event) -> None:
+        if id(abandon) in self._watched or self._nursery is None:
+            return
+        self._watched.add(id(abandon))
+
+        async def watch() -> None:
+            await abandon.wait()
+            for conn in [*self._conns.values(), *self._draining]:
+                for call in conn.calls.values():
+                    call.wake.set()
+
+        self._nursery.start_soon(watch)
 
     async def _cancel(self, call: _Call, ending: Literal["timeout", "abandon"]) -> None:
         """Send ``cancel``; disconnect the worker if it does not answer within the grace."""
