@@ -112,6 +112,9 @@ class ClaimResult:
     #: Set when the claim was granted but the stored target cannot be called (the run
     #: must then fail without calling anything).
     target_error: str | None = None
+    #: (batch number, rank in the batch, batch size): claims granted together start
+    #: their calls in rank order (the dispatcher's turnstile).
+    place: tuple[int, int, int] = (0, 0, 1)
 
 
 @attrs.frozen(kw_only=True)
@@ -265,6 +268,8 @@ class _Slot(Generic[ResultT]):
     """One item's place in a batch: its result or its error, once the batch lands."""
 
     done: trio.Event = attrs.field(factory=trio.Event)
+    #: Where the item goes in its batch (lowest first).
+    order: int = 0
     result: ResultT | None = None
     error: BaseException | None = None
 
@@ -298,8 +303,9 @@ class Batcher(Generic[ItemT, ResultT]):
     batches: int = 0
     items: int = 0
 
-    async def submit(self, item: ItemT) -> ResultT:
-        slot: _Slot[ResultT] = _Slot()
+    async def submit(self, item: ItemT, *, order: int = 0) -> ResultT:
+        """Send ``item`` (with the next batch); a batch goes in ``order``."""
+        slot: _Slot[ResultT] = _Slot(order=order)
         if not self._running:
             await self._send([(item, slot)])
         else:
@@ -319,6 +325,7 @@ class Batcher(Generic[ItemT, ResultT]):
                 while not self._queue:
                     self._wake = trio.Event()
                     await self._wake.wait()
+                self._queue.sort(key=lambda entry: entry[1].order)
                 batch, self._queue = self._queue[: self.limit], self._queue[self.limit :]
                 await self._send(batch)
         finally:
@@ -484,10 +491,11 @@ class Store:
 
     # -- claim and settlement -----------------------------------------------------------
 
-    async def claim(self, ticket: Ticket, *, workers: Sequence[str]) -> ClaimResult:
+    async def claim(self, ticket: Ticket, *, workers: Sequence[str], order: int = 0) -> ClaimResult:
         """The one claim boundary, for scheduled (``ticket.run_id`` None) and manual
-        dispatch; grouped with other claims under load (:class:`Batcher`)."""
-        return await self.claims.submit((ticket, tuple(workers)))
+        dispatch; grouped with other claims under load (:class:`Batcher`), in
+        ``order`` (admission's) within a batch."""
+        return await self.claims.submit((ticket, tuple(workers)), order=order)
 
     async def _claim_batch(
         self, items: list[tuple[Ticket, tuple[str, ...]]]
@@ -517,14 +525,16 @@ class Store:
         out: list[ClaimResult | BaseException] = [
             StoreUnavailable("claim: no answer for this item")
         ] * len(items)
+        batch_no, size = self.claims.batches, len(items)
         for row in rows:
             index = row["i"]
+            place = (batch_no, index, size)
             if row["err_state"] is not None:
                 out[index] = _item_error("claim", row["err_state"], row["err_message"])
             elif row["reason"] is not None:
-                out[index] = ClaimResult(reason=row["reason"])
+                out[index] = ClaimResult(reason=row["reason"], place=place)
             else:
-                out[index] = _claim_result(row, items[index][0].job_id)
+                out[index] = _claim_result(row, items[index][0].job_id, place)
         return out
 
     async def settle(self, held: HeldResult) -> JobState:
@@ -611,7 +621,7 @@ class Store:
         return [LostRun(run_id=r["run_id"], job_id=r["job_id"], action=r["action"]) for r in rows]
 
 
-def _claim_result(row: Record, job_id: int) -> ClaimResult:
+def _claim_result(row: Record, job_id: int, place: tuple[int, int, int]) -> ClaimResult:
     job, target_error = job_from_row(row, job_id=job_id)
     return ClaimResult(
         claim=Claim(
@@ -624,6 +634,7 @@ def _claim_result(row: Record, job_id: int) -> ClaimResult:
             claimed_at=row["claimed_at"],
         ),
         target_error=target_error,
+        place=place,
     )
 
 

@@ -40,6 +40,53 @@ if TYPE_CHECKING:
 _REARM_AFTER: Final = frozenset({"gone", "not_queued"})
 
 
+@attrs.define(eq=False)
+class Turns:
+    """A turnstile per claim batch: the calls a batch granted start in the batch's
+    order (admission's), one after the other, each as soon as the one before it has
+    started or was refused. Batches do not wait for each other."""
+
+    #: batch -> (items in it, next rank allowed to start, ranks that passed early)
+    _batches: dict[int, tuple[int, int, set[int]]] = attrs.field(factory=dict)
+    _waiting: dict[tuple[int, int], trio.Event] = attrs.field(factory=dict)
+
+    async def wait_for(self, place: tuple[int, int, int]) -> None:
+        batch, rank, size = place
+        state = self._batches.setdefault(batch, (size, 0, set()))
+        if rank > state[1]:
+            event = self._waiting.setdefault((batch, rank), trio.Event())
+            await event.wait()
+
+    def passed(self, place: tuple[int, int, int]) -> None:
+        batch, rank, size = place
+        count, nxt, early = self._batches.setdefault(batch, (size, 0, set()))
+        early.add(rank)
+        while nxt in early:
+            early.discard(nxt)
+            nxt += 1
+        if nxt >= count:
+            del self._batches[batch]
+            return
+        self._batches[batch] = (count, nxt, early)
+        event = self._waiting.pop((batch, nxt), None)
+        if event is not None:
+            event.set()
+
+
+@attrs.define(eq=False)
+class _Turn:
+    """One dispatch's place in its batch's turnstile, passed exactly once."""
+
+    turns: Turns
+    place: tuple[int, int, int] | None = None
+    done: bool = False
+
+    def pass_(self) -> None:
+        if self.place is not None and not self.done:
+            self.done = True
+            self.turns.passed(self.place)
+
+
 @attrs.frozen(kw_only=True)
 class Running:
     """A call in progress."""
@@ -85,6 +132,8 @@ class Dispatcher:
     _capacities: dict[str, int] = attrs.field(factory=dict)
     _served: frozenset[str] = frozenset()
     _workers: tuple[str, ...] = ()
+    #: Calls granted together start in admission order.
+    _turns: Turns = attrs.field(factory=lambda: Turns())
     #: Consecutive claim failures (paces re-arming while the database refuses claims).
     _claim_failures: int = 0
     #: run id -> job, for results held by the settlement (re-armed once saved).
@@ -156,14 +205,21 @@ class Dispatcher:
         )
 
     def offer_manual(
-        self, *, job_id: int, run_id: int, priority: str, worker_type: str | None
+        self,
+        *,
+        job_id: int,
+        run_id: int,
+        priority: str,
+        worker_type: str | None,
+        due: float | None = None,
     ) -> None:
-        """A queued manual run: straight to admission (no refresh needed)."""
+        """A queued manual run: straight to admission (no refresh needed). ``due`` (epoch
+        seconds; default now) orders it among its priority: when it was triggered."""
         self._ensure_pool(worker_type)
         ticket = Ticket(
             job_id=job_id,
             priority=_priority(priority),
-            due=self.clock.now().timestamp(),
+            due=self.clock.now().timestamp() if due is None else due,
             pool=worker_type,
             run_id=run_id,
         )
@@ -181,18 +237,25 @@ class Dispatcher:
 
     # -- one dispatch -------------------------------------------------------------------
 
-    async def dispatch(self, ticket: Ticket) -> None:
-        """Claim, call, settle one admitted ticket (a task in the calls nursery)."""
+    async def dispatch(self, ticket: Ticket, seq: int) -> None:
+        """Claim, call, settle one admitted ticket (a task in the calls nursery). ``seq``
+        is its place in admission's order: claims sent together go in that order, and
+        those granted together start their calls in that order, whatever order trio
+        wakes their tasks in."""
         job_id = ticket.job_id
         self.in_flight += 1
+        turn = _Turn(self._turns)
         try:
             if self.stopping:
                 return
-            claim = await self._claim(ticket)
-            if claim is None:
+            result = await self._claim(ticket, seq)
+            if result is None:
                 return
-            await self._run(ticket, claim)
+            claim, turn.place = result
+            await self._turns.wait_for(turn.place)
+            await self._run(ticket, claim, turn.pass_)
         finally:
+            turn.pass_()  # if it has not (an error before the call started)
             self.admission.release(job_id)
             follow = self._after.pop(job_id, None)
             if follow is not None and follow.run_id != ticket.run_id and not self.stopping:
@@ -203,9 +266,9 @@ class Dispatcher:
                 self.idle = trio.Event()
             self.kick()
 
-    async def _claim(self, ticket: Ticket) -> Claim | None:
+    async def _claim(self, ticket: Ticket, seq: int) -> tuple[Claim, tuple[int, int, int]] | None:
         try:
-            result = await self.store.claim(ticket, workers=self._workers)
+            result = await self.store.claim(ticket, workers=self._workers, order=seq)
         except Exception as exc:
             self._claim_failures += 1
             delay = self.policy.failed(
@@ -216,6 +279,8 @@ class Dispatcher:
         if self._claim_failures:
             self._claim_failures = 0
             self.policy.recovered("claim")
+        if result.claim is None or result.target_error is not None:
+            self._turns.passed(result.place)  # nothing to start: let the next one go
         if result.claim is None:
             reason = result.reason or "unknown"
             self.events.emit(ClaimRejected(job_id=ticket.job_id, run=ticket.run_id, reason=reason))
@@ -238,7 +303,7 @@ class Dispatcher:
             )
             await self._settle(ticket, claim, outcome)
             return None
-        return claim
+        return claim, result.place
 
     def _claim_failed(self, ticket: Ticket, delay: float) -> None:
         """The claim could not be made. The deadline is still owed: re-arm it after the
@@ -252,7 +317,7 @@ class Dispatcher:
             retry_at = self.clock.now().timestamp() + max(delay, 0.5)
             self.inventory.deadlines.set(entry.id, max(entry.next_run_at.timestamp(), retry_at))
 
-    async def _run(self, ticket: Ticket, claim: Claim) -> None:
+    async def _run(self, ticket: Ticket, claim: Claim, started: Callable[[], None]) -> None:
         job = claim.job
         # A deadline still armed (a manual run took the slot) stays armed: when it falls
         # during this run it is logged as skipped, and the settlement moves it.
@@ -270,7 +335,7 @@ class Dispatcher:
             )
         )
         try:
-            outcome = await self._call(claim)
+            outcome = await self._call(claim, started)
         finally:
             self.running.pop(job.id, None)
             # The call is over: its slot may start other work while the result is saved
@@ -280,9 +345,13 @@ class Dispatcher:
             self.on_change()
         await self._settle(ticket, claim, outcome)
 
-    async def _call(self, claim: Claim) -> Outcome:
+    async def _call(self, claim: Claim, started: Callable[[], None]) -> Outcome:
         executor = self.executors.get(claim.job.target.kind)
         now = self.clock.now()
+        # The next call of the batch may start once this one is under way: an executor
+        # takes its first step (queues the call to a worker, spawns the process) before
+        # it first yields, so passing the turn here keeps the order.
+        started()
         if executor is None or not executor.available(claim.job.target):
             return Outcome(
                 status="failed",

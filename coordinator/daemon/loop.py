@@ -41,11 +41,14 @@ class DispatchLoop:
     on_due: Callable[[int, float], None]
     #: A refresh the coalescer granted.
     refresh: Callable[[], Awaitable[object]]
-    #: One admitted ticket, run as a task in the calls nursery.
-    dispatch: Callable[[Ticket], Awaitable[None]]
+    #: One admitted ticket, run as a task in the calls nursery, with its place in the
+    #: order admission let tickets start (calls start in that order).
+    dispatch: Callable[[Ticket, int], Awaitable[None]]
     _kicked: trio.Event = attrs.field(factory=trio.Event)
     #: Turns taken (for tests and the curious).
     turns: int = 0
+    #: Tickets admitted so far (each one's sequence number).
+    admitted: int = 0
 
     def kick(self) -> None:
         """Something changed: take a turn now. Safe to call from any task or callback."""
@@ -67,7 +70,8 @@ class DispatchLoop:
                 await self.refresh()
                 continue
             for ticket in self.admission.admit():
-                calls.start_soon(self.dispatch, ticket)
+                self.admitted += 1
+                calls.start_soon(self.dispatch, ticket, self.admitted)
             await self._sleep()
 
     def next_wake_at(self) -> float:

@@ -187,7 +187,7 @@ class Daemon:
             admission=self.admission,
             on_due=lambda job_id, at: self.dispatcher.deadline_due(job_id, at),
             refresh=self.inventory.refresh,
-            dispatch=lambda ticket: self.dispatcher.dispatch(ticket),
+            dispatch=lambda ticket, seq: self.dispatcher.dispatch(ticket, seq),
         )
         self.dispatcher = Dispatcher(
             store=self.store,
@@ -509,6 +509,8 @@ class Daemon:
             run_id=entry.run_id,
             priority=entry.priority,
             worker_type=entry.worker_type,
+            # First triggered, first served: a queued run waits since it was created.
+            due=entry.run_created_at.timestamp() if entry.run_created_at else None,
         )
 
     async def _save_progress(self, run_id: int, snapshot: dict[str, object]) -> None:

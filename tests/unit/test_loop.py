@@ -65,7 +65,7 @@ def rig(*, spacing: float = 30.0, slots: int = 4) -> Rig:
         holder[0].refreshed_at.append(trio.current_time())
         loop.coalescer.mark_refreshed(trio.current_time())
 
-    async def dispatch(ticket: Ticket) -> None:
+    async def dispatch(ticket: Ticket, _seq: int) -> None:
         r = holder[0]
         r.dispatched.append((trio.current_time(), ticket))
         if r.hold_calls is not None:
