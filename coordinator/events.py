@@ -93,6 +93,8 @@ class Refreshed(Event):
     #: First deadlines computed and saved, jobs found unusable.
     initialised: int | None = None
     invalid: int | None = None
+    #: Jobs the wakes named, when only those were read (``None``: a full refresh).
+    named: int | None = None
     #: Wall time it took, milliseconds.
     elapsed_ms: float
 

@@ -153,6 +153,10 @@ SELECT j.id, j.namespace, j.name, j.schedule_kind, j.schedule, j.timezone, j.pri
         OR r.id IS NOT NULL)
 """
 
+# The same, for the jobs a wake named (an incremental refresh). The ids arrive as text
+# ('{1,2,3}') cast in SQL: no array codec, no type lookup.
+_REFRESH_SOME = _REFRESH + "   AND j.id = ANY ($1::text::bigint[])\n"
+
 # Batches arrive as one JSON text parameter: array parameters would make asyncpg look up
 # their types with extra statements the first time each connection uses them.
 #
@@ -435,9 +439,14 @@ class Store:
 
     # -- inventory ----------------------------------------------------------------------
 
-    async def refresh(self) -> list[JobEntry]:
-        """Read every job that may need a timer or a dispatch, in one statement."""
-        rows: list[Record] = await self._call("refresh", "fetch", _REFRESH)
+    async def refresh(self, ids: Sequence[int] | None = None) -> list[JobEntry]:
+        """Read every job that may need a timer or a dispatch (or only those of ``ids``
+        that may), in one statement."""
+        if ids is None:
+            rows: list[Record] = await self._call("refresh", "fetch", _REFRESH)
+        else:
+            text = "{" + ",".join(str(int(i)) for i in ids) + "}"
+            rows = await self._call("refresh", "fetch", _REFRESH_SOME, text)
         # Many jobs share a schedule, a priority, a worker type: keep one object of each,
         # so memory grows with distinct values, not with the job count.
         schedules: dict[tuple[str, str | None, str], Schedule] = {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
@@ -36,6 +36,10 @@ from .policy import ErrorPolicy
 if TYPE_CHECKING:
     from ..model import Job, Schedule
     from ..store import JobState
+
+
+#: Most jobs a refresh re-reads by id; a wake naming more (or none) reads them all.
+INCREMENTAL_LIMIT: Final = 1000
 
 
 def next_deadline(
@@ -82,6 +86,9 @@ class Inventory:
     last_refresh: datetime | None = None
     #: Consecutive failed refreshes (paces the next attempt).
     _failures: int = 0
+    #: What the next refresh must read: the jobs wakes named, or everything.
+    _dirty: set[int] = attrs.field(factory=set)
+    _full: bool = True
 
     def key(self, job_id: int) -> str:
         """``namespace/name`` of a known job, ``#id`` otherwise."""
@@ -170,9 +177,14 @@ class Inventory:
         every failure, for the startup sequence to log and pace.
         """
         started = trio.current_time()
+        # What this refresh serves: the jobs wakes named since the last one, or all of
+        # them. Wakes that arrive while it reads are kept for the next one.
+        ids = None if (self._full or first) else frozenset(self._dirty)
+        self._full, self._dirty = False, set()
         try:
-            counts = await self._refresh()
+            counts = await self._refresh(ids)
         except Exception as exc:
+            self.request(ids)  # still owed
             if first:
                 raise  # the startup sequence logs and paces its own steps
             self._failures += 1
@@ -192,19 +204,42 @@ class Inventory:
                 armed=len(self.deadlines),
                 initialised=initialised or None,
                 invalid=invalid or None,
+                named=None if ids is None else len(ids),
                 elapsed_ms=milliseconds(trio.current_time() - started),
             )
         )
         return True
 
-    async def _refresh(self) -> tuple[int, int, int]:
-        entries = await self.store.refresh()
+    def request(self, ids: Iterable[int] | None) -> None:
+        """A wake asked for a refresh of the jobs ``ids`` (``None``: possibly any). The
+        coalescer decides when; this decides how much: more than :data:`INCREMENTAL_LIMIT`
+        named jobs, or any unnamed change, make it a full refresh."""
+        if ids is None or self._full:
+            self._full = True
+            self._dirty = set()
+            return
+        self._dirty.update(ids)
+        if len(self._dirty) > INCREMENTAL_LIMIT:
+            self._full = True
+            self._dirty = set()
+
+    async def _refresh(self, ids: frozenset[int] | None) -> tuple[int, int, int]:
+        entries = await self.store.refresh(None if ids is None else sorted(ids))
         now = self.clock.now()
         served = self.served()
-        jobs: dict[int, JobEntry] = {}
+        jobs: dict[int, JobEntry]
+        if ids is None:
+            jobs = {}
+            self.deadlines.clear()
+        else:
+            # Only the named jobs are re-read: forget what we knew of them; a job not
+            # returned is paused, removed, invalid or manual with nothing queued.
+            jobs = self.jobs
+            for job_id in ids:
+                jobs.pop(job_id, None)
+                self.deadlines.discard(job_id)
         to_init: list[tuple[int, datetime, int]] = []
         to_invalidate: list[tuple[int, str, int]] = []
-        self.deadlines.clear()
         for entry in entries:
             reason = schedules.invalid_reason(entry.schedule)
             first_at = None

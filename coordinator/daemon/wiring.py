@@ -462,8 +462,11 @@ class Daemon:
         if isinstance(hint, wakes.Dispatch):
             if self._dispatch_hint(hint):
                 return
-            self.events.emit(NotificationWake(payload={"run": hint.run_id}))
+            # Read that job (and its queued run) instead: the truth is in the database.
+            self.inventory.request((hint.job_id,))
+            self.events.emit(NotificationWake(payload={"run": hint.run_id, "job": hint.job_id}))
         else:
+            self.inventory.request(hint.job_ids)
             self.events.emit(
                 NotificationWake(
                     payload={"job": hint.job_ids[0]}
@@ -500,6 +503,7 @@ class Daemon:
 
     def _lifecycle_wake(self, reason: str, *, urgent: bool = False) -> None:
         self.events.emit(LifecycleWake(reason=reason, urgent=urgent or None))
+        self.inventory.request(None)  # anything may have changed: read it all
         self.loop.wake(urgent=urgent)
 
     def _offer_queued(self, entry: JobEntry) -> None:

@@ -433,7 +433,8 @@ async def test_rows_stored_before_the_rules_keep_working(pg_server: Any, aio_loo
         ]
         for row in old_rows:
             await aio(conn.execute)(*_insert(**row))
-        assert await migrate_mod.migrate(conn) == ["0005_front_doors.sql"]
+        applied = await migrate_mod.migrate(conn)
+        assert applied[0] == "0005_front_doors.sql"
 
         rows = await aio(conn.fetch)(
             "SELECT name, invalid_reason, next_run_at FROM coordinator.jobs ORDER BY id"

@@ -1,0 +1,92 @@
+"""Incremental refresh: a wake that names its job re-reads that job only (docs/design.md,
+"Inside the daemon"); the server's own statistics show what was read."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import trio
+
+from coordinator.db import aio
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from coordinator.embedded import StatementLog
+
+    from .conftest import StartDaemon
+
+JOBS = 100_000
+
+
+async def jobs_reads(conn: asyncpg.Connection) -> tuple[int, int]:
+    row = await aio(conn.fetchrow)(
+        "SELECT seq_tup_read, coalesce(idx_tup_fetch, 0) AS idx FROM pg_stat_user_tables "
+        "WHERE relid = 'coordinator.jobs'::regclass"
+    )
+    return int(row["seq_tup_read"]), int(row["idx"])
+
+
+async def settled_stats(conn: asyncpg.Connection) -> tuple[int, int]:
+    """Table statistics once every backend has reported (they flush within about a
+    second of going idle): read until two reads a second apart agree."""
+    previous = await jobs_reads(conn)
+    with trio.fail_after(30):
+        while True:
+            await trio.sleep(1.2)
+            current = await jobs_reads(conn)
+            if current == previous:
+                return current
+            previous = current
+
+
+async def test_one_changed_job_of_many_is_read_alone(
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    sql_log: StatementLog,
+    database_name: str,
+) -> None:
+    await aio(conn.execute)("ALTER TABLE coordinator.jobs SET (autovacuum_enabled = off)")
+    await aio(conn.execute)(
+        "INSERT INTO coordinator.jobs (name, schedule_kind, schedule, target) "
+        "SELECT 'far' || g, 'cron', '0 0 1 1 *', '{\"kind\": \"exec\", \"argv\": [\"true\"]}' "
+        f"FROM generate_series(1, {JOBS}) g"
+    )
+    harness = await start_daemon(refresh_spacing=0.2)
+    assert len(harness.daemon.deadlines) == JOBS
+    job = await aio(conn.fetchval)("SELECT id FROM coordinator.jobs WHERE name = 'far777'")
+    before = await settled_stats(conn)
+    sql_log.mark()
+    # A change by plain SQL, as an application may make it.
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET schedule = '*/5 * * * *', next_run_at = NULL, "
+        "schedule_version = schedule_version + 1 WHERE id = $1",
+        job,
+    )
+    refreshed = await harness.wait_event("refresh", count=2)
+    assert (refreshed[-1]["named"], refreshed[-1]["jobs"]) == (1, 1)
+    deadline = harness.daemon.deadlines.get(job)
+    assert deadline is not None
+    assert deadline - datetime.now(UTC).timestamp() <= timedelta(minutes=5).total_seconds()
+    after = await settled_stats(conn)
+    # No sequential scan of the jobs table: a full refresh would have read all 100,000
+    # rows. By index: the application's update, the refresh's row, the deadline's write.
+    assert after[0] - before[0] == 0
+    assert after[1] - before[1] <= 5
+    statements = [s.sql for s in sql_log.statements(app="coordinator", db=database_name)]
+    refreshes = [s for s in statements if "LEFT JOIN coordinator.runs r" in s]
+    assert len(refreshes) == 1
+    assert "ANY ($1::text::bigint[])" in refreshes[0]
+
+
+async def test_a_wake_naming_an_unknown_job_is_harmless(
+    start_daemon: StartDaemon, conn: asyncpg.Connection
+) -> None:
+    harness = await start_daemon(refresh_spacing=0.1)
+    await aio(conn.execute)("SELECT pg_notify('coordinator', $1)", json.dumps({"job": 987654321}))
+    refreshed = await harness.wait_event("refresh", count=2)
+    assert (refreshed[-1]["named"], refreshed[-1]["jobs"]) == (1, 0)
+    assert not harness.done.is_set()
+    assert harness.daemon.status().state == "ready"
