@@ -114,6 +114,10 @@ class BenchCluster:
         assert self.cluster.port is not None
         return self.cluster.port
 
+    def postmaster_pid(self) -> int:
+        """The server's postmaster (first line of ``postmaster.pid``)."""
+        return int((self.cluster.data_dir / "postmaster.pid").read_text().split()[0])
+
     def dsn(self, db: str, *, user: str = "postgres") -> str:
         return f"postgresql://{user}@127.0.0.1:{self.port}/{db}"
 
@@ -384,6 +388,29 @@ def proc_cpu(pid: int) -> dict[str, float]:
     # fields[0] is field 3 (state); utime is field 14 -> index 11.
     utime, stime, cutime, cstime = (int(x) / _TICK for x in fields[11:15])
     return {"user": utime, "system": stime, "children_user": cutime, "children_system": cstime}
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine has spent busy (every CPU, every process: all but
+    idle and iowait in ``/proc/stat``): the share of a measured interval that other
+    processes took shows how much a shared machine disturbed it."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICK
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid``, of its live children and of the children it
+    has reaped: for the postmaster, everything the cluster's processes have spent (a
+    backend's time moves into the postmaster's reaped-children figures when it exits)."""
+    own = proc_cpu(pid)
+    total = sum(own.values())
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    for child in children:
+        with contextlib.suppress(OSError):
+            c = proc_cpu(int(child))
+            total += c["user"] + c["system"]
+    return total
 
 
 def proc_memory(pid: int) -> dict[str, int]:
