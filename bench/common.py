@@ -231,7 +231,13 @@ class DaemonExited(RuntimeError):
 
 
 class DaemonProcess:
-    """``coordinator run --dsn DSN --log-format json`` as a child process."""
+    """``coordinator run --dsn DSN --log-format json`` as a child process.
+
+    By default the bench reads the daemon's event lines as they come. With
+    ``passive=True`` they go straight to the log file and are parsed only while the bench
+    waits for an event: the throughput benchmark must not spend CPU on a line per run
+    beside the daemon it measures.
+    """
 
     def __init__(
         self,
@@ -241,12 +247,15 @@ class DaemonProcess:
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
+        passive: bool = False,
     ) -> None:
         self.dsn = dsn
         self.state_dir = state_dir
         self.args = args
         self.env = env
         self.log_path = log_path or state_dir / "daemon.log"
+        self.passive = passive
+        self._parsed = 0  # bytes of the log file parsed (passive mode)
         self.events: list[dict[str, Any]] = []
         self.proc: asyncio.subprocess.Process | None = None
         self.spawned_at = 0.0
@@ -264,16 +273,16 @@ class DaemonProcess:
         env = dict(os.environ)
         env.update(self.env or {})
         self.spawned_at = time.time()
+        argv = [str(COORDINATOR_BIN), "run", "--dsn", self.dsn, "--state-dir",
+                str(self.state_dir), "--log-format", "json", *self.args]  # fmt: skip
+        if self.passive:
+            with self.log_path.open("ab") as log:
+                self.proc = await asyncio.create_subprocess_exec(
+                    *argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env
+                )
+            return
         self.proc = await asyncio.create_subprocess_exec(
-            str(COORDINATOR_BIN),
-            "run",
-            "--dsn",
-            self.dsn,
-            "--state-dir",
-            str(self.state_dir),
-            "--log-format",
-            "json",
-            *self.args,
+            *argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -281,6 +290,23 @@ class DaemonProcess:
             limit=1 << 20,
         )
         self._reader = asyncio.create_task(self._read())
+
+    def _catch_up(self) -> None:
+        """Passive mode: parse the complete lines the daemon has written since last time."""
+        with self.log_path.open("rb") as f:
+            f.seek(self._parsed)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        received = time.time()
+        for line in data[:end].splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    record["_received"] = received
+                    self.events.append(record)
+        self._parsed += end
+        if self.proc is not None and self.proc.returncode is not None:
+            self._eof = True
 
     async def _read(self) -> None:
         assert self.proc is not None
@@ -328,6 +354,8 @@ class DaemonProcess:
         deadline = loop.time() + timeout
         i = since
         while True:
+            if self.passive:
+                self._catch_up()
             while i < len(self.events):
                 record = self.events[i]
                 if record.get("event") == name and (where is None or where(record)):
@@ -338,11 +366,16 @@ class DaemonProcess:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise TimeoutError(f"no {name!r} event within {timeout}s:\n{self.tail()}")
+            if self.passive:
+                await asyncio.sleep(min(0.01, remaining))
+                continue
             changed = self._changed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
 
     def named(self, name: str, *, since: int = 0) -> list[dict[str, Any]]:
+        if self.passive:
+            self._catch_up()
         return [e for e in self.events[since:] if e.get("event") == name]
 
     async def stop(self, *, timeout: float = 30.0) -> int | None:

@@ -15,12 +15,15 @@ them, then the consumer starts, with 64 and then 16 slots:
   (10 is its default batch; it refuses ``max_concurrent_tasks`` below twice the batch).
 
 *runs/s* = N / (the first handler starts -> the bench sees no job left, polled every
-20 ms). *stmts/job*: the system's statements from the server log (coordinator: the
-daemon's; the worker sends none; peers: everything in their database but the bench's
-own sessions) from the consumer's spawn to the end, per job (start-up included);
+20 ms with a ``LIMIT 1`` query on the system's own index of unfinished jobs).
+*stmts/job*: the system's statements from the server log (coordinator: the daemon's; the
+worker sends none; peers: everything in their database but the bench's own sessions)
+from the consumer's spawn to the end, per job (start-up included);
 pg_stat_statements (by role) is kept in the JSON as a cross-check. *CPU s/1k runs*: user +
-system time (``/proc/<pid>/stat``) of the daemon and of the worker process over the same
-interval as runs/s (interpolated between the 20 ms samples), per 1,000 runs.
+system time (``/proc/<pid>/stat``) of the daemon, of the worker process and of the whole
+PostgreSQL cluster (less the backend answering the bench's polls) over the same interval
+as runs/s (interpolated between the 20 ms samples), per 1,000 runs; and the share of the
+machine (``/proc/stat``) that other processes took meanwhile.
 
 **Steady.** With 64 slots and the consumer running (warmed up by 20 jobs), a load
 generator (``bench/peer_apps/load.py``, one process, the same for all three) keeps 4
@@ -83,6 +86,11 @@ REMAINING = {
 }
 
 
+def _any_left(system: str) -> str:
+    """1 while any job is left, else 0: what a burst polls (cheaper than a count)."""
+    return f"SELECT count(*) FROM ({REMAINING[system].replace('count(*)', '1', 1)} LIMIT 1) s"
+
+
 # --------------------------------------------------------------------------- sampling
 
 
@@ -109,6 +117,8 @@ class Sampler:
         self.postmaster = postmaster
 
     async def __aenter__(self) -> Sampler:
+        # The backend answering the polls: its CPU is the bench's, not the system's.
+        self.watch("poll", await self.conn.fetchval("SELECT pg_backend_pid()"))
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -281,6 +291,7 @@ class Coordinator(System):
             state_dir=self.bc.tmp / f"state-{self.starts}",
             args=("--concurrency", str(slots)),
             env={"COORDINATOR_WORKER_SOCKET": str(socket_path)},
+            passive=True,
         )
         await self.daemon.start()
         sampler.watch("daemon", self.daemon.pid)
@@ -400,8 +411,13 @@ class PeerSystem(System):
 
 
 def _cpu(sampler: Sampler, start: float, end: float) -> dict[str, float]:
+    """CPU seconds over [start, end] of each watched process; ``server`` is the cluster
+    without the backend answering the bench's polls (``poll``)."""
     names = [*sampler.pids, *(["server"] if sampler.postmaster is not None else [])]
-    return {name: sampler.cpu_at(name, end) - sampler.cpu_at(name, start) for name in names}
+    cpu = {name: sampler.cpu_at(name, end) - sampler.cpu_at(name, start) for name in names}
+    if "server" in cpu and "poll" in cpu:
+        cpu["server"] -= cpu["poll"]
+    return cpu
 
 
 def _machine(sampler: Sampler, start: float, end: float) -> dict[str, Any]:
@@ -435,7 +451,7 @@ async def burst(
         raise RuntimeError(f"{system.name}: {queued} jobs queued, expected {n}")
     offset = bc.log_offset()
     await bc.pgss_reset()
-    async with Sampler(conn, REMAINING[system.name], BURST_POLL) as sampler:
+    async with Sampler(conn, _any_left(system.name), BURST_POLL) as sampler:
         sampler.watch_server(bc.postmaster_pid())
         t_spawn = time.time()
         try:
