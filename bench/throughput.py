@@ -23,7 +23,8 @@ pg_stat_statements (by role) is kept in the JSON as a cross-check. *CPU s/1k run
 system time (``/proc/<pid>/stat``) of the daemon, of the worker process and of the whole
 PostgreSQL cluster (less the backend answering the bench's polls) over the same interval
 as runs/s (interpolated between the 20 ms samples), per 1,000 runs; and the share of the
-machine (``/proc/stat``) that other processes took meanwhile.
+machine (``/proc/stat``) that other processes took meanwhile. Before each measurement
+the bench waits (up to 60 s) for a second in which the machine is less than 15% busy.
 
 **Steady.** With 64 slots and the consumer running (warmed up by 20 jobs), a load
 generator (``bench/peer_apps/load.py``, one process, the same for all three) keeps 4
@@ -72,6 +73,10 @@ STEADY_POLL = 0.1
 STEADY_JOBS_PER_S = 5000
 #: The backlog "grows" when more than this share of the window's jobs still wait at its end.
 GROWS = 0.05
+#: Before each measurement the bench waits up to QUIET_WAIT s for a second in which the
+#: machine (shared with other work) is less than QUIET busy.
+QUIET = 0.15
+QUIET_WAIT = 60.0
 
 REMAINING = {
     "coordinator": (
@@ -442,6 +447,22 @@ def _kinds(statements: list[Any], top: int = 8) -> dict[str, int]:
     return dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:top])
 
 
+async def wait_for_quiet(*, busy_below: float = QUIET, longest: float = QUIET_WAIT) -> float:
+    """Before a measurement, wait (up to ``longest`` seconds) for a second in which the
+    machine's CPUs are less than ``busy_below`` busy: nothing of ours runs between
+    measurements, so what is busy then is someone else's. Returns the last second's busy
+    share (recorded with the figure)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + longest
+    cpus = os.cpu_count() or 1
+    while True:
+        before = common.machine_busy()
+        await asyncio.sleep(1.0)
+        share = (common.machine_busy() - before) / cpus
+        if share < busy_below or loop.time() >= deadline:
+            return share
+
+
 async def burst(
     bc: BenchCluster, conn: Any, system: System, *, n: int, slots: int
 ) -> dict[str, Any]:
@@ -449,6 +470,7 @@ async def burst(
     queued = await conn.fetchval(REMAINING[system.name])
     if queued < n:
         raise RuntimeError(f"{system.name}: {queued} jobs queued, expected {n}")
+    quiet = await wait_for_quiet()
     offset = bc.log_offset()
     await bc.pgss_reset()
     async with Sampler(conn, _any_left(system.name), BURST_POLL) as sampler:
@@ -480,7 +502,7 @@ async def burst(
         "pgss_calls": sum(r["calls"] for r in pgss),
         "cpu_s": cpu,
         "cpu_s_per_1000": {k: v * 1000 / n for k, v in cpu.items()},
-        "machine": _machine(sampler, t_first, t_done),
+        "machine": {**_machine(sampler, t_first, t_done), "busy_before": quiet},
     }
 
 
@@ -495,6 +517,7 @@ async def steady(
             await system.queue(WARMUP, 1 if system.name == "coordinator" else 10**9)
             if await sampler.wait_for(lambda left: left == 0, timeout=120) is None:
                 raise RuntimeError(f"{system.name}: warm-up jobs not done")
+            quiet = await wait_for_quiet()
             offset = bc.log_offset()
             await bc.pgss_reset()
             summary = await run_load(
@@ -543,7 +566,7 @@ async def steady(
         "pgss_calls": sum(r["calls"] for r in pgss),
         "cpu_s": cpu,
         "cpu_s_per_1000": {k: v * 1000 / completed for k, v in cpu.items()} if completed else {},
-        "machine": _machine(sampler, started, ended),
+        "machine": {**_machine(sampler, started, ended), "busy_before": quiet},
         "latency_ms": common.summary(latency),
         "latency_missing": count - len(latency),
         "backlog_samples": [
