@@ -114,6 +114,10 @@ class BenchCluster:
         assert self.cluster.port is not None
         return self.cluster.port
 
+    def postmaster_pid(self) -> int:
+        """The server's postmaster (first line of ``postmaster.pid``)."""
+        return int((self.cluster.data_dir / "postmaster.pid").read_text().split()[0])
+
     def dsn(self, db: str, *, user: str = "postgres") -> str:
         return f"postgresql://{user}@127.0.0.1:{self.port}/{db}"
 
@@ -227,7 +231,13 @@ class DaemonExited(RuntimeError):
 
 
 class DaemonProcess:
-    """``coordinator run --dsn DSN --log-format json`` as a child process."""
+    """``coordinator run --dsn DSN --log-format json`` as a child process.
+
+    By default the bench reads the daemon's event lines as they come. With
+    ``passive=True`` they go straight to the log file and are parsed only while the bench
+    waits for an event: the throughput benchmark must not spend CPU on a line per run
+    beside the daemon it measures.
+    """
 
     def __init__(
         self,
@@ -237,12 +247,15 @@ class DaemonProcess:
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
+        passive: bool = False,
     ) -> None:
         self.dsn = dsn
         self.state_dir = state_dir
         self.args = args
         self.env = env
         self.log_path = log_path or state_dir / "daemon.log"
+        self.passive = passive
+        self._parsed = 0  # bytes of the log file parsed (passive mode)
         self.events: list[dict[str, Any]] = []
         self.proc: asyncio.subprocess.Process | None = None
         self.spawned_at = 0.0
@@ -260,16 +273,16 @@ class DaemonProcess:
         env = dict(os.environ)
         env.update(self.env or {})
         self.spawned_at = time.time()
+        argv = [str(COORDINATOR_BIN), "run", "--dsn", self.dsn, "--state-dir",
+                str(self.state_dir), "--log-format", "json", *self.args]  # fmt: skip
+        if self.passive:
+            with self.log_path.open("ab") as log:
+                self.proc = await asyncio.create_subprocess_exec(
+                    *argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env
+                )
+            return
         self.proc = await asyncio.create_subprocess_exec(
-            str(COORDINATOR_BIN),
-            "run",
-            "--dsn",
-            self.dsn,
-            "--state-dir",
-            str(self.state_dir),
-            "--log-format",
-            "json",
-            *self.args,
+            *argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -277,6 +290,23 @@ class DaemonProcess:
             limit=1 << 20,
         )
         self._reader = asyncio.create_task(self._read())
+
+    def _catch_up(self) -> None:
+        """Passive mode: parse the complete lines the daemon has written since last time."""
+        with self.log_path.open("rb") as f:
+            f.seek(self._parsed)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        received = time.time()
+        for line in data[:end].splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    record["_received"] = received
+                    self.events.append(record)
+        self._parsed += end
+        if self.proc is not None and self.proc.returncode is not None:
+            self._eof = True
 
     async def _read(self) -> None:
         assert self.proc is not None
@@ -324,6 +354,8 @@ class DaemonProcess:
         deadline = loop.time() + timeout
         i = since
         while True:
+            if self.passive:
+                self._catch_up()
             while i < len(self.events):
                 record = self.events[i]
                 if record.get("event") == name and (where is None or where(record)):
@@ -334,11 +366,16 @@ class DaemonProcess:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise TimeoutError(f"no {name!r} event within {timeout}s:\n{self.tail()}")
+            if self.passive:
+                await asyncio.sleep(min(0.01, remaining))
+                continue
             changed = self._changed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
 
     def named(self, name: str, *, since: int = 0) -> list[dict[str, Any]]:
+        if self.passive:
+            self._catch_up()
         return [e for e in self.events[since:] if e.get("event") == name]
 
     async def stop(self, *, timeout: float = 30.0) -> int | None:
@@ -384,6 +421,29 @@ def proc_cpu(pid: int) -> dict[str, float]:
     # fields[0] is field 3 (state); utime is field 14 -> index 11.
     utime, stime, cutime, cstime = (int(x) / _TICK for x in fields[11:15])
     return {"user": utime, "system": stime, "children_user": cutime, "children_system": cstime}
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine has spent busy (every CPU, every process: all but
+    idle and iowait in ``/proc/stat``): the share of a measured interval that other
+    processes took shows how much a shared machine disturbed it."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICK
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid``, of its live children and of the children it
+    has reaped: for the postmaster, everything the cluster's processes have spent (a
+    backend's time moves into the postmaster's reaped-children figures when it exits)."""
+    own = proc_cpu(pid)
+    total = sum(own.values())
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    for child in children:
+        with contextlib.suppress(OSError):
+            c = proc_cpu(int(child))
+            total += c["user"] + c["system"]
+    return total
 
 
 def proc_memory(pid: int) -> dict[str, int]:

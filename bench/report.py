@@ -19,7 +19,7 @@ TITLES = {
     "peers": "Peers: idle statements and wake latency, same cluster, same window",
     "latency": "Wake latency",
     "lateness": "Lateness",
-    "throughput": "Throughput and cost per run",
+    "throughput": "Throughput and cost per run, side by side with the peers",
     "scale": "Scale",
     "durability": "Durability: standby takeover, spool replay",
 }
@@ -48,12 +48,19 @@ def section() -> str:
             "table_idle": f"Idle statements, same {data.get('window_s', '?')} s window:\n\n",
             "table_latency": "Wake latency (ms), enqueue/trigger COMMIT returned -> task function "
             "/ call starts (`sent->start`: from before the enqueue was sent):\n\n",
+            "table_summary": "Side by side (bursts: median (min-max) over the repetitions):\n\n",
+            "table_bursts": f"Bursts: {data.get('burst_runs', '?')} jobs queued, then the "
+            "consumer starts (runs/s from the first handler start to the last job done; CPU "
+            "s per 1,000 runs over the same interval):\n\n",
+            "table_steady": f"Steady: 4 connections commit one job per transaction flat out "
+            f"for {data.get('steady_window_s', '?')} s, 64 slots (latency ms: COMMIT "
+            "returned -> handler starts):\n\n",
         }
         if name == "idle":
             captions["table"] = f"Idle window {data.get('window_s', '?')} s per scenario.\n\n"
         tables = [captions[k] + data[k] for k in captions if k in data]
         extra = ""
-        if name == "peers":
+        if name in ("peers", "throughput") and "peer_packages" in machine:
             peers = machine.get("peer_packages", {})
             extra = "Peer versions: " + ", ".join(f"{k} {v}" for k, v in peers.items()) + ".\n"
         parts.append(head + extra + "\n" + "\n\n".join(tables) + "\n")

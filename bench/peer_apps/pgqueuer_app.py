@@ -6,11 +6,14 @@ is what ``pgq run pgqueuer_app:create`` starts, through the documented Python eq
 ``pgqueuer.run("pgqueuer_app:create", ...)`` ("as pgq run does, without the CLI"):
 ``pgq run`` itself fails at start in pgqueuer 1.6.0 (its ``--log-level`` default reaches
 ``setup_fancy_logger`` as a string: ``AttributeError: 'str' object has no attribute
-'name'``). Its options (``dequeue_timeout``, ``heartbeat_timeout``: the knobs) come from
-``BENCH_WORKER_OPTIONS`` (JSON, seconds). The connection comes from ``PGDSN``.
+'name'``). Its options come from ``BENCH_WORKER_OPTIONS`` (JSON): ``dequeue_timeout`` and
+``heartbeat_timeout`` (the idle knobs) in seconds, ``batch_size`` and
+``max_concurrent_tasks`` (the throughput benchmark's slots) as integers. The connection
+comes from ``PGDSN``.
 
 * the ``ping`` entrypoint prints ``{"seq": n, "t": time.time()}`` on stdout first thing;
-* 100 schedules (``@pgq.schedule``) with far-future cron expressions;
+* ``BENCH_PERIODIC`` schedules (``@pgq.schedule``, 100 unless set) with far-future cron
+  expressions;
 * ``enqueue``: for each number read on stdin, ``Queries.enqueue("ping", b"n")`` and print
   ``{"seq": n, "t_before": ..., "t_after": ...}`` (the enqueue commits before returning).
 """
@@ -31,7 +34,9 @@ from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job, Schedule
 from pgqueuer.queries import Queries
 
-SCHEDULES = 100
+SCHEDULES = int(os.environ.get("BENCH_PERIODIC", "100"))
+#: Options given in seconds; the others are passed as they are.
+DURATIONS = ("dequeue_timeout", "heartbeat_timeout", "restart_delay")
 FAR_FUTURE = os.environ.get("BENCH_FAR_FUTURE", "1 1")  # day-of-month month
 
 
@@ -82,7 +87,8 @@ async def enqueue() -> None:
 async def worker() -> None:
     options = json.loads(os.environ.get("BENCH_WORKER_OPTIONS") or "{}")
     await pgqueuer.run(
-        "pgqueuer_app:create", **{k: timedelta(seconds=v) for k, v in options.items()}
+        "pgqueuer_app:create",
+        **{k: timedelta(seconds=v) if k in DURATIONS else v for k, v in options.items()},
     )
 
 

@@ -5,7 +5,11 @@ never the project's. Configuration comes from the environment:
 
 * ``BENCH_PEER_DSN``: libpq connection string (its own database and role);
 * ``BENCH_WORKER_OPTIONS``: JSON object of worker options, given to the App as
-  ``worker_defaults`` (the "tuned" variant raises the polling and heartbeat intervals).
+  ``worker_defaults`` (the "tuned" variant raises the polling and heartbeat intervals);
+* ``BENCH_PERIODIC``: how many periodic tasks to register (100 unless set; the
+  throughput benchmark sets 0);
+* ``BENCH_POOL_SIZE``: when set, the connector's pool has exactly that many connections
+  (the throughput benchmark's load generator, ``load.py``).
 
 The schema and the worker go through procrastinate's own CLI
 (``procrastinate --app=procrastinate_app.app schema --apply`` and ``... worker``); the
@@ -25,11 +29,16 @@ import time
 
 import procrastinate
 
-PERIODIC_TASKS = 100
+PERIODIC_TASKS = int(os.environ.get("BENCH_PERIODIC", "100"))
 FAR_FUTURE = os.environ.get("BENCH_FAR_FUTURE", "1 1")  # day-of-month month
+POOL = (
+    {"min_size": int(os.environ["BENCH_POOL_SIZE"]), "max_size": int(os.environ["BENCH_POOL_SIZE"])}
+    if os.environ.get("BENCH_POOL_SIZE")
+    else {}
+)
 
 app = procrastinate.App(
-    connector=procrastinate.PsycopgConnector(conninfo=os.environ["BENCH_PEER_DSN"]),
+    connector=procrastinate.PsycopgConnector(conninfo=os.environ["BENCH_PEER_DSN"], **POOL),
     worker_defaults=json.loads(os.environ.get("BENCH_WORKER_OPTIONS") or "{}"),
 )
 
