@@ -36,6 +36,10 @@
 -- Redefined here: define_job, sync, _job_id (0001: NULL and bound checks added) and
 -- resolve, cancel (0003: NULL checks added; bodies otherwise unchanged).
 
+-- Every PL/pgSQL function here runs with enable_seqscan = off, as 0004 explains (plans
+-- that survive statistics); CREATE OR REPLACE resets a function's settings, so the
+-- functions this file replaces repeat it.
+
 -- ---------------------------------------------------------------------------------------
 -- Rules, as immutable functions (tests compare them with the Python ones character by
 -- character). Whitespace is Python's str.isspace set, spelled out: PostgreSQL's \s
@@ -48,7 +52,7 @@
 -- characters). NULL when the text is not a duration, is zero, or is finer than a
 -- microsecond. No upper bound: callers compare.
 CREATE FUNCTION coordinator._duration_us(p_text text) RETURNS numeric
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET enable_seqscan = off AS $$
 DECLARE
     ws      constant text := '[\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]';
     num     constant text := '(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)';
@@ -86,7 +90,7 @@ $$;
 -- Why an interval schedule is unusable ('every: ...'), or NULL: not a duration, under 1s,
 -- or over 3650d.
 CREATE FUNCTION coordinator._interval_problem(p_schedule text) RETURNS text
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET enable_seqscan = off AS $$
 DECLARE
     us numeric := coordinator._duration_us(p_schedule);
 BEGIN
@@ -181,7 +185,7 @@ ALTER TABLE coordinator.jobs VALIDATE CONSTRAINT jobs_next_run_at_check;
 -- Raised as check_violation naming a constraint jobs_<field>_check and the column, like a
 -- CHECK would, so clients tell the field the same way.
 CREATE FUNCTION coordinator._jobs_check() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     inserting boolean := TG_OP = 'INSERT';
     problem   text;
@@ -225,7 +229,7 @@ CREATE TRIGGER jobs_check_update
 -- ---------------------------------------------------------------------------------------
 
 CREATE FUNCTION coordinator._require(p_value anyelement, p_argument text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 BEGIN
     IF p_value IS NULL THEN
         RAISE EXCEPTION '%: must not be NULL', p_argument
@@ -237,7 +241,7 @@ $$;
 -- As in 0001, plus: NULL namespace/name (trigger, pause, resume, remove) refused by name.
 CREATE OR REPLACE FUNCTION coordinator._job_id(p_namespace text, p_name text, p_lock boolean)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     found_id bigint;
 BEGIN
@@ -280,7 +284,7 @@ CREATE OR REPLACE FUNCTION coordinator.define_job(
     paused         boolean DEFAULT false,
     invalid_reason text DEFAULT NULL
 ) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_variable
 DECLARE
     job_id       bigint;
@@ -358,7 +362,7 @@ $$;
 -- no name, are refused (sync(NULL, '[]') used to answer 0/0/0 and change nothing).
 CREATE OR REPLACE FUNCTION coordinator.sync(namespace text, jobs jsonb)
 RETURNS TABLE (created integer, updated integer, paused integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_variable
 DECLARE
     previous_origin text := current_setting('coordinator.origin', true);
@@ -423,7 +427,7 @@ $$;
 -- As in 0003, plus: NULL run_id or outcome refused (resolve(id, NULL) used to close the
 -- run as failed). If 0004 redefines resolve or cancel, these two IF blocks belong there.
 CREATE OR REPLACE FUNCTION coordinator.resolve(run_id bigint, outcome text) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_variable
 DECLARE
     r      coordinator.runs;
@@ -465,7 +469,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION coordinator.cancel(run_id bigint) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_variable
 DECLARE
     r coordinator.runs;
