@@ -240,11 +240,24 @@ class Inventory:
                 self.deadlines.discard(job_id)
         to_init: list[tuple[int, datetime, int]] = []
         to_invalidate: list[tuple[int, str, int]] = []
+        # Jobs share schedules (the store hands out one object per distinct schedule):
+        # check each one, and compute its first deadline from now, once.
+        checked: dict[Schedule, str | None] = {}
+        firsts: dict[Schedule, tuple[datetime | None, str | None]] = {}
         for entry in entries:
-            reason = schedules.invalid_reason(entry.schedule)
+            schedule = entry.schedule
+            if schedule in checked:
+                reason = checked[schedule]
+            else:
+                reason = checked[schedule] = schedules.invalid_reason(schedule)
             first_at = None
             if reason is None and entry.next_run_at is None:
-                first_at, reason = next_deadline(schedules.initial_deadline, entry.schedule, now)
+                first = firsts.get(schedule)
+                if first is None:
+                    first = firsts[schedule] = next_deadline(
+                        schedules.initial_deadline, schedule, now
+                    )
+                first_at, reason = first
             if reason is not None:
                 to_invalidate.append((entry.id, reason, entry.schedule_version))
                 continue
