@@ -844,6 +844,7 @@ def _status_of_daemon(
         ("workers", ", ".join(str(w) for w in live.get("workers") or ()) or "none"),
         ("last refresh", str(live.get("last_refresh") or "-")),
     ]
+    pairs += [("degraded", str(reason)) for reason in live.get("degraded") or ()]
     if unreachable is not None:
         pairs.append(("database", f"not compared: {unreachable}"))
     pairs += [("difference", text) for text in differences]

@@ -310,6 +310,7 @@ class Dispatcher:
         policy's pause (a timer only while the database refuses); a manual run stays
         queued in the database and the next refresh offers it again."""
         if ticket.run_id is not None:
+            self.inventory.request((ticket.job_id,))
             self.wake()
             return
         entry = self.inventory.jobs.get(ticket.job_id)

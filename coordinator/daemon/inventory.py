@@ -179,7 +179,8 @@ class Inventory:
         started = trio.current_time()
         # What this refresh serves: the jobs wakes named since the last one, or all of
         # them. Wakes that arrive while it reads are kept for the next one.
-        ids = None if (self._full or first) else frozenset(self._dirty)
+        # (A refresh nobody named jobs for — any other wake — reads everything.)
+        ids = None if (self._full or first or not self._dirty) else frozenset(self._dirty)
         self._full, self._dirty = False, set()
         try:
             counts = await self._refresh(ids)
