@@ -138,9 +138,7 @@ class Inventory:
         if state.paused or state.invalid or state.next_run_at is None:
             self.deadlines.discard(job_id)
             if entry is not None:
-                self.jobs[job_id] = attrs.evolve(
-                    entry, next_run_at=None, run_id=None, run_status=None
-                )
+                entry.next_run_at = entry.run_id = entry.run_status = None
             return
         if entry is None:
             if job.schedule.kind == "manual":
@@ -156,13 +154,9 @@ class Inventory:
             )
         # If the schedule was edited during the run, what is saved now is the editor's
         # deadline (or none yet): arm that; the editor's wake brings the new definition.
-        entry = attrs.evolve(
-            entry,
-            next_run_at=state.next_run_at,
-            schedule_version=state.schedule_version or entry.schedule_version,
-            run_id=None,
-            run_status=None,
-        )
+        entry.next_run_at = state.next_run_at
+        entry.schedule_version = state.schedule_version or entry.schedule_version
+        entry.run_id = entry.run_status = None
         self.jobs[job_id] = entry
         self.arm(entry)
 
@@ -283,8 +277,8 @@ class Inventory:
         for job_id, at in written:
             known = self.jobs.get(job_id)
             if known is not None:
-                self.jobs[job_id] = attrs.evolve(known, next_run_at=at)
-                self.arm(self.jobs[job_id], served)
+                known.next_run_at = at
+                self.arm(known, served)
 
 
 __all__ = ["Inventory", "next_deadline"]
