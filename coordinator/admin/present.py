@@ -27,6 +27,8 @@ OUTCOMES: Final = (
     "succeeded", "failed", "timed_out", "cancelled", "unresolved", "running", "pending", "queued",
 )  # fmt: skip
 
+_MONTHS: Final = ("January", "February", "March", "April", "May", "June", "July", "August",
+                   "September", "October", "November", "December")  # fmt: skip
 _WEEKDAYS: Final = ("Sundays", "Mondays", "Tuesdays", "Wednesdays", "Thursdays", "Fridays",
                     "Saturdays", "Sundays")  # fmt: skip
 _NUMBER: Final = re.compile(r"[0-9]{1,2}")
@@ -108,6 +110,10 @@ def _cron_words(expression: str, zone: str) -> str:
             return f"weekdays {at}"
         if weekday == "*" and _NUMBER.fullmatch(day):
             return f"monthly on day {int(day)} {at}"
+    numbers = all(_NUMBER.fullmatch(f) for f in (minute, hour, day, month))
+    if numbers and weekday == "*" and 1 <= int(month) <= 12:
+        at = f"at {int(hour):02d}:{int(minute):02d} {zone}"
+        return f"yearly on {int(day)} {_MONTHS[int(month) - 1]} {at}"
     if (day, month, weekday) == ("*", "*", "*") and _NUMBER.fullmatch(minute):
         step = _STEP.fullmatch(hour)
         if step:

@@ -23,45 +23,71 @@
   }
 
   // ---------------------------------------------------------------- fragments
+  //
+  // Refreshes are keyed by the fragment's address (data-src), not by element: a refresh
+  // replaces the element, and a later event must reach its successor. One fetch per
+  // address at a time; an event that arrives meanwhile fetches it once more afterwards,
+  // so the newest state always wins and answers never race.
+
+  var inflight = {}; // data-src or run id -> true, or "again" when wanted meanwhile
 
   function want(el) {
     if (!el || !el.dataset.src) return;
-    pending.add(el);
+    pending.add(el.dataset.src);
     if (!timer) timer = setTimeout(flush, REFRESH_DELAY);
   }
 
   function flush() {
     timer = null;
-    var els = Array.from(pending);
+    var srcs = Array.from(pending);
     pending.clear();
-    els.forEach(function (el) {
-      if (el.isConnected) refresh(el);
-    });
+    srcs.forEach(load);
+  }
+
+  function settle(key, retry) {
+    var again = inflight[key] === "again";
+    delete inflight[key];
+    if (again) retry();
   }
 
   function fetchHtml(url) {
     return fetch(url, { credentials: "same-origin", headers: { Accept: "text/html" } });
   }
 
-  function refresh(el) {
-    return fetchHtml(el.dataset.src).then(function (r) {
+  function load(src) {
+    if (inflight[src]) {
+      inflight[src] = "again";
+      return;
+    }
+    var els = all("[data-src]").filter(function (el) { return el.dataset.src === src; });
+    if (!els.length) return;
+    inflight[src] = true;
+    fetchHtml(src).then(function (r) {
       if (r.status === 204 || r.status === 404) {
-        el.remove();
-        return;
+        els.forEach(function (el) { el.remove(); });
+        return null;
       }
       if (r.status === 401) {
         location.assign("/signin");
-        return;
+        return null;
       }
-      if (!r.ok) return;
-      return r.text().then(function (html) {
+      return r.ok ? r.text() : null;
+    }).then(function (html) {
+      if (!html) return;
+      els.forEach(function (el) {
         var fresh = parse(html);
         if (fresh && el.isConnected) {
           el.replaceWith(fresh);
           ages(fresh);
         }
       });
-    }).catch(function () { /* offline: the next event or reconnect tries again */ });
+    }).catch(function () { /* offline: the next event or reconnect tries again */ })
+      .then(function () {
+        settle(src, function () {
+          pending.add(src);
+          if (!timer) timer = setTimeout(flush, REFRESH_DELAY);
+        });
+      });
   }
 
   function parse(html) {
@@ -72,19 +98,28 @@
 
   // A run the page lists nowhere yet: a job's history on its first page gains a row.
   function addRun(jobId, runId) {
-    all('tbody[data-runs-of="' + jobId + '"][data-first-page]').forEach(function (body) {
-      if (body.querySelector('[data-run="' + runId + '"]')) return;
-      fetchHtml("/ui/run-row/" + runId).then(function (r) {
-        if (!r.ok) return null;
-        return r.text();
-      }).then(function (html) {
-        if (!html || body.querySelector('[data-run="' + runId + '"]')) return;
+    var bodies = all('tbody[data-runs-of="' + jobId + '"][data-first-page]');
+    if (!bodies.length) return;
+    var key = "run:" + runId;
+    if (inflight[key]) {
+      inflight[key] = "again";
+      return;
+    }
+    inflight[key] = true;
+    fetchHtml("/ui/run-row/" + runId).then(function (r) {
+      return r.ok ? r.text() : null;
+    }).then(function (html) {
+      if (!html) return;
+      bodies.forEach(function (body) {
+        if (!body.isConnected || body.querySelector('[data-run="' + runId + '"]')) return;
         var row = parse(html);
         if (!row) return;
         all("tr.none", body).forEach(function (none) { none.remove(); });
         body.insertBefore(row, body.firstElementChild);
         ages(row);
-      }).catch(function () {});
+      });
+    }).catch(function () {}).then(function () {
+      settle(key, function () { all('[data-run="' + runId + '"]').forEach(want); });
     });
   }
 
