@@ -209,12 +209,12 @@ def test_csrf_tokens_are_bound_to_the_session() -> None:
                 "trigger": "manual",
                 "attempt": 1,
             },
-        ),  # fmt: skip
+        ),
         (
             RunProgress(run=5, percent=40.0, label="copy"),
             "progress",
             {"run": 5, "percent": 40.0, "label": "copy", "message": None},
-        ),  # fmt: skip
+        ),
         (NotificationWake(payload={"job": 3}), "job", {"job_id": 3}),
         (NotificationWake(payload={"changed": "many"}), "jobs", {}),
         (Refreshed(jobs=3, armed=1, initialised=1, elapsed_ms=1.0), "jobs", {}),
@@ -222,12 +222,12 @@ def test_csrf_tokens_are_bound_to_the_session() -> None:
             WorkerConnected(worker="w", types=("a",), capacity=1, transport="unix", peer="-"),
             "worker",
             {"worker": "w", "connected": True, "types": ["a"]},
-        ),  # fmt: skip
+        ),
         (
             StateChanged(state="degraded", reasons=("x",)),
             "status",
             {"state": "degraded", "reasons": ["x"]},
-        ),  # fmt: skip
+        ),
         (Missed(count=3), "missed", {"count": 3}),
     ],
 )
