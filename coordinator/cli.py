@@ -20,7 +20,8 @@
       sync MANIFEST.toml [--allow-invalid] [--json]
       run [--migrate] [--config FILE] [--refresh-spacing DUR] [--concurrency N] ...
       demo [--state-dir DIR] [--keep]
-      status [--json]
+      status [--json] [--watch]
+      top [--once]
       config [--json]
 
 Exit status: 0 on success, 2 for bad usage or input (one line on stderr naming the bad
@@ -258,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(groups)
     _add_demo(groups)
     _add_status(groups)
+    _add_top(groups)
     _add_config(groups)
     _add_worker(groups)
     # ---- Later command groups plug in here, one call each, e.g.:
@@ -494,13 +496,27 @@ def _add_demo(groups: _Subparsers) -> None:
 
 
 def _add_status(groups: _Subparsers) -> None:
-    _command(
+    status = _command(
         groups,
         "status",
         _status,
         "the running daemon's state (via its admin API), else what the database says",
         reads=True,
     )
+    status.add_argument(
+        "--watch", action="store_true", help="follow it live on one screen (coordinator top)"
+    )
+
+
+def _add_top(groups: _Subparsers) -> None:
+    top = _command(
+        groups,
+        "top",
+        _top,
+        "one live screen: running calls, next deadlines, workers, recent outcomes "
+        "(follows the daemon's events over its admin API; Ctrl-C ends it)",
+    )
+    top.add_argument("--once", action="store_true", help="print one screen and exit")
 
 
 def _add_worker(groups: _Subparsers) -> None:
@@ -782,8 +798,16 @@ async def _demo_serve(config: config_mod.Config, dsn: str, ctx: CommandContext) 
     return status
 
 
+async def _top(args: argparse.Namespace, ctx: CommandContext) -> int:
+    from . import top
+
+    return await top.run(ctx.config(), once=getattr(args, "once", False))
+
+
 async def _status(args: argparse.Namespace, ctx: CommandContext) -> int:
     config = ctx.config()
+    if getattr(args, "watch", False):
+        return await _top(args, ctx)
     answer = await trio.to_thread.run_sync(probe.fetch_status, config)
     live = answer.status
     database: dict[str, Any] | None = None
