@@ -77,6 +77,7 @@ from .text import check_job_name, check_namespace, printable
 if TYPE_CHECKING:
     from asyncpg import Connection
 
+    from .demo import Demo
     from .log import EventLog
 
 PROG = "coordinator"
@@ -763,7 +764,7 @@ async def _demo(args: argparse.Namespace, ctx: CommandContext) -> int:
         async with ctx.connection() as conn:
             run_id = await demo.define(conn)
         demo.started(run_id)
-        status = await _demo_serve(config, dsn, ctx)
+        status = await _demo_serve(config, dsn, ctx, demo)
         if external and not demo.keep:
             async with ctx.connection() as conn:
                 await demo.remove_jobs(conn)
@@ -774,14 +775,18 @@ async def _demo(args: argparse.Namespace, ctx: CommandContext) -> int:
         demo.finished()
 
 
-async def _demo_serve(config: config_mod.Config, dsn: str, ctx: CommandContext) -> int:
-    """The daemon, each run's output as it ends, and ``jobs list`` once after 12 s."""
+async def _demo_serve(
+    config: config_mod.Config, dsn: str, ctx: CommandContext, demo: Demo
+) -> int:
+    """The daemon and its admin web page, each run's output as it ends, and ``jobs list``
+    once after 12 s."""
     from .demo import OutputFollower
     from .service import event_log
 
     follower = OutputFollower()
     log = event_log(config)
     follower.attach(log)
+    log.observers.append(demo.observe)
 
     async def show_jobs() -> None:
         await trio.sleep(12)

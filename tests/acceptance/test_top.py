@@ -4,11 +4,15 @@ stream over the admin API, and no SQL while nothing happens (server log)."""
 
 from __future__ import annotations
 
+import http.cookiejar
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -142,7 +146,7 @@ def test_top_once_prints_one_screen_and_status_watch_is_top(start_daemon: Any) -
         assert watch.stdout.readline().startswith("coordinator top · ")
     finally:
         watch.send_signal(signal.SIGINT)
-        out, err = watch.communicate(timeout=10)
+        _out, err = watch.communicate(timeout=10)
     assert watch.returncode == 0, err
 
 
@@ -164,3 +168,35 @@ def test_top_with_a_wrong_token_says_so(start_daemon: Any, token: str, tmp_path:
     assert result.code == 1
     assert "answered 403" in result.err
     assert result.err.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- the demo's page
+
+
+def test_the_demo_serves_the_web_page_and_prints_its_address_and_token(
+    database: str, tmp_path: Path
+) -> None:
+    demo = test_operator.start_demo("--dsn", database, config=write(tmp_path / "c.toml", ""))
+    try:
+        page_line = demo.read_until("demo: admin web page: ")
+        token_line = demo.read_until("demo: admin token: ")
+        url = page_line.split("demo: admin web page: ", 1)[1].split()[0]
+        token = token_line.split("demo: admin token: ", 1)[1].strip()
+        assert url.startswith("http://127.0.0.1:")
+        assert len(token) >= 16
+        assert token not in page_line
+        jar = http.cookiejar.CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        form = opener.open(url + "signin", timeout=10).read().decode()
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form)
+        assert csrf is not None
+        body = urllib.parse.urlencode({"token": token, "csrf": csrf[1]}).encode()
+        jobs = opener.open(url + "signin", data=body, timeout=10)
+        assert jobs.geturl() == url  # signed in, sent to the jobs view
+        text = jobs.read().decode()
+        for name in ("heartbeat", "tick", "hello"):
+            assert f">{name}</a>" in text
+        assert token not in text
+    finally:
+        demo.stop()
+    assert demo.proc.returncode == 0
