@@ -775,9 +775,7 @@ async def _demo(args: argparse.Namespace, ctx: CommandContext) -> int:
         demo.finished()
 
 
-async def _demo_serve(
-    config: config_mod.Config, dsn: str, ctx: CommandContext, demo: Demo
-) -> int:
+async def _demo_serve(config: config_mod.Config, dsn: str, ctx: CommandContext, demo: Demo) -> int:
     """The daemon and its admin web page, each run's output as it ends, and ``jobs list``
     once after 12 s."""
     from .demo import OutputFollower

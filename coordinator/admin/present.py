@@ -247,11 +247,11 @@ HEIGHT: Final = 22
 
 
 def sparkline(stats: RunStats, *, bar: int = BAR, height: int = HEIGHT) -> Markup:
-    """A stacked-bar chart of ``stats`` as inline SVG: one ``<g class="bucket">`` per
-    bucket, one ``<rect>`` per outcome, heights scaled to the busiest bucket; an empty
-    bucket is a faint baseline. Each bucket has a ``<title>`` (its span and counts) for
-    the tooltip; colours come from the stylesheet (classes, no inline style: the CSP
-    allows none)."""
+    """A stacked-bar chart of ``stats`` as inline SVG: one element of class ``bucket`` per
+    bucket (a ``<g>`` holding one ``<rect>`` per outcome, heights scaled to the busiest
+    bucket; an empty bucket is one faint baseline ``<rect>``). A bucket with runs has a
+    ``<title>`` (its span and counts) for the tooltip; colours come from the stylesheet
+    (classes, no inline style: the CSP allows none)."""
     buckets = stats.buckets
     peak = max((sum(c.values()) for c in stats.counts), default=0) or 1
     width = buckets.count * (bar + GAP) - GAP
@@ -268,22 +268,30 @@ def sparkline(stats: RunStats, *, bar: int = BAR, height: int = HEIGHT) -> Marku
     for index, ((start, end), counts) in enumerate(zip(buckets.spans(), stats.counts, strict=True)):
         x = index * (bar + GAP)
         total = sum(counts.values())
-        words = ", ".join(f"{counts[o]} {o}" for o in _ordered(counts)) or "no runs"
-        title = f"{absolute(start)} to {absolute(end)}: {words}"
+        if not total:  # the common case: a faint baseline, no tooltip, few bytes
+            parts.append(
+                f'<rect class="bucket empty" x="{x}" y="{height - 1}" width="{bar}" height="1"/>'
+            )
+            continue
+        words = ", ".join(f"{counts[o]} {o}" for o in _ordered(counts))
+        title = f"{_short(start)} to {_short(end)}: {words}"
         parts.append(f'<g class="bucket" data-total="{total}"><title>{escape(title)}</title>')
-        if not total:
-            parts.append(f'<rect class="empty" x="{x}" y="{height - 1}" width="{bar}" height="1"/>')
         y = float(height)
         for outcome in _ordered(counts):
             size = max(counts[outcome] / peak * height, 1.5)
             y -= size
             parts.append(
-                f'<rect class="{state_class(outcome)}" x="{x}" y="{max(y, 0):.2f}" '
-                f'width="{bar}" height="{size:.2f}"/>'
+                f'<rect class="{state_class(outcome)}" x="{x}" y="{max(y, 0):.1f}" '
+                f'width="{bar}" height="{size:.1f}"/>'
             )
         parts.append("</g>")
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def _short(moment: datetime) -> str:
+    """A bucket edge in a tooltip: ``03-02 14:00`` (UTC, the year left out)."""
+    return moment.astimezone(UTC).strftime("%m-%d %H:%M")
 
 
 def _ordered(counts: Any) -> list[str]:
