@@ -14,7 +14,8 @@ event                  message    data
 ``RunFinished``        ``run``    ``job_id``, ``job``, ``run``, ``status`` (the outcome), ...
 ``RunProgress``        progress   ``run``, ``percent``, ``label``, ``message``
 ``ClaimRejected``      ``job``    ``job_id``, ``run``, ``reason``
-``NotificationWake``   ``job``    ``job_id`` (one job changed), else ``jobs`` (any may have)
+``NotificationWake``   ``job``    ``job_id`` (one job changed), ``run`` (a queued run), else
+                                 ``jobs`` (any may have)
 ``Refreshed``          ``jobs``   only when it saved first deadlines or found bad schedules
 ``Worker*``            worker     ``worker``, ``connected``, ``types``
 ``StateChanged``       status     ``state``, ``reasons``
@@ -101,8 +102,11 @@ def message(event: Event) -> tuple[str, dict[str, Any]] | None:
     if isinstance(event, ClaimRejected):
         return "job", {"job_id": event.job_id, "run": event.run, "reason": event.reason}
     if isinstance(event, NotificationWake):
-        job = event.payload.get("job")
-        if isinstance(job, int) and set(event.payload) == {"job"}:
+        job, run, keys = event.payload.get("job"), event.payload.get("run"), set(event.payload)
+        if isinstance(job, int) and isinstance(run, int) and keys == {"job", "run"}:
+            # A queued run the daemon reads before claiming (e.g. nobody serves its type).
+            return "run", {"job_id": job, "run": run, "status": "queued"}
+        if isinstance(job, int) and keys == {"job"}:
             return "job", {"job_id": job}
         return "jobs", {}
     if isinstance(event, Refreshed):

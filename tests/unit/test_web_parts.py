@@ -217,6 +217,11 @@ def test_csrf_tokens_are_bound_to_the_session() -> None:
             {"run": 5, "percent": 40.0, "label": "copy", "message": None},
         ),
         (NotificationWake(payload={"job": 3}), "job", {"job_id": 3}),
+        (
+            NotificationWake(payload={"job": 3, "run": 9}),
+            "run",
+            {"job_id": 3, "run": 9, "status": "queued"},
+        ),
         (NotificationWake(payload={"changed": "many"}), "jobs", {}),
         (Refreshed(jobs=3, armed=1, initialised=1, elapsed_ms=1.0), "jobs", {}),
         (
