@@ -1,4 +1,4 @@
-"""``python -m bench [all|idle|latency|lateness|throughput|scale|peers|durability] [--quick]``
+"""``python -m bench [all|idle|latency|lateness|throughput|scale|peers|durability|stats] [--quick]``
 
 Each benchmark starts its own PostgreSQL cluster, prints a table and writes
 ``bench/results/<name>.json``. See bench/README.md.
@@ -17,7 +17,9 @@ from . import common
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-BENCHMARKS = ("idle", "latency", "peers", "lateness", "throughput", "scale", "durability")
+BENCHMARKS = (
+    "idle", "latency", "peers", "lateness", "throughput", "scale", "durability", "stats",
+)  # fmt: skip
 
 
 def _runner(name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
@@ -35,6 +37,8 @@ def _runner(name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
         from .scale import run
     elif name == "durability":
         from .durability import run
+    elif name == "stats":
+        from .stats import run
     else:
         raise ValueError(name)
     return run

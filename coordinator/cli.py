@@ -20,7 +20,8 @@
       sync MANIFEST.toml [--allow-invalid] [--json]
       run [--migrate] [--config FILE] [--refresh-spacing DUR] [--concurrency N] ...
       demo [--state-dir DIR] [--keep]
-      status [--json]
+      status [--json] [--watch]
+      top [--once]
       config [--json]
 
 Exit status: 0 on success, 2 for bad usage or input (one line on stderr naming the bad
@@ -76,6 +77,7 @@ from .text import check_job_name, check_namespace, printable
 if TYPE_CHECKING:
     from asyncpg import Connection
 
+    from .demo import Demo
     from .log import EventLog
 
 PROG = "coordinator"
@@ -258,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(groups)
     _add_demo(groups)
     _add_status(groups)
+    _add_top(groups)
     _add_config(groups)
     _add_worker(groups)
     # ---- Later command groups plug in here, one call each, e.g.:
@@ -494,13 +497,27 @@ def _add_demo(groups: _Subparsers) -> None:
 
 
 def _add_status(groups: _Subparsers) -> None:
-    _command(
+    status = _command(
         groups,
         "status",
         _status,
         "the running daemon's state (via its admin API), else what the database says",
         reads=True,
     )
+    status.add_argument(
+        "--watch", action="store_true", help="follow it live on one screen (coordinator top)"
+    )
+
+
+def _add_top(groups: _Subparsers) -> None:
+    top = _command(
+        groups,
+        "top",
+        _top,
+        "one live screen: running calls, next deadlines, workers, recent outcomes "
+        "(follows the daemon's events over its admin API; Ctrl-C ends it)",
+    )
+    top.add_argument("--once", action="store_true", help="print one screen and exit")
 
 
 def _add_worker(groups: _Subparsers) -> None:
@@ -747,7 +764,7 @@ async def _demo(args: argparse.Namespace, ctx: CommandContext) -> int:
         async with ctx.connection() as conn:
             run_id = await demo.define(conn)
         demo.started(run_id)
-        status = await _demo_serve(config, dsn, ctx)
+        status = await _demo_serve(config, dsn, ctx, demo)
         if external and not demo.keep:
             async with ctx.connection() as conn:
                 await demo.remove_jobs(conn)
@@ -758,14 +775,16 @@ async def _demo(args: argparse.Namespace, ctx: CommandContext) -> int:
         demo.finished()
 
 
-async def _demo_serve(config: config_mod.Config, dsn: str, ctx: CommandContext) -> int:
-    """The daemon, each run's output as it ends, and ``jobs list`` once after 12 s."""
+async def _demo_serve(config: config_mod.Config, dsn: str, ctx: CommandContext, demo: Demo) -> int:
+    """The daemon and its admin web page, each run's output as it ends, and ``jobs list``
+    once after 12 s."""
     from .demo import OutputFollower
     from .service import event_log
 
     follower = OutputFollower()
     log = event_log(config)
     follower.attach(log)
+    log.observers.append(demo.observe)
 
     async def show_jobs() -> None:
         await trio.sleep(12)
@@ -782,8 +801,16 @@ async def _demo_serve(config: config_mod.Config, dsn: str, ctx: CommandContext) 
     return status
 
 
+async def _top(args: argparse.Namespace, ctx: CommandContext) -> int:
+    from . import top
+
+    return await top.run(ctx.config(), once=getattr(args, "once", False))
+
+
 async def _status(args: argparse.Namespace, ctx: CommandContext) -> int:
     config = ctx.config()
+    if getattr(args, "watch", False):
+        return await _top(args, ctx)
     answer = await trio.to_thread.run_sync(probe.fetch_status, config)
     live = answer.status
     database: dict[str, Any] | None = None

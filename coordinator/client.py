@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 import asyncpg
 import attrs
 
+from . import buckets as buckets_mod
 from . import rows
 from . import schedule as schedules
+from .buckets import Buckets
 from .db import one_line
 from .errors import (
     Conflict,
@@ -56,20 +58,24 @@ __all__ = [
     "RUN_STATUSES",
     "JobView",
     "Leader",
+    "RunStats",
     "RunView",
     "SyncResult",
     "WaitTimeout",
     "daemon_leader",
     "define_job",
     "get_job",
+    "get_job_by_id",
     "get_run",
     "job_entry",
+    "jobs_stats",
     "list_jobs",
     "list_runs",
     "pause",
     "remove",
     "resolve",
     "resume",
+    "run_stats",
     "sync",
     "sync_manifest",
     "translate_errors",
@@ -152,6 +158,8 @@ class JobView:
     #: The latest run (by id) and its status, or ``None`` when it never ran.
     last_run: int | None = None
     last_status: str | None = None
+    #: When the latest run last moved: finished, else started, else queued.
+    last_run_at: datetime | None = None
     #: The run currently outstanding (queued, pending, running or unresolved), if any.
     outstanding_run: int | None = None
     outstanding_status: str | None = None
@@ -198,6 +206,7 @@ class JobView:
             "updated_at": _iso(self.updated_at),
             "last_run": self.last_run,
             "last_status": self.last_status,
+            "last_run_at": _iso(self.last_run_at),
             "outstanding_run": self.outstanding_run,
             "outstanding_status": self.outstanding_status,
             "blocked_by": self.blocked_by,
@@ -771,10 +780,12 @@ async def daemon_leader(conn: Connection) -> Leader | None:
 _JOB_COLUMNS: Final = f"""
     {rows.select_list()},
     j.created_at, j.updated_at,
-    last.id AS last_run, last.status AS last_status,
+    last.id AS last_run, last.status AS last_status, last.at AS last_run_at,
     o.id AS outstanding_run, o.status AS outstanding_status
   FROM coordinator.jobs j
-  LEFT JOIN LATERAL (SELECT r.id, r.status FROM coordinator.runs r
+  LEFT JOIN LATERAL (SELECT r.id, r.status,
+                            coalesce(r.finished_at, r.started_at, r.created_at) AS at
+                       FROM coordinator.runs r
                       WHERE r.job_id = j.id ORDER BY r.id DESC LIMIT 1) last ON true
   LEFT JOIN coordinator.runs o
          ON o.job_id = j.id AND o.status IN ('queued', 'pending', 'running', 'unresolved')
@@ -791,6 +802,11 @@ SELECT {_JOB_COLUMNS}
  WHERE j.namespace = $1 AND j.name = $2
 """
 
+_GET_JOB_BY_ID: Final = f"""
+SELECT {_JOB_COLUMNS}
+ WHERE j.id = $1
+"""
+
 
 def _job_view(row: Mapping[str, Any]) -> JobView:
     outstanding_status = row["outstanding_status"]
@@ -800,6 +816,7 @@ def _job_view(row: Mapping[str, Any]) -> JobView:
         updated_at=row["updated_at"],
         last_run=row["last_run"],
         last_status=row["last_status"],
+        last_run_at=row["last_run_at"],
         outstanding_run=row["outstanding_run"],
         outstanding_status=outstanding_status,
         blocked_by=row["outstanding_run"] if outstanding_status == "unresolved" else None,
@@ -822,6 +839,16 @@ async def get_job(conn: Connection, name: str, *, namespace: str = "default") ->
     return _job_view(row)
 
 
+async def get_job_by_id(conn: Connection, job_id: int) -> JobView:
+    """The job with id ``job_id`` (what the daemon's events name); raises
+    :class:`~coordinator.errors.JobNotFound`."""
+    with translate_errors():
+        row = await conn.fetchrow(_GET_JOB_BY_ID, job_id)
+    if row is None:
+        raise JobNotFound("?", f"#{job_id}")
+    return _job_view(row)
+
+
 _RUN_COLUMNS: Final = """
     r.id, r.job_id, j.namespace, j.name AS job, r.trigger, r.status, r.scheduled_for,
     r.claimed_at, r.started_at, r.finished_at, r.created_at, r.schedule_version,
@@ -835,6 +862,7 @@ SELECT {_RUN_COLUMNS}
  WHERE ($1::text IS NULL OR j.namespace = $1)
    AND ($2::text IS NULL OR j.name = $2)
    AND ($3::text IS NULL OR r.status = $3)
+   AND ($5::bigint IS NULL OR r.id < $5)
  ORDER BY r.id DESC
  LIMIT $4
 """
@@ -881,8 +909,10 @@ async def list_runs(
     job: str | None = None,
     status: str | None = None,
     limit: int = 50,
+    before: int | None = None,
 ) -> list[RunView]:
-    """The newest runs first, at most ``limit``.
+    """The newest runs first, at most ``limit``; with ``before``, only runs older than
+    that run id (the next page of a listing that ended there).
 
     ``job`` without ``namespace`` means the job in ``default``; an unknown job raises
     :class:`~coordinator.errors.JobNotFound` (rather than listing nothing).
@@ -894,7 +924,7 @@ async def list_runs(
     if job is not None and namespace is None:
         namespace = "default"
     with translate_errors(namespace=namespace, name=job):
-        rows = await conn.fetch(_LIST_RUNS, namespace, job, status, limit)
+        rows = await conn.fetch(_LIST_RUNS, namespace, job, status, limit, before)
         if not rows and job is not None and not await conn.fetchval(_JOB_EXISTS, namespace, job):
             raise JobNotFound(namespace or "default", job)
     return [_run_view(row) for row in rows]
@@ -907,6 +937,95 @@ async def get_run(conn: Connection, run_id: int) -> RunView:
     if row is None:
         raise RunNotFound(run_id)
     return _run_view(row)
+
+
+# --------------------------------------------------------------------------- statistics
+
+#: One aggregate over ``runs_by_job_created`` (migrations/0008_web.sql): the runs of the
+#: given jobs inside the window, counted per job, bucket and status. ``width_bucket``
+#: finds each run's bucket in the edges array (a binary search), so calendar months
+#: need no arithmetic here.
+_RUN_STATS: Final = """
+SELECT r.job_id, width_bucket(r.created_at, $2::timestamptz[]) AS bucket, r.status,
+       count(*) AS n
+  FROM coordinator.runs r
+ WHERE r.job_id = ANY($1::bigint[]) AND r.created_at >= $3 AND r.created_at < $4
+ GROUP BY 1, 2, 3
+"""
+
+
+@attrs.frozen(kw_only=True)
+class RunStats:
+    """A job's runs counted per status in each bucket of a span."""
+
+    #: The job's ``namespace/name`` and id.
+    job: str
+    job_id: int
+    #: The buckets (unit, step, edges).
+    buckets: Buckets
+    #: One mapping per bucket, oldest first: status -> runs created in it.
+    counts: tuple[Mapping[str, int], ...]
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """Runs per status over the whole span."""
+        out: dict[str, int] = {}
+        for bucket in self.counts:
+            for status, n in bucket.items():
+                out[status] = out.get(status, 0) + n
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``GET /api/jobs/{ns}/{name}/stats`` body."""
+        return {
+            "job": self.job,
+            "since": _iso(self.buckets.since),
+            "until": _iso(self.buckets.until),
+            "unit": self.buckets.unit,
+            "step": self.buckets.step,
+            "buckets": [
+                {"start": _iso(start), "end": _iso(end), "counts": dict(counts)}
+                for (start, end), counts in zip(self.buckets.spans(), self.counts, strict=True)
+            ],
+            "totals": self.totals,
+        }
+
+
+async def jobs_stats(
+    conn: Connection, jobs: Sequence[JobView], buckets: Buckets
+) -> dict[int, RunStats]:
+    """Run counts per status in each of ``buckets`` for each of ``jobs`` (by job id): one
+    statement however many jobs (the web page's sparklines)."""
+    ids = [job.id for job in jobs]
+    counts: dict[int, list[dict[str, int]]] = {i: [{} for _ in range(buckets.count)] for i in ids}
+    if ids:
+        with translate_errors():
+            rows = await conn.fetch(
+                _RUN_STATS, ids, list(buckets.edges), buckets.edges[0], buckets.edges[-1]
+            )
+        for row in rows:
+            index = row["bucket"] - 1
+            if 0 <= index < buckets.count:
+                counts[row["job_id"]][index][row["status"]] = row["n"]
+    return {
+        job.id: RunStats(job=job.key, job_id=job.id, buckets=buckets, counts=tuple(counts[job.id]))
+        for job in jobs
+    }
+
+
+async def run_stats(
+    conn: Connection,
+    name: str,
+    *,
+    namespace: str = "default",
+    since: datetime,
+    until: datetime,
+) -> RunStats:
+    """The runs of ``namespace/name`` created in ``[since, until]``, counted per status in
+    8 to 30 buckets of an hour, day, week or month multiple (:func:`buckets.choose`)."""
+    chosen = buckets_mod.choose(since, until)
+    job = await get_job(conn, name, namespace=namespace)
+    return (await jobs_stats(conn, [job], chosen))[job.id]
 
 
 async def wait_for_run(

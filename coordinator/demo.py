@@ -3,19 +3,21 @@
 The demo keeps to itself. It uses its own state directory (a new temporary one, or with
 ``--state-dir`` an empty directory or one an earlier ``--keep`` demo left), so its own
 embedded PostgreSQL, result spool and worker socket, and none of the service's settings
-(database, state directory, worker socket, admin API). It says where on start and on
+(database, state directory, worker socket, admin API). It serves the admin web page on
+a loopback port of its own with a token it makes up, and prints both once the page is
+served (the token is never part of the address). It says where on start and on
 exit; on exit it removes its jobs and its directory, cluster included, unless
 ``--keep``. Each run's output is printed when the run ends (the daemon's ``job.run``
 event names the run; its saved output tail is read once).
 
-The steps are separate methods so that more can plug in (e.g. an admin web page: give
-:meth:`Demo.settings` an ``admin_listen`` and print its address in :meth:`Demo.started`).
+The steps are separate methods so that more can plug in.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -78,6 +80,8 @@ class Demo:
     external_database: bool
     #: The jobs were defined (a failure before that leaves nothing worth a word).
     began: bool = False
+    #: The admin web page's token (made up for this demo).
+    admin_token: str = attrs.field(factory=lambda: secrets.token_urlsafe(24))
 
     @classmethod
     def prepare(
@@ -115,18 +119,27 @@ class Demo:
 
     def settings(self, base: Config) -> Config:
         """The demo's configuration: ``base`` (log format and level, a ``--dsn``) with
-        everything that could touch the service's state replaced by the demo's own."""
+        everything that could touch the service's state replaced by the demo's own, and
+        the admin web page on a free loopback port with the demo's token."""
         return attrs.evolve(
             base,
             dsn=base.dsn if self.external_database else None,
             dsn_password_file=None,
             state_dir=self.state_dir,
             worker_socket=self.state_dir / "worker.sock",
-            admin_listen=None,
-            admin_token=None,
+            admin_listen="127.0.0.1:0",
+            admin_allow_remote=False,
+            admin_token=self.admin_token,
             admin_token_file=None,
             credentials_dir=None,
         )
+
+    def observe(self, record: dict[str, Any]) -> None:
+        """An :class:`~coordinator.log.EventLog` observer: when the admin server listens,
+        say where and with which token to sign in."""
+        if record.get("event") == "admin.listening" and isinstance(record.get("address"), str):
+            say(f"admin web page: {record['address']}/ (sign in with the token below)")
+            say(f"admin token: {self.admin_token}")
 
     def started(self, run_id: int) -> None:
         """Tell where everything is."""

@@ -131,8 +131,9 @@ async def _start_admin(
     log: EventLog,
     stopped: trio.Event,
 ) -> None:
-    """The admin API and metrics (off unless ``admin_listen`` is set). It answers reads
-    from the database on request only: an open, unused API costs no SQL."""
+    """The admin API, web page and metrics (off unless ``admin_listen`` is set). It answers
+    reads from the database on request only: an open, unused API or page costs no SQL
+    (an open page follows the daemon's events and reads only what they say changed)."""
     from .admin import Metrics, make_app, serve_admin
 
     token = config.admin_token_value()
@@ -148,6 +149,8 @@ async def _start_admin(
         metrics=metrics,
         audit=lambda record: log.info("audit", **record),
         metrics_public=config.metrics_public,
+        events=daemon.events,
+        clock=SystemWallClock(),
     )
     address = await nursery.start(
         partial(

@@ -1,10 +1,17 @@
-"""The admin HTTP API: a Starlette app served by hypercorn's trio worker.
+"""The admin HTTP server: the API and the web page, one Starlette app served by
+hypercorn's trio worker.
 
 Off unless a listen address is configured; loopback only unless remote listening is
-explicitly allowed. Every endpoint but ``/healthz`` (and ``/metrics`` when
-``metrics_public``) needs ``Authorization: Bearer <token>``, compared with
-:func:`hmac.compare_digest` (constant time by construction): 401 when missing, 403 when
-wrong.
+explicitly allowed. Who may do what (the guard, :class:`_Guard`):
+
+- ``/api/*`` and ``/metrics`` need ``Authorization: Bearer <token>``, compared with
+  :func:`hmac.compare_digest` (constant time by construction): 401 when missing, 403
+  when wrong. ``/metrics`` is open with ``metrics_public``; ``/healthz`` always is.
+- The web page (``/``, ``/jobs/...``, ``/runs/...``, ``/status``, ``/ui/...``) needs a
+  session cookie from its sign-in form (:mod:`coordinator.admin.web`); without one a
+  page redirects to ``/signin`` and anything else is 401. ``/signin`` and ``/static``
+  are open.
+- Every response carries a strict Content-Security-Policy and friends.
 
 Cost model (promise 1 holds with the API enabled): nothing here runs unless a request
 arrives. ``/healthz``, ``/api/status`` and ``/metrics`` read the daemon's memory and send
@@ -28,10 +35,12 @@ Errors have one shape, ``{"error": code, "message": text}``:
 Every POST, allowed or not, is passed to ``audit`` once its status is known: method,
 path, status, remote address, and the run it concerned.
 
-Job names may contain ``/`` (and ``%``): a client percent-encodes them in the path
-(``/api/jobs/default/reports%2Fdaily``). Starlette routes on the decoded path, where that
-``/`` would split the segment, so :class:`_KeepEncodedSlashes` routes on a path in which
-``%2F`` and ``%25`` stay encoded, and :func:`_job_key` decodes them in the parameters.
+Job names may contain ``/``: clients percent-encode them (:mod:`coordinator.admin.paths`).
+
+``GET /api/events`` is the daemon's event stream as server-sent events
+(:mod:`coordinator.admin.live`): what ``coordinator top`` and the web page follow.
+``GET /api/jobs/{ns}/{name}/stats?since=...`` counts a job's runs per outcome in 8 to 30
+buckets (:mod:`coordinator.buckets`), one aggregate.
 """
 
 from __future__ import annotations
@@ -42,7 +51,9 @@ import logging
 import re
 from collections.abc import Callable
 from contextlib import aclosing, asynccontextmanager
+from datetime import datetime
 from functools import partial
+from http.cookies import SimpleCookie
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import attrs
@@ -56,6 +67,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import client
+from ..clock import SystemWallClock, WallClock
 from ..config import parse_listen
 from ..db import APP_ADMIN, aio, connection, trio_asyncio_loop
 from ..errors import (
@@ -67,8 +79,14 @@ from ..errors import (
     JobNotFound,
     RunNotFound,
 )
+from ..events import EventBus
+from ..schedule import parse_duration
 from ..status import DaemonStatus
+from .live import EventSourceResponse
 from .metrics import CONTENT_TYPE, Metrics
+from .paths import KeepEncodedSlashes, job_key
+from .session import SESSION_COOKIE
+from .web import SESSION_KEY, Web, html_error
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -77,6 +95,8 @@ if TYPE_CHECKING:
     from hypercorn.typing import Framework
     from starlette.requests import Request
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from .session import Sessions
 
 
 __all__ = ["APP_ADMIN", "make_app", "serve_admin"]
@@ -93,8 +113,20 @@ MAX_LIMIT: Final = 1000
 
 _MAX_BIGINT: Final = 2**63 - 1
 _AUDIT_KEY: Final = "coordinator.audit"
-#: Set in the scope when the path keeps ``%2F`` and ``%25`` encoded.
-_KEPT_KEY: Final = "coordinator.kept_encoded"
+
+#: Sent with every response. Scripts, styles and images only from this server's
+#: ``/static`` (no inline code at all), nothing framed, forms only posted here.
+SECURITY_HEADERS: Final = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+_SECURITY_RAW: Final = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
 
 # --------------------------------------------------------------------------- errors
 
@@ -125,21 +157,34 @@ _HTTP_CODES: Final = {
 }
 
 
-async def _on_coordinator_error(_request: Request, exc: Exception) -> Response:
+def _is_page(request: Request) -> bool:
+    """A web page's request (its errors are HTML), not the API's (JSON)."""
+    path = request.url.path
+    return not (path.startswith(("/api/", "/ui/")) or path in ("/metrics", "/healthz"))
+
+
+async def _on_coordinator_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, CoordinatorError)
-    return _from_coordinator_error(exc)
+    response = _from_coordinator_error(exc)
+    if _is_page(request):
+        return html_error(response.status_code, str(exc))
+    return response
 
 
-async def _on_http_error(_request: Request, exc: Exception) -> Response:
+async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     headers = dict(exc.headers or {})
+    if _is_page(request):
+        return html_error(exc.status_code, exc.detail)
     return _error(
         exc.status_code, _HTTP_CODES.get(exc.status_code, "http_error"), exc.detail, **headers
     )
 
 
-async def _on_unexpected(_request: Request, _exc: Exception) -> Response:
+async def _on_unexpected(request: Request, _exc: Exception) -> Response:
     # Starlette re-raises after this response, so the server logs the traceback.
+    if _is_page(request):
+        return html_error(500, "internal error (see the daemon's log)")
     return _error(500, "internal", "internal error (see the daemon's log)")
 
 
@@ -147,7 +192,8 @@ async def _on_unexpected(_request: Request, _exc: Exception) -> Response:
 
 
 class _Guard:
-    """Pure ASGI middleware: bearer-token check, then one audit record per POST."""
+    """Pure ASGI middleware: the bearer token for the API, the session cookie for the web
+    page, then one audit record per POST; security headers on every response."""
 
     def __init__(
         self,
@@ -156,11 +202,15 @@ class _Guard:
         token: bytes,
         public: frozenset[str],
         audit: Callable[[dict[str, Any]], None],
+        sessions: Sessions,
+        clock: WallClock,
     ) -> None:
         self.app = app
         self.token = token
         self.public = public
         self.audit = audit
+        self.sessions = sessions
+        self.clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -181,16 +231,45 @@ class _Guard:
             if message["type"] == "http.response.start":
                 # Before the client can see the answer: the record is never missing.
                 audit(int(message["status"]))
+                message = {**message, "headers": [*message.get("headers", []), *_SECURITY_RAW]}
             await send(message)
 
         try:
-            denied = None if scope["path"] in self.public else self._check(scope)
+            denied = self._admit(scope)
             if denied is not None:
                 await denied(scope, receive, send_audited)
             else:
                 await self.app(scope, receive, send_audited)
         finally:
             audit(500)  # no answer was started: an error (logged by the server) or a cancel
+
+    def _admit(self, scope: Scope) -> Response | None:
+        """``None`` to let the request in, else the answer that refuses it."""
+        path: str = scope["path"]
+        if path in self.public or path.startswith("/static/"):
+            return None
+        if path.startswith("/api/") or path == "/metrics":
+            return self._check(scope)
+        return self._check_session(scope)
+
+    def _check_session(self, scope: Scope) -> Response | None:
+        jar: SimpleCookie = SimpleCookie()
+        for key, value in scope["headers"]:
+            if key == b"cookie":
+                try:
+                    jar.load(value.decode("latin-1"))
+                except Exception:  # a malformed cookie header is no session
+                    continue
+        morsel = jar.get(SESSION_COOKIE)
+        nonce = self.sessions.nonce(
+            morsel.value if morsel is not None else None, self.clock.now().timestamp()
+        )
+        if nonce is not None:
+            scope[SESSION_KEY] = nonce
+            return None
+        if scope["method"] == "GET" and not scope["path"].startswith("/ui/"):
+            return Response(status_code=303, headers={"Location": "/signin"})
+        return _error(401, "unauthorized", "sign in first (/signin)")
 
     def _check(self, scope: Scope) -> Response | None:
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
@@ -223,58 +302,6 @@ def _note(request: Request, **fields: Any) -> None:
         notes.update({k: v for k, v in fields.items() if v is not None})
 
 
-# --------------------------------------------------------------------------- paths
-
-_PERCENT: Final = re.compile(rb"%([0-9A-Fa-f]{2})")
-_KEPT: Final = re.compile("%(2F|25)")
-_KEPT_BYTES: Final = frozenset({0x2F, 0x25})
-
-
-def _routed_path(raw_path: bytes) -> str:
-    """``raw_path`` percent-decoded, except ``%2F`` and ``%25`` (normalised to upper case),
-    so an encoded ``/`` stays inside its segment and an encoded ``%`` stays one."""
-
-    def decode(match: re.Match[bytes]) -> bytes:
-        code = int(match.group(1), 16)
-        return b"%%%02X" % code if code in _KEPT_BYTES else bytes([code])
-
-    # (As hypercorn decodes the path: invalid UTF-8 becomes U+FFFD.)
-    return _PERCENT.sub(decode, raw_path).decode("utf-8", "replace")
-
-
-class _KeepEncodedSlashes:
-    """Pure ASGI: route on a path where ``%2F`` and ``%25`` are still encoded.
-
-    Without ``raw_path`` (optional in ASGI) the server's decoded path is used as is, and
-    path parameters are taken literally (a name with ``/`` is then out of reach).
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raw_path = scope.get("raw_path")
-        if scope["type"] == "http" and isinstance(raw_path, bytes):
-            scope = {**scope, "path": _routed_path(raw_path), _KEPT_KEY: True}
-        await self.app(scope, receive, send)
-
-
-def _path_param(request: Request, key: str) -> str:
-    value = str(request.path_params[key])
-    if request.scope.get(_KEPT_KEY):
-        value = _KEPT.sub(lambda m: "/" if m.group(1) == "2F" else "%", value)
-    return value
-
-
-def _job_key(request: Request) -> tuple[str, str]:
-    """The ``{ns}`` and ``{name}`` of a job path, decoded (``%2F`` is ``/``).
-
-    Looked up as given (no naming rule applied: a job stored before the rules of
-    :mod:`coordinator.text` stays reachable); an unknown one is a 404.
-    """
-    return _path_param(request, "ns"), _path_param(request, "name")
-
-
 # --------------------------------------------------------------------------- inputs
 
 _DIGITS: Final = re.compile(r"[0-9]{1,19}")
@@ -304,6 +331,33 @@ def _flag(request: Request, name: str) -> bool:
     if text in _FALSE:
         return False
     raise InvalidInput(name, f"must be 1/0, true/false, yes/no or on/off, not {value!r}")
+
+
+def _positive(text: str, name: str) -> int:
+    value = int(text) if _DIGITS.fullmatch(text) else 0
+    if not 1 <= value <= _MAX_BIGINT:
+        raise InvalidInput(name, f"must be a positive integer, not {text!r}")
+    return value
+
+
+def _instant(text: str | None, name: str, now: datetime) -> datetime | None:
+    """An ISO 8601 instant with an offset (``2026-01-31T12:00:00Z``), or a duration back
+    from ``now`` (``48h``, ``180d``); ``None`` when absent."""
+    if text is None or not text.strip():
+        return None
+    text = text.strip()
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return now - parse_duration(text, field=name, unit_required=True)
+        except (InvalidInput, OverflowError):
+            raise InvalidInput(
+                name, f"an ISO 8601 instant with its offset or a duration like 48h, not {text!r}"
+            ) from None
+    if moment.tzinfo is None:
+        raise InvalidInput(name, f"{text!r} has no offset: add Z or +hh:mm")
+    return moment
 
 
 def _limit(request: Request) -> int:
@@ -346,12 +400,15 @@ class _Api:
     #: The daemon's typed snapshot (no SQL).
     status_of: Callable[[], DaemonStatus]
     metrics: Metrics
+    clock: WallClock
+    #: The daemon's events, for ``/api/events`` (``None``: no stream here).
+    bus: EventBus | None = None
     limiter: trio.CapacityLimiter = attrs.field(
         factory=lambda: trio.CapacityLimiter(MAX_DB_REQUESTS)
     )
 
     @asynccontextmanager
-    async def _db(self) -> AsyncIterator[Connection]:
+    async def db(self) -> AsyncIterator[Connection]:
         """One short connection for this request, closed when it is answered."""
         async with self.limiter, connection(self.dsn, application_name=APP_ADMIN) as conn:
             yield conn
@@ -368,33 +425,62 @@ class _Api:
     async def metrics_text(self, _request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
+    async def events(self, _request: Request) -> Response:
+        """The daemon's events as server-sent events, until the client goes."""
+        if self.bus is None:
+            return _error(404, "not_found", "no event stream is served here")
+        return EventSourceResponse(self.bus)
+
     # -- reads --------------------------------------------------------------------------
 
     async def jobs(self, request: Request) -> Response:
         namespace = request.query_params.get("namespace") or None
-        async with self._db() as conn:
+        async with self.db() as conn:
             jobs = await aio(client.list_jobs)(conn, namespace=namespace)
         return JSONResponse({"jobs": [_job_json(j) for j in jobs]})
 
     async def job(self, request: Request) -> Response:
-        ns, name = _job_key(request)
-        async with self._db() as conn:
+        ns, name = job_key(request)
+        async with self.db() as conn:
             job = await aio(client.get_job)(conn, name, namespace=ns)
         return JSONResponse(_job_json(job))
 
     async def job_runs(self, request: Request) -> Response:
-        ns, name = _job_key(request)
+        ns, name = job_key(request)
         status = request.query_params.get("status") or None
         limit = _limit(request)
-        async with self._db() as conn:
+        async with self.db() as conn:
             runs = await aio(client.list_runs)(
                 conn, namespace=ns, job=name, status=status, limit=limit
             )
         return JSONResponse({"runs": [r.to_json() for r in runs]})
 
+    async def runs(self, request: Request) -> Response:
+        """The newest runs of every job (``?status=``, ``?limit=``, ``?before=``)."""
+        status = request.query_params.get("status") or None
+        limit = _limit(request)
+        before_text = request.query_params.get("before")
+        before = _positive(before_text, "before") if before_text else None
+        async with self.db() as conn:
+            runs = await aio(client.list_runs)(conn, status=status, limit=limit, before=before)
+        return JSONResponse({"runs": [r.to_json() for r in runs]})
+
+    async def stats(self, request: Request) -> Response:
+        """Runs per outcome per bucket since ``?since=`` (an ISO 8601 instant with its
+        offset, or a duration back from now such as ``48h`` or ``180d``; default 7 days)
+        until ``?until=`` (default now)."""
+        ns, name = job_key(request)
+        now = self.clock.now()
+        until = _instant(request.query_params.get("until"), "until", now) or now
+        since = _instant(request.query_params.get("since") or "7d", "since", until)
+        assert since is not None
+        async with self.db() as conn:
+            stats = await aio(client.run_stats)(conn, name, namespace=ns, since=since, until=until)
+        return JSONResponse(stats.to_json())
+
     async def run(self, request: Request) -> Response:
         run_id = _run_id(request)
-        async with self._db() as conn:
+        async with self.db() as conn:
             run = await aio(client.get_run)(conn, run_id)
         return JSONResponse(run.to_json())
 
@@ -402,11 +488,11 @@ class _Api:
 
     async def trigger(self, request: Request) -> Response:
         """Idempotent: while the job has an outstanding run, that run is the answer."""
-        ns, name = _job_key(request)
+        ns, name = job_key(request)
         _note(request, job=f"{ns}/{name}")
         force = _flag(request, "force")
         _note(request, force=force or None)
-        async with self._db() as conn:
+        async with self.db() as conn:
             job = await aio(client.get_job)(conn, name, namespace=ns)
             run_id = await aio(client.trigger)(
                 conn, name, namespace=ns, args={"force": True} if force else None
@@ -425,7 +511,7 @@ class _Api:
         """A queued run becomes ``cancelled``; any other state is a conflict."""
         run_id = _run_id(request)
         _note(request, run=run_id)
-        async with self._db() as conn:
+        async with self.db() as conn:
             await aio(client.cancel_run)(conn, run_id)
         return JSONResponse({"run": run_id, "status": "cancelled"})
 
@@ -437,7 +523,7 @@ class _Api:
         if outcome not in client.RESOLUTIONS:
             raise InvalidInput("as", f"must be one of {', '.join(client.RESOLUTIONS)}")
         _note(request, resolved_as=outcome)
-        async with self._db() as conn:
+        async with self.db() as conn:
             current = await aio(client.resolve)(conn, run_id, outcome)
         retry_run = current if current != run_id else None
         _note(request, retry_run=retry_run)
@@ -452,35 +538,52 @@ def make_app(
     metrics: Metrics,
     audit: Callable[[dict[str, Any]], None],
     metrics_public: bool = False,
+    events: EventBus | None = None,
+    clock: WallClock | None = None,
 ) -> Starlette:
-    """The admin API as an ASGI app (serve it with :func:`serve_admin`).
+    """The admin API and web page as an ASGI app (serve it with :func:`serve_admin`).
 
     ``audit`` receives one dict per POST (``method``, ``path``, ``status``, ``remote``,
     and ``run``/``job``/... when known); the daemon logs it as an ``audit`` event.
-    ``metrics_public`` lets ``/metrics`` be scraped without the token.
+    ``metrics_public`` lets ``/metrics`` be scraped without the token. ``events`` is the
+    daemon's bus: the live page and ``/api/events`` follow it (without it they have no
+    stream). ``clock`` gives wall time (ages, sessions, the stats' default span).
     """
     token = token.strip()
     if len(token) < MIN_TOKEN_LENGTH:
         raise ConfigError(f"admin token: must be at least {MIN_TOKEN_LENGTH} characters")
-    api = _Api(dsn=dsn, status_of=status, metrics=metrics)
-    public = {"/healthz"} | ({"/metrics"} if metrics_public else set())
+    wall = clock if clock is not None else SystemWallClock()
+    api = _Api(dsn=dsn, status_of=status, metrics=metrics, clock=wall, bus=events)
+    web = Web(token=token, status_of=status, db=api.db, clock=wall, bus=events)
+    public = {"/healthz", "/signin"} | ({"/metrics"} if metrics_public else set())
     routes = [
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/metrics", api.metrics_text, methods=["GET"]),
         Route("/api/status", api.status, methods=["GET"]),
+        Route("/api/events", api.events, methods=["GET"]),
         Route("/api/jobs", api.jobs, methods=["GET"]),
         Route("/api/jobs/{ns}/{name}", api.job, methods=["GET"]),
         Route("/api/jobs/{ns}/{name}/runs", api.job_runs, methods=["GET"]),
+        Route("/api/jobs/{ns}/{name}/stats", api.stats, methods=["GET"]),
         Route("/api/jobs/{ns}/{name}/trigger", api.trigger, methods=["POST"]),
+        Route("/api/runs", api.runs, methods=["GET"]),
         Route("/api/runs/{id}", api.run, methods=["GET"]),
         Route("/api/runs/{id}/cancel", api.cancel, methods=["POST"]),
         Route("/api/runs/{id}/resolve", api.resolve, methods=["POST"]),
+        *web.routes(),
     ]
     return Starlette(
         routes=routes,
         middleware=[
-            Middleware(_KeepEncodedSlashes),
-            Middleware(_Guard, token=token.encode(), public=frozenset(public), audit=audit),
+            Middleware(KeepEncodedSlashes),
+            Middleware(
+                _Guard,
+                token=token.encode(),
+                public=frozenset(public),
+                audit=audit,
+                sessions=web.sessions,
+                clock=wall,
+            ),
         ],
         exception_handlers={
             HTTPException: _on_http_error,

@@ -21,6 +21,7 @@ PACKAGE = Path(coordinator.__file__).parent
 VALUES = {
     "coordinator",
     "coordinator.backoff",
+    "coordinator.buckets",
     "coordinator.clock",
     "coordinator.errors",
     "coordinator.events",

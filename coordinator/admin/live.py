@@ -1,0 +1,189 @@
+"""The daemon's events as server-sent events: what live views follow instead of polling.
+
+One bounded stream (:meth:`~coordinator.events.EventBus.open_stream`) per open page or
+``coordinator top``, closed when the client goes. Events become small JSON messages that
+say *what changed* — a run of job 12 started, run 345 reported 40 %, the jobs in general
+changed — so that a view reads the database only for that (or, for progress, not at
+all). With nothing happening nothing is sent: no keep-alive, no timer, no SQL.
+
+=====================  =========  =========================================================
+event                  message    data
+=====================  =========  =========================================================
+``DispatchWake``       ``run``    ``job_id``, ``run``, ``status: queued``
+``RunStarted``         ``run``    ``job_id``, ``job``, ``run``, ``status: running``, ...
+``RunFinished``        ``run``    ``job_id``, ``job``, ``run``, ``status`` (the outcome), ...
+``RunProgress``        progress   ``run``, ``percent``, ``label``, ``message``
+``ClaimRejected``      ``job``    ``job_id``, ``run``, ``reason``
+``NotificationWake``   ``job``    ``job_id`` (one job changed), ``run`` (a queued run), else
+                                 ``jobs`` (any may have)
+``Refreshed``          ``jobs``   only when it saved first deadlines or found bad schedules
+``Worker*``            worker     ``worker``, ``connected``, ``types``
+``StateChanged``       status     ``state``, ``reasons``
+``Result*``            status     ``run``, ``held``
+``Missed``             missed     ``count`` (the view reloads what it shows)
+=====================  =========  =========================================================
+
+A stream ends after the daemon says it is stopping (the client reconnects to whatever
+serves next).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+from starlette.responses import Response
+
+from ..events import (
+    ClaimRejected,
+    DispatchWake,
+    Event,
+    EventBus,
+    Missed,
+    NotificationWake,
+    Refreshed,
+    ResultHeld,
+    ResultSaved,
+    ResultSpooled,
+    RunFinished,
+    RunProgress,
+    RunStarted,
+    StateChanged,
+    WorkerConnected,
+    WorkerDisconnected,
+)
+
+if TYPE_CHECKING:
+    from starlette.types import Receive, Scope, Send
+
+#: Events an open view may fall behind by before it is told to reload.
+VIEW_BUFFER: Final = 256
+#: How long a browser waits before reconnecting a dropped stream (milliseconds).
+RETRY_MS: Final = 3000
+#: Longest error text carried in a ``run`` message.
+MAX_ERROR: Final = 300
+
+_ENDING: Final = frozenset({"stopping", "stopped"})
+
+
+def message(event: Event) -> tuple[str, dict[str, Any]] | None:
+    """The message a live view gets for ``event``, or ``None`` when it concerns none."""
+    if isinstance(event, DispatchWake):
+        return "run", {"job_id": event.job_id, "run": event.dispatch, "status": "queued"}
+    if isinstance(event, RunStarted):
+        return "run", {
+            "job_id": event.job_id,
+            "job": event.job,
+            "run": event.run,
+            "status": "running",
+            "trigger": event.trigger,
+            "attempt": event.attempt,
+        }
+    if isinstance(event, RunFinished):
+        error = event.error[:MAX_ERROR] if event.error else None
+        return "run", {
+            "job_id": event.job_id,
+            "job": event.job,
+            "run": event.run,
+            "status": event.outcome,
+            "trigger": event.trigger,
+            "cause": event.cause,
+            "elapsed_ms": event.elapsed_ms,
+            "error": error,
+        }
+    if isinstance(event, RunProgress):
+        return "progress", {
+            "run": event.run,
+            "percent": event.percent,
+            "label": event.label,
+            "message": event.message,
+        }
+    if isinstance(event, ClaimRejected):
+        return "job", {"job_id": event.job_id, "run": event.run, "reason": event.reason}
+    if isinstance(event, NotificationWake):
+        job, run, keys = event.payload.get("job"), event.payload.get("run"), set(event.payload)
+        if isinstance(job, int) and isinstance(run, int) and keys == {"job", "run"}:
+            # A queued run the daemon reads before claiming (e.g. nobody serves its type).
+            return "run", {"job_id": job, "run": run, "status": "queued"}
+        if isinstance(job, int) and keys == {"job"}:
+            return "job", {"job_id": job}
+        return "jobs", {}
+    if isinstance(event, Refreshed):
+        return ("jobs", {}) if event.initialised or event.invalid else None
+    if isinstance(event, WorkerConnected):
+        return "worker", {"worker": event.worker, "connected": True, "types": list(event.types)}
+    if isinstance(event, WorkerDisconnected):
+        return "worker", {"worker": event.worker, "connected": False, "reason": event.reason}
+    if isinstance(event, StateChanged):
+        return "status", {"state": event.state, "reasons": list(event.reasons)}
+    if isinstance(event, ResultHeld | ResultSaved | ResultSpooled):
+        return "status", {"run": event.run, "held": isinstance(event, ResultHeld)}
+    if isinstance(event, Missed):
+        return "missed", {"count": event.count}
+    return None
+
+
+def encode(kind: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event (``event:`` and a one-line ``data:``)."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
+    return f"event: {kind}\ndata: {text}\n\n".encode()
+
+
+class EventSourceResponse(Response):
+    """``text/event-stream`` of the bus's events until the client goes or the daemon
+    stops; the bus stream is closed however it ends."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, bus: EventBus) -> None:
+        # Not Response.__init__: it would declare an empty body (Content-Length: 0).
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-store"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        self.bus = bus
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stream = self.bus.open_stream(VIEW_BUFFER)
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": f"retry: {RETRY_MS}\n: live\n\n".encode(),
+                    "more_body": True,
+                }
+            )
+            gone = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope, gone)
+                async for event in stream:
+                    found = message(event)
+                    if found is not None:
+                        chunk = encode(*found)
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if isinstance(event, StateChanged) and event.state in _ENDING:
+                        break
+                nursery.cancel_scope.cancel()
+            if not gone.is_set():
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass  # the client went while we wrote
+        finally:
+            self.bus.close_stream(stream)
+
+
+async def _until_disconnect(receive: Receive, scope: trio.CancelScope, gone: trio.Event) -> None:
+    while True:
+        incoming = await receive()
+        if incoming["type"] == "http.disconnect":
+            gone.set()
+            scope.cancel()
+            return
+
+
+__all__ = ["EventSourceResponse", "encode", "message"]

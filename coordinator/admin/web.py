@@ -1,0 +1,560 @@
+"""The admin web page: jobs, run history, a run's detail, the daemon's status, live.
+
+Server-rendered (Jinja2 through Starlette, autoescaped), one small hand-written script
+(``static/app.js``) for the live parts, no build chain. With JavaScript off every view
+reads and every button works (a form POST, then a redirect back); with it on, buttons
+post in the background and the page follows the daemon's events
+(:mod:`coordinator.admin.live`), fetching only the fragment an event says changed
+(``/ui/...``: a job's row, a run's row, the status panel). An open page that sees no
+event sends nothing, and the server no SQL.
+
+Authentication (checked by the guard in :mod:`coordinator.admin.http`): a sign-in form
+takes the admin token and sets a session cookie (:mod:`coordinator.admin.session`);
+every POST carries the session's CSRF token; responses carry a strict
+Content-Security-Policy (scripts and styles from ``/static`` only, no inline code).
+
+Cost: each view is one short connection and one to three statements
+(:mod:`coordinator.client`): the jobs view reads the jobs and their sparklines' counts
+(one aggregate for all of them); the status view and the event stream read no SQL.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import parse_qsl, quote, urlencode
+
+import attrs
+from asyncpg import Connection
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from .. import buckets, client
+from ..clock import WallClock
+from ..db import aio
+from ..errors import CoordinatorError, InvalidInput
+from ..events import EventBus
+from ..model import Target
+from ..status import DaemonStatus
+from . import present
+from .live import EventSourceResponse
+from .paths import job_key
+from .session import PRESESSION_COOKIE, SESSION_COOKIE, Sessions, token_matches
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from starlette.requests import Request
+
+__all__ = ["HERE", "SESSION_KEY", "Web"]
+
+HERE: Final = Path(__file__).parent
+#: Where the guard puts the signed-in session's nonce in the request scope.
+SESSION_KEY: Final = "coordinator.session"
+#: Runs per page of a job's history.
+HISTORY_PAGE: Final = 25
+#: Largest form body read (a CSRF token and a word or two).
+MAX_FORM: Final = 4096
+
+#: The sections of a run's detail, in order (templates/run_*.html). A new kind of
+#: information about a run is one template and one name here.
+RUN_SECTIONS: Final = (
+    "run_summary.html",
+    "run_progress.html",
+    "run_error.html",
+    "run_output.html",
+    "run_timing.html",
+    "run_extra.html",
+)
+#: Keys of a run's ``extra`` shown by a section of their own, not in "Reported".
+SHOWN_ELSEWHERE: Final = frozenset({"stdout_tail", "stderr_tail", "progress", "log", "log_dropped"})
+
+_RESOLVE_WORDS: Final = {"failed": "failed", "succeeded": "succeeded", "retry": "retried"}
+
+
+def job_path(namespace: str, name: str, action: str = "") -> str:
+    """``/jobs/<ns>/<name>[/action]`` with both parts percent-encoded (``/`` too)."""
+    tail = f"/{action}" if action else ""
+    return f"/jobs/{quote(namespace, safe='')}/{quote(name, safe='')}{tail}"
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.globals.update(
+        cadence=present.cadence,
+        absolute=present.absolute,
+        iso=present.iso,
+        took=present.took,
+        sparkline=present.sparkline,
+        state_class=present.state_class,
+        job_state=present.job_state,
+        next_run=present.next_run,
+        job_path=job_path,
+        duration_words=present.duration_words,
+        spans=present.SPANS,
+        state_filters=present.STATE_FILTERS,
+        pretty=_pretty,
+        describe_target=_describe_target,
+        progress_of=_progress_of,
+        extra_rest=_extra_rest,
+        seconds=lambda value: timedelta(seconds=value),
+        run_sections=RUN_SECTIONS,
+    )
+    return env
+
+
+def _describe_target(target: dict[str, Any]) -> str:
+    try:
+        return Target.from_json(target).describe()
+    except ValueError:
+        return json.dumps(target)
+
+
+def _progress_of(run: client.RunView) -> dict[str, Any]:
+    """The run's latest progress snapshot: saved while it runs, in ``extra`` after."""
+    for value in (run.progress, (run.extra or {}).get("progress")):
+        if isinstance(value, dict) and value:
+            return value
+    return {}
+
+
+def _extra_rest(extra: Any) -> dict[str, Any]:
+    if not isinstance(extra, dict):
+        return {} if extra is None else {"value": extra}
+    return {k: v for k, v in extra.items() if k not in SHOWN_ELSEWHERE}
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+@attrs.define(eq=False)
+class Web:
+    """The page's handlers (see :func:`coordinator.admin.http.make_app` for wiring)."""
+
+    token: str
+    status_of: Callable[[], DaemonStatus]
+    #: One short database connection per request (shared limiter with the API).
+    db: Callable[[], AbstractAsyncContextManager[Connection]]
+    clock: WallClock
+    bus: EventBus | None = None
+    sessions: Sessions = attrs.field(init=False)
+    templates: Jinja2Templates = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.sessions = Sessions.for_token(self.token)
+        self.templates = Jinja2Templates(env=_environment())
+
+    def routes(self) -> list[Route | Mount]:
+        return [
+            Route("/", self.jobs_page, methods=["GET"]),
+            Route("/jobs/{ns}/{name}", self.job_page, methods=["GET"]),
+            Route("/runs/{id}", self.run_page, methods=["GET"]),
+            Route("/status", self.status_page, methods=["GET"]),
+            Route("/signin", self.signin_form, methods=["GET"]),
+            Route("/signin", self.signin, methods=["POST"]),
+            Route("/signout", self.signout, methods=["POST"]),
+            Route("/jobs/{ns}/{name}/run", self.run_job, methods=["POST"]),
+            Route("/jobs/{ns}/{name}/pause", self.pause_job, methods=["POST"]),
+            Route("/jobs/{ns}/{name}/resume", self.resume_job, methods=["POST"]),
+            Route("/runs/{id}/resolve", self.resolve_run, methods=["POST"]),
+            Route("/runs/{id}/cancel", self.cancel_run, methods=["POST"]),
+            Route("/ui/events", self.events, methods=["GET"]),
+            Route("/ui/jobs-table", self.jobs_table, methods=["GET"]),
+            Route("/ui/job-row/{job_id}", self.job_row, methods=["GET"]),
+            Route("/ui/job-head/{job_id}", self.job_head, methods=["GET"]),
+            Route("/ui/run-row/{id}", self.run_row, methods=["GET"]),
+            Route("/ui/run/{id}", self.run_detail, methods=["GET"]),
+            Route("/ui/status", self.status_panel, methods=["GET"]),
+            Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
+        ]
+
+    # -- rendering ----------------------------------------------------------------------
+
+    def _now(self) -> datetime:
+        return self.clock.now()
+
+    def _render(
+        self, request: Request, name: str, status_code: int = 200, **context: Any
+    ) -> Response:
+        now = self._now()
+        nonce = request.scope.get(SESSION_KEY)
+        status = context.setdefault("status", self.status_of())
+        fragment = request.url.path.startswith("/ui/")
+        response = self.templates.TemplateResponse(
+            request,
+            name,
+            {
+                "now": now,
+                "rel": lambda moment: present.relative(moment, now),
+                "csrf": self.sessions.csrf(nonce) if nonce else "",
+                "signed_in": nonce is not None,
+                "here": None if fragment else _here(request),
+                "uptime": timedelta(seconds=round(status.uptime_s)),
+                **context,
+            },
+            status_code=status_code,
+        )
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    @staticmethod
+    def _span(request: Request) -> tuple[str, timedelta]:
+        return present.span(request.query_params.get("span"))
+
+    def _buckets(self, request: Request) -> tuple[str, buckets.Buckets]:
+        key, length = self._span(request)
+        now = self._now()
+        return key, buckets.choose(now - length, now)
+
+    # -- views --------------------------------------------------------------------------
+
+    async def _jobs_context(self, request: Request) -> dict[str, Any]:
+        namespace = request.query_params.get("namespace") or ""
+        state = request.query_params.get("state") or ""
+        if state not in {key for key, _ in present.STATE_FILTERS}:
+            raise InvalidInput("state", "not one of the offered filters")
+        span_key, chosen = self._buckets(request)
+        status = self.status_of()
+        async with self.db() as conn:
+            every = await aio(client.list_jobs)(conn)
+            jobs = [
+                job
+                for job in every
+                if (not namespace or job.namespace == namespace)
+                and present.matches(job, state, status)
+            ]
+            stats = await aio(client.jobs_stats)(conn, jobs, chosen)
+        query = urlencode({"namespace": namespace, "state": state, "span": span_key})
+        return {
+            "jobs": jobs,
+            "stats": stats,
+            "namespaces": sorted({job.namespace for job in every}),
+            "namespace": namespace,
+            "state": state,
+            "span": span_key,
+            "query": query,
+            "total": len(every),
+            "status": status,
+        }
+
+    async def jobs_page(self, request: Request) -> Response:
+        return self._render(request, "jobs.html", **await self._jobs_context(request))
+
+    async def jobs_table(self, request: Request) -> Response:
+        return self._render(request, "jobs_table.html", **await self._jobs_context(request))
+
+    async def job_row(self, request: Request) -> Response:
+        job_id = _int_param(request, "job_id")
+        state = request.query_params.get("state") or ""
+        span_key, chosen = self._buckets(request)
+        status = self.status_of()
+        async with self.db() as conn:
+            job = await aio(client.get_job_by_id)(conn, job_id)
+            if not present.matches(job, state, status):
+                return Response(status_code=204)
+            stats = await aio(client.jobs_stats)(conn, [job], chosen)
+        query = urlencode({"namespace": "", "state": state, "span": span_key})
+        return self._render(
+            request, "job_row.html", job=job, stats=stats, query=query, span=span_key
+        )
+
+    async def _job_context(self, request: Request, job: client.JobView) -> dict[str, Any]:
+        span_key, chosen = self._buckets(request)
+        async with self.db() as conn:
+            stats = (await aio(client.jobs_stats)(conn, [job], chosen))[job.id]
+        return {"job": job, "stats": stats, "span": span_key}
+
+    async def job_page(self, request: Request) -> Response:
+        namespace, name = job_key(request)
+        before = _optional_int(request, "before")
+        span_key, chosen = self._buckets(request)
+        async with self.db() as conn:
+            job = await aio(client.get_job)(conn, name, namespace=namespace)
+            stats = (await aio(client.jobs_stats)(conn, [job], chosen))[job.id]
+            runs = await aio(client.list_runs)(
+                conn, namespace=namespace, job=name, limit=HISTORY_PAGE + 1, before=before
+            )
+        more = len(runs) > HISTORY_PAGE
+        runs = runs[:HISTORY_PAGE]
+        return self._render(
+            request,
+            "job.html",
+            job=job,
+            stats=stats,
+            span=span_key,
+            runs=runs,
+            before=before,
+            older=runs[-1].id if more and runs else None,
+        )
+
+    async def job_head(self, request: Request) -> Response:
+        job_id = _int_param(request, "job_id")
+        async with self.db() as conn:
+            job = await aio(client.get_job_by_id)(conn, job_id)
+        return self._render(request, "job_head.html", **await self._job_context(request, job))
+
+    async def run_page(self, request: Request) -> Response:
+        run_id = _int_param(request, "id")
+        async with self.db() as conn:
+            run = await aio(client.get_run)(conn, run_id)
+        return self._render(request, "run.html", run=run)
+
+    async def run_detail(self, request: Request) -> Response:
+        run_id = _int_param(request, "id")
+        async with self.db() as conn:
+            run = await aio(client.get_run)(conn, run_id)
+        return self._render(request, "run_detail.html", run=run)
+
+    async def run_row(self, request: Request) -> Response:
+        run_id = _int_param(request, "id")
+        async with self.db() as conn:
+            run = await aio(client.get_run)(conn, run_id)
+        return self._render(request, "run_row.html", run=run)
+
+    async def status_page(self, request: Request) -> Response:
+        return self._render(request, "status.html")
+
+    async def status_panel(self, request: Request) -> Response:
+        part = request.query_params.get("part") or "panel"
+        if part not in ("panel", "line"):
+            raise InvalidInput("part", "must be panel or line")
+        return self._render(request, f"status_{part}.html")
+
+    async def events(self, _request: Request) -> Response:
+        if self.bus is None:
+            return PlainTextResponse("no event stream here", status_code=404)
+        return EventSourceResponse(self.bus)
+
+    # -- signing in ---------------------------------------------------------------------
+
+    async def signin_form(self, request: Request, *, failed: bool = False) -> Response:
+        now = self._now().timestamp()
+        value = self.sessions.issue(now, kind="p", lifetime=3600)
+        nonce = self.sessions.nonce(value, now, kind="p")
+        assert nonce is not None
+        response = self._render(
+            request,
+            "signin.html",
+            status_code=401 if failed else 200,
+            signin_csrf=self.sessions.csrf(nonce),
+            failed=failed,
+            next=_local(request.query_params.get("next")),
+        )
+        _set_cookie(response, request, PRESESSION_COOKIE, value, max_age=3600)
+        return response
+
+    async def signin(self, request: Request) -> Response:
+        form = await _form(request)
+        now = self._now().timestamp()
+        pre = self.sessions.nonce(request.cookies.get(PRESESSION_COOKIE), now, kind="p")
+        if not self.sessions.csrf_ok(pre, form.get("csrf")):
+            return _forbidden("the sign-in form expired or was not ours: load it again")
+        if not token_matches(form.get("token", ""), self.token):
+            return await self.signin_form(request, failed=True)
+        response = RedirectResponse(_local(form.get("next")) or "/", status_code=303)
+        _set_cookie(response, request, SESSION_COOKIE, self.sessions.issue(now))
+        response.delete_cookie(PRESESSION_COOKIE, path="/")
+        return response
+
+    async def signout(self, request: Request) -> Response:
+        await self._checked_form(request)
+        self.sessions.revoke(request.cookies.get(SESSION_COOKIE), self._now().timestamp())
+        response = RedirectResponse("/signin", status_code=303)
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    # -- actions ------------------------------------------------------------------------
+
+    async def _checked_form(self, request: Request) -> dict[str, str]:
+        form = await _form(request)
+        if not self.sessions.csrf_ok(request.scope.get(SESSION_KEY), form.get("csrf")):
+            raise _CsrfRefused
+        return form
+
+    async def _act(
+        self, request: Request, act: Callable[[Connection, dict[str, str]], Any]
+    ) -> Response:
+        try:
+            form = await self._checked_form(request)
+        except _CsrfRefused:
+            return _forbidden("the form's CSRF token is missing or wrong: reload the page")
+        try:
+            async with self.db() as conn:
+                note, fields = await act(conn, form)
+        except CoordinatorError as exc:
+            return _answer(request, form, str(exc), ok=False)
+        return _answer(request, form, note, **fields)
+
+    async def run_job(self, request: Request) -> Response:
+        namespace, name = job_key(request)
+
+        async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            job = await aio(client.get_job)(conn, name, namespace=namespace)
+            run_id = await aio(client.trigger)(conn, name, namespace=namespace)
+            if run_id == job.outstanding_run:
+                return f"run {run_id} is already {job.outstanding_status}", {"run": run_id}
+            return f"run {run_id} queued", {"run": run_id}
+
+        return await self._act(request, act)
+
+    async def pause_job(self, request: Request) -> Response:
+        namespace, name = job_key(request)
+
+        async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            await aio(client.pause)(conn, name, namespace=namespace)
+            return f"{namespace}/{name} paused", {}
+
+        return await self._act(request, act)
+
+    async def resume_job(self, request: Request) -> Response:
+        namespace, name = job_key(request)
+
+        async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            await aio(client.resume)(conn, name, namespace=namespace)
+            return f"{namespace}/{name} resumed", {}
+
+        return await self._act(request, act)
+
+    async def resolve_run(self, request: Request) -> Response:
+        run_id = _int_param(request, "id")
+
+        async def act(conn: Connection, form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            outcome = form.get("as", "")
+            if outcome not in client.RESOLUTIONS:
+                raise InvalidInput("as", f"must be one of {', '.join(client.RESOLUTIONS)}")
+            current = await aio(client.resolve)(conn, run_id, outcome)
+            retry = f": run {current} queued" if current != run_id else ""
+            return f"run {run_id} resolved as {_RESOLVE_WORDS[outcome]}{retry}", {"run": current}
+
+        return await self._act(request, act)
+
+    async def cancel_run(self, request: Request) -> Response:
+        run_id = _int_param(request, "id")
+
+        async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            await aio(client.cancel_run)(conn, run_id)
+            return f"run {run_id} cancelled", {"run": run_id}
+
+        return await self._act(request, act)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _CsrfRefused(Exception):
+    pass
+
+
+def _forbidden(message: str) -> Response:
+    return PlainTextResponse(message, status_code=403)
+
+
+def _answer(
+    request: Request, form: dict[str, str], note: str, *, ok: bool = True, **fields: Any
+) -> Response:
+    """A background post (the page's script) gets JSON; a plain form post is sent back to
+    the page it came from, the note in the address (shown escaped)."""
+    if request.headers.get("x-requested-with") == "fetch":
+        return JSONResponse({"ok": ok, "message": note, **fields}, status_code=200 if ok else 409)
+    back = _local(form.get("next")) or "/"
+    glue = "&" if "?" in back else "?"
+    return RedirectResponse(f"{back}{glue}{urlencode({'note': note})}", status_code=303)
+
+
+def _here(request: Request) -> str:
+    """This page's path and query, without a note shown after an action."""
+    query = [(k, v) for k, v in request.query_params.multi_items() if k != "note"]
+    return request.url.path + (f"?{urlencode(query)}" if query else "")
+
+
+def _local(target: str | None) -> str | None:
+    """``target`` if it is a path on this server (never another site), else ``None``."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return None
+    if any(ord(c) < 0x20 for c in target):
+        return None
+    return target
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The posted form (``application/x-www-form-urlencoded``, at most :data:`MAX_FORM`
+    bytes; the page's script posts the same encoding). A repeated field keeps its first
+    value."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind not in ("", "application/x-www-form-urlencoded"):
+        raise InvalidInput("body", "must be a form (application/x-www-form-urlencoded)")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM:
+            raise InvalidInput("body", f"a form is at most {MAX_FORM} bytes")
+    try:
+        pairs = parse_qsl(body.decode("utf-8"), max_num_fields=20)
+    except (UnicodeDecodeError, ValueError):
+        raise InvalidInput("body", "not a readable form") from None
+    form: dict[str, str] = {}
+    for key, value in pairs:
+        form.setdefault(key, value)
+    return form
+
+
+def _set_cookie(
+    response: Response, request: Request, name: str, value: str, *, max_age: int = 12 * 3600
+) -> None:
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+
+
+def _int_param(request: Request, key: str) -> int:
+    text = str(request.path_params[key])
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) < 2**63:
+        raise InvalidInput(key, f"must be a positive whole number, not {text!r}")
+    return int(text)
+
+
+def _optional_int(request: Request, key: str) -> int | None:
+    text = request.query_params.get(key)
+    if not text:
+        return None
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) < 2**63:
+        raise InvalidInput(key, f"must be a positive whole number, not {text!r}")
+    return int(text)
+
+
+def html_error(status: int, message: str) -> HTMLResponse:
+    """A plain page for an error in a view (the API's errors stay JSON)."""
+    from markupsafe import escape
+
+    body = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>coordinator</title>'
+        '<link rel="stylesheet" href="/static/app.css"></head><body><main class="error">'
+        f'<h1>{status}</h1><p>{escape(message)}</p><p><a href="/">Jobs</a></p></main>'
+        "</body></html>"
+    )
+    return HTMLResponse(body, status_code=status)

@@ -1,0 +1,430 @@
+"""The admin web page and the stats endpoint over HTTP (httpx), against an in-process
+daemon and a real PostgreSQL: sign-in, sessions, CSRF, escaping, the views and their
+fragments, the live event stream, and ``GET /api/jobs/{ns}/{name}/stats``.
+
+The same page in a real browser is tested in ``tests/acceptance/test_web_browser.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import trio
+
+from coordinator import buckets, client
+from coordinator.admin import Metrics, make_app
+from coordinator.db import aio
+
+from .conftest import Harness, StartDaemon, define
+from .test_admin import serve
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    import asyncpg
+
+TOKEN = secrets.token_urlsafe(32)
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+XSS = "<script>alert(1)</script>"
+
+
+class Site:
+    """A served app, a browser-like client (cookies kept) and the daemon behind it."""
+
+    def __init__(self, url: str, http: httpx.AsyncClient, harness: Harness) -> None:
+        self.url = url
+        self.http = http
+        self.harness = harness
+        self.audits: list[dict[str, Any]] = []
+
+    async def get(self, path: str, **kw: Any) -> httpx.Response:
+        with trio.fail_after(15):
+            return await self.http.get(path, **kw)
+
+    async def post(self, path: str, **kw: Any) -> httpx.Response:
+        with trio.fail_after(15):
+            return await self.http.post(path, **kw)
+
+    async def sign_in(self, token: str = TOKEN) -> httpx.Response:
+        form = await self.get("/signin")
+        assert form.status_code == 200
+        csrf = _hidden(form.text, "csrf")
+        return await self.post("/signin", data={"token": token, "csrf": csrf})
+
+    async def csrf(self, path: str = "/") -> str:
+        return _hidden((await self.get(path)).text, "csrf")
+
+
+def _hidden(html: str, name: str) -> str:
+    found = re.search(rf'name="{name}" value="([^"]*)"', html)
+    assert found is not None, html[:2000]
+    return found.group(1)
+
+
+@pytest.fixture
+async def site(
+    start_daemon: StartDaemon, database: str, nursery: trio.Nursery
+) -> AsyncIterator[Site]:
+    harness = await start_daemon(refresh_spacing=0.2)
+    audits: list[dict[str, Any]] = []
+    app = make_app(
+        dsn=database,
+        token=TOKEN,
+        status=harness.daemon.status,
+        metrics=Metrics(status=harness.daemon.status),
+        audit=audits.append,
+        events=harness.daemon.events,
+    )
+    shutdown = trio.Event()
+    url = await serve(nursery, app, shutdown)
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        s = Site(url, http, harness)
+        s.audits = audits
+        yield s
+    shutdown.set()
+
+
+# -- signing in --------------------------------------------------------------------------------
+
+
+async def test_pages_redirect_to_the_sign_in_form_and_fragments_are_401(site: Site) -> None:
+    for path in ("/", "/status", "/runs/1", "/jobs/default/x"):
+        response = await site.get(path)
+        assert response.status_code == 303, path
+        assert response.headers["location"] == "/signin"
+    for path in ("/ui/status", "/ui/events", "/ui/job-row/1"):
+        assert (await site.get(path)).status_code == 401, path
+    assert (await site.post("/jobs/default/x/run", data={})).status_code == 401
+
+
+async def test_sign_in_sets_a_strict_http_only_cookie_and_never_shows_the_token(
+    site: Site, conn: asyncpg.Connection
+) -> None:
+    await define(conn, "visible")
+    wrong = await site.sign_in("not-the-token-at-all")
+    assert wrong.status_code == 401
+    assert "not the admin token" in wrong.text
+    assert "coordinator_session" not in wrong.headers.get("set-cookie", "")
+
+    answer = await site.sign_in()
+    assert answer.status_code == 303
+    cookie = answer.headers["set-cookie"]
+    assert cookie.startswith("coordinator_session=")
+    assert "HttpOnly" in cookie
+    assert "SameSite=strict" in cookie or "SameSite=Strict" in cookie
+    assert TOKEN not in cookie
+    page = await site.get("/")
+    assert page.status_code == 200
+    assert "visible" in page.text
+    assert TOKEN not in page.text
+    headers = page.headers
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert "unsafe-inline" not in headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY"
+    # Bearer tokens still work for the API, and a session cookie does not open the API.
+    assert (await site.get("/api/jobs")).status_code == 401
+    assert (await site.get("/api/jobs", headers=AUTH)).status_code == 200
+
+
+async def test_sign_in_needs_the_forms_csrf_token(site: Site) -> None:
+    await site.get("/signin")
+    refused = await site.post("/signin", data={"token": TOKEN})
+    assert refused.status_code == 403
+    assert "coordinator_session" not in refused.headers.get("set-cookie", "")
+
+
+async def test_sign_out_ends_the_session(site: Site) -> None:
+    await site.sign_in()
+    session = site.http.cookies.get("coordinator_session")
+    csrf = await site.csrf()
+    out = await site.post("/signout", data={"csrf": csrf})
+    assert out.status_code == 303
+    # The old cookie no longer works even if a client kept it.
+    site.http.cookies.set("coordinator_session", session or "")
+    assert (await site.get("/")).status_code == 303
+
+
+# -- actions -----------------------------------------------------------------------------------
+
+
+async def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(
+    site: Site, conn: asyncpg.Connection
+) -> None:
+    await define(conn, "guarded")
+    await site.sign_in()
+    for data in ({}, {"csrf": "0" * 64}):
+        refused = await site.post("/jobs/default/guarded/run", data=data)
+        assert refused.status_code == 403
+        assert "CSRF" in refused.text
+    refused = await site.post("/jobs/default/guarded/pause", data={})
+    assert refused.status_code == 403
+    job = await aio(client.get_job)(conn, "guarded")
+    assert job.last_run is None
+    assert not job.paused
+    assert {a["status"] for a in site.audits if a["path"].startswith("/jobs/")} == {403}
+
+
+async def test_run_pause_resume_and_resolve_from_the_page(
+    site: Site, conn: asyncpg.Connection
+) -> None:
+    await define(conn, "button")
+    await site.sign_in()
+    csrf = await site.csrf()
+    # A plain form post (JavaScript off): a redirect back, with a note.
+    ran = await site.post("/jobs/default/button/run", data={"csrf": csrf, "next": "/?span=2d"})
+    assert ran.status_code == 303
+    assert ran.headers["location"].startswith("/?span=2d&note=run+")
+    # The page's script posts in the background and gets JSON.
+    fetch = {"X-Requested-With": "fetch"}
+    paused = await site.post("/jobs/default/button/pause", data={"csrf": csrf}, headers=fetch)
+    assert paused.json() == {"ok": True, "message": "default/button paused"}
+    assert (await aio(client.get_job)(conn, "button")).paused
+    resumed = await site.post("/jobs/default/button/resume", data={"csrf": csrf}, headers=fetch)
+    assert resumed.json()["ok"]
+    assert not (await aio(client.get_job)(conn, "button")).paused
+    # Resolving a run that is not unresolved is refused with the reason.
+    run = (await aio(client.get_job)(conn, "button")).last_run
+    resolve = await site.post(
+        f"/runs/{run}/resolve", data={"csrf": csrf, "as": "failed"}, headers=fetch
+    )
+    assert resolve.status_code == 409
+    assert "unresolved" in resolve.json()["message"]
+    # An open redirect is not possible through `next`.
+    away = await site.post(
+        "/jobs/default/button/run", data={"csrf": csrf, "next": "//evil.example/"}
+    )
+    assert away.headers["location"].startswith("/?note=")
+
+
+# -- views ------------------------------------------------------------------------------------
+
+
+async def test_every_name_argument_output_and_error_is_escaped(
+    site: Site, conn: asyncpg.Connection
+) -> None:
+    job_id = await define(conn, XSS, schedule_kind="interval", schedule="1h")
+    run_id = await aio(conn.fetchval)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, args, extra, error_message,"
+        " error_cause, finished_at) VALUES ($1, 'manual', 'failed', $2::jsonb, $3::jsonb, $4,"
+        " 'handler', now()) RETURNING id",
+        job_id,
+        json.dumps({"x": XSS}),
+        json.dumps({"stdout_tail": XSS, "note": XSS}),
+        XSS,
+    )
+    await site.sign_in()
+    pages = [
+        "/",
+        f"/jobs/default/{XSS.replace('/', '%2F')}",
+        f"/runs/{run_id}",
+        f"/ui/job-row/{job_id}",
+        f"/ui/run/{run_id}",
+        f"/ui/run-row/{run_id}",
+    ]
+    for path in pages:
+        page = await site.get(path)
+        assert page.status_code == 200, (path, page.text[:500])
+        assert XSS not in page.text, path
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text, path
+
+
+async def test_the_jobs_view_says_cadence_state_and_next_run_in_words(
+    site: Site, conn: asyncpg.Connection
+) -> None:
+    await define(conn, "ten", schedule_kind="interval", schedule="10m")
+    await define(
+        conn, "night", schedule_kind="cron", schedule="30 2 * * *", timezone="Europe/Berlin"
+    )
+    await define(conn, "thumbs", target={"kind": "worker", "type": "images"})
+    await define(conn, "ops", namespace="ops", paused=True)
+    await site.harness.wait_event("refresh", count=2)
+    await site.sign_in()
+    page = (await site.get("/")).text
+    assert "every 10 min" in page
+    assert "at 02:30 Europe/Berlin" in page
+    assert "manual" in page
+    assert "waiting for a worker serving images" in page
+    # Filters: by namespace and by state.
+    ops = (await site.get("/?namespace=ops")).text
+    assert "ops" in ops
+    assert "thumbs" not in ops
+    paused = (await site.get("/?state=paused")).text
+    assert ">ops<" in paused
+    assert "night" not in paused
+    bad = await site.get("/?state=nonsense")
+    assert bad.status_code == 400
+    assert "state" in bad.text
+
+
+async def test_job_history_pages_newest_first(site: Site, conn: asyncpg.Connection) -> None:
+    job_id = await define(conn, "many")
+    await aio(conn.execute)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, finished_at)"
+        " SELECT $1, 'manual', 'succeeded', now() FROM generate_series(1, 30)",
+        job_id,
+    )
+    await site.sign_in()
+    first = (await site.get("/jobs/default/many")).text
+    ids = [int(i) for i in re.findall(r'<tr data-run="(\d+)"', first)]
+    assert len(ids) == 25
+    assert ids == sorted(ids, reverse=True)
+    older = re.search(r'before=(\d+)">Older runs', first)
+    assert older is not None
+    second = (await site.get(f"/jobs/default/many?before={older.group(1)}")).text
+    rest = [int(i) for i in re.findall(r'<tr data-run="(\d+)"', second)]
+    assert len(rest) == 5
+    assert max(rest) < min(ids)
+    assert "Newest" in second
+
+
+async def test_status_view_reads_no_sql(
+    site: Site, conn: asyncpg.Connection, sql_log: Any, database_name: str
+) -> None:
+    await site.sign_in()
+    sql_log.mark()
+    page = await site.get("/status")
+    assert page.status_code == 200
+    assert "leading" in page.text
+    assert (await site.get("/ui/status?part=line")).status_code == 200
+    assert sql_log.statements(app="coordinator-admin", db=database_name) == []
+
+
+# -- live ----------------------------------------------------------------------------------------
+
+
+async def _events(site: Site, path: str, headers: dict[str, str], want: int) -> list[Any]:
+    """The first ``want`` messages of an event stream, read from a plain socket (as a
+    browser's EventSource reads it), which is closed afterwards."""
+    host, port = site.url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    found: list[Any] = []
+    async with stream:
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: x\r\n{lines}\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += await stream.receive_some()
+        head, _, data = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert b"content-type: text/event-stream" in head.lower()
+        kind = None
+        while len(found) < want:
+            while b"\n" not in data:
+                chunk = await stream.receive_some()
+                assert chunk, "the stream ended"
+                data += chunk
+            line, _, data = data.partition(b"\n")
+            text = line.decode().rstrip("\r")
+            if text.startswith("event: "):
+                kind = text[7:]
+            elif text.startswith("data: "):
+                found.append((kind, json.loads(text[6:])))
+    return found
+
+
+async def test_the_event_stream_says_what_changed(
+    site: Site, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    job_id = await define(conn, "live", target={"kind": "exec", "argv": ["true"]})
+    await site.harness.wait_event("refresh")
+    received: list[Any] = []
+
+    async def follow() -> None:
+        received.extend(await _events(site, "/api/events", AUTH, 3))
+
+    with trio.fail_after(20):
+        nursery.start_soon(follow)
+        bus = site.harness.daemon.events
+        while not bus._streams:
+            await trio.sleep(0.01)
+        run_id = await aio(client.trigger)(conn, "live")
+        while len(received) < 3:
+            await trio.sleep(0.01)
+    assert received[0] == ("run", {"job_id": job_id, "run": run_id, "status": "queued"})
+    assert received[1][0] == "run"
+    assert received[1][1]["status"] == "running"
+    assert received[2][1]["status"] == "succeeded"
+    # The stream is closed once the client went.
+    with trio.fail_after(5):
+        while bus._streams:
+            await trio.sleep(0.01)
+
+
+async def test_event_stream_needs_a_session_or_a_token(site: Site) -> None:
+    assert (await site.get("/api/events")).status_code == 401
+    assert (await site.get("/ui/events")).status_code == 401
+
+
+# -- stats ------------------------------------------------------------------------------------
+
+
+async def _runs_at(
+    conn: asyncpg.Connection, job_id: int, moments: list[datetime], status: str
+) -> None:
+    await aio(conn.executemany)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, created_at, finished_at)"
+        " VALUES ($1, 'schedule', $2, $3, $3)",
+        [(job_id, status, moment) for moment in moments],
+    )
+
+
+async def test_stats_count_runs_per_outcome_per_bucket(
+    site: Site, conn: asyncpg.Connection
+) -> None:
+    job_id = await define(conn, "reports/daily", schedule_kind="interval", schedule="1h")
+    now = datetime.now(UTC)
+    hourly = [now - timedelta(hours=h, minutes=5) for h in range(48)]
+    await _runs_at(conn, job_id, hourly[::2], "succeeded")
+    await _runs_at(conn, job_id, hourly[1::2], "failed")
+    await _runs_at(conn, job_id, [now - timedelta(days=400)], "failed")  # outside the span
+    since = (now - timedelta(days=2)).isoformat()
+    response = await site.get(
+        "/api/jobs/default/reports%2Fdaily/stats", params={"since": since}, headers=AUTH
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["unit"] == "hour"
+    assert body["step"] == 2
+    assert 24 <= len(body["buckets"]) <= 25
+    assert (
+        body["totals"] == {"succeeded": 24, "failed": 24} or sum(body["totals"].values()) == 47
+    )  # the oldest run may fall just before `since`
+    expected = buckets.choose(datetime.fromisoformat(since), datetime.fromisoformat(body["until"]))
+    assert [b["start"] for b in body["buckets"]] == [s.isoformat() for s, _ in expected.spans()]
+    for bucket in body["buckets"]:
+        for status, n in bucket["counts"].items():
+            assert status in ("succeeded", "failed")
+            assert n >= 1
+
+    half_year = await site.get(
+        "/api/jobs/default/reports%2Fdaily/stats", params={"since": "183d"}, headers=AUTH
+    )
+    assert half_year.json()["unit"] == "week"
+    assert 8 <= len(half_year.json()["buckets"]) <= 30
+    assert sum(half_year.json()["totals"].values()) == 48
+
+
+@pytest.mark.parametrize(
+    ("since", "word"),
+    [
+        ("yesterday", "ISO 8601"),
+        ("2026-01-01T00:00:00", "offset"),
+        ("2100-01-01T00:00:00Z", "earlier"),
+    ],
+)
+async def test_stats_refuse_a_bad_since_in_one_line(
+    site: Site, conn: asyncpg.Connection, since: str, word: str
+) -> None:
+    await define(conn, "s")
+    response = await site.get("/api/jobs/default/s/stats", params={"since": since}, headers=AUTH)
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_input"
+    assert word in response.json()["message"]
+    missing = await site.get("/api/jobs/default/nope/stats", headers=AUTH)
+    assert missing.status_code == 404

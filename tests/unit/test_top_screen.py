@@ -1,0 +1,66 @@
+"""``coordinator top``'s screen, drawn from the API's answers and the stream's messages
+(pure: no daemon)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from coordinator.top import Screen
+
+NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+
+
+def screen() -> Screen:
+    s = Screen(address="http://127.0.0.1:8787/")
+    s.live = True
+    s.status = {
+        "state": "leader",
+        "instance": "h:1:x",
+        "jobs": 2,
+        "armed_deadlines": 1,
+        "running": [{"job": "default/copy", "job_id": 1, "run": 7, "running_s": 3.0}],
+        "retained": [],
+        "worker_connections": [
+            {"id": "w1", "types": ["images"], "busy": 1, "capacity": 4, "draining": False}
+        ],
+    }
+    s.status_at = NOW - timedelta(seconds=2)
+    s.jobs = [
+        {"namespace": "default", "name": "later", "schedule_kind": "cron",
+         "schedule": "0 3 * * *", "timezone": "UTC",
+         "next_run_at": (NOW + timedelta(hours=3)).isoformat()},
+        {"namespace": "default", "name": "paused", "schedule_kind": "interval",
+         "schedule": "5m", "paused": True, "next_run_at": NOW.isoformat()},
+    ]  # fmt: skip
+    return s
+
+
+def test_the_screen_shows_each_section() -> None:
+    s = screen()
+    assert s.take("progress", {"run": 7, "percent": 50.0, "label": "copying"}) == set()
+    text = "\n".join(s.render(NOW))
+    assert "daemon leader h:1:x" in text
+    assert "run 7" in text
+    assert "5.0s" in text  # 3 s when read, 2 s ago
+    assert "[##########..........]  50% copying" in text
+    assert "in 3h00m     default/later" in text
+    assert "paused" not in text.split("NEXT DEADLINES")[1].split("WORKERS")[0]
+    assert "w1" in text
+    assert "1/4 busy" in text
+    assert "RECENT OUTCOMES\n  none yet" in text
+
+
+def test_a_finished_run_is_an_outcome_and_names_what_to_read_again() -> None:
+    s = screen()
+    again = s.take(
+        "run",
+        {"job_id": 1, "job": "default/copy", "run": 7, "status": "failed",
+         "trigger": "schedule", "elapsed_ms": 1500.0, "error": "boom\x1b[2J"},
+    )  # fmt: skip
+    assert again == {"status", "jobs"}
+    text = "\n".join(s.render(NOW))
+    assert "run 7" in text.split("RECENT OUTCOMES")[1]
+    assert "failed" in text
+    assert "\x1b" not in text  # a message cannot drive the terminal
+    assert s.take("run", {"job_id": 1, "run": 8, "status": "running"}) == {"status"}
+    assert s.take("missed", {"count": 3}) == {"status", "jobs", "runs"}

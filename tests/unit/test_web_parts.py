@@ -1,0 +1,260 @@
+"""The web page's pure parts: cadences in words, ages, sparklines, signed sessions and
+CSRF tokens, and what the live stream says for each daemon event."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from coordinator import buckets
+from coordinator.admin import live, present
+from coordinator.admin.session import Sessions, token_matches
+from coordinator.client import JobView, RunStats
+from coordinator.events import (
+    DispatchWake,
+    LifecycleWake,
+    Missed,
+    NotificationWake,
+    Refreshed,
+    RunFinished,
+    RunProgress,
+    RunStarted,
+    StateChanged,
+    WorkerConnected,
+)
+from coordinator.status import DaemonStatus, WorkerView
+
+NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+
+
+def job(**kw: Any) -> JobView:
+    fields: dict[str, Any] = {
+        "id": 1,
+        "namespace": "default",
+        "name": "j",
+        "schedule_kind": "manual",
+        "schedule": None,
+        "timezone": "UTC",
+        "target": {"kind": "exec", "argv": ["true"]},
+        "params": {},
+        "timeout": None,
+        "priority": "background",
+        "idempotent": False,
+        "paused": False,
+        "invalid_reason": None,
+        "next_run_at": None,
+        "schedule_version": 1,
+        "created_at": NOW,
+        "updated_at": NOW,
+    }
+    fields.update(kw)
+    return JobView(**fields)
+
+
+def status(**kw: Any) -> DaemonStatus:
+    fields: dict[str, Any] = {
+        "state": "ready",
+        "instance": "h:1:x",
+        "uptime_s": 5.0,
+        "leading": True,
+        "jobs": 0,
+        "armed_deadlines": 0,
+    }
+    fields.update(kw)
+    return DaemonStatus(**fields)
+
+
+@pytest.mark.parametrize(
+    ("kind", "expression", "zone", "words"),
+    [
+        ("manual", None, "UTC", "manual"),
+        ("interval", "10m", "UTC", "every 10 min"),
+        ("interval", "1h30m", "UTC", "every 1 h 30 min"),
+        ("interval", "1d", "UTC", "every day"),
+        ("interval", "45s", "UTC", "every 45 s"),
+        ("cron", "30 2 * * *", "Europe/Berlin", "at 02:30 Europe/Berlin"),
+        ("cron", "*/5 * * * *", "UTC", "every 5 min"),
+        ("cron", "* * * * *", "UTC", "every minute"),
+        ("cron", "15 * * * *", "UTC", "hourly at :15"),
+        ("cron", "0 9 * * 1", "UTC", "Mondays at 09:00 UTC"),
+        ("cron", "0 9 * * 1-5", "UTC", "weekdays at 09:00 UTC"),
+        ("cron", "0 3 1 * *", "UTC", "monthly on day 1 at 03:00 UTC"),
+        ("cron", "0 0 1 1 *", "UTC", "yearly on 1 January at 00:00 UTC"),
+        ("cron", "0 */6 * * *", "UTC", "every 6 h at :00"),
+        ("cron", "@daily", "UTC", "daily at 00:00 UTC"),
+        ("cron", "5,35 1-3 * * *", "UTC", "cron 5,35 1-3 * * * UTC"),
+        ("once", "2026-05-01T12:00:00+00:00", "UTC", "once at 2026-05-01T12:00:00+00:00"),
+    ],
+)
+def test_cadence_in_words(kind: str, expression: str | None, zone: str, words: str) -> None:
+    assert present.cadence(job(schedule_kind=kind, schedule=expression, timezone=zone)) == words
+
+
+@pytest.mark.parametrize(
+    ("delta", "words"),
+    [
+        (timedelta(0), "just now"),
+        (timedelta(seconds=-42), "42 s ago"),
+        (timedelta(minutes=4, seconds=10), "in 4 min"),
+        (timedelta(hours=-30), "30 h ago"),
+        (timedelta(days=3), "in 3 days"),
+    ],
+)
+def test_relative_times(delta: timedelta, words: str) -> None:
+    assert present.relative(NOW + delta, NOW) == words
+
+
+def test_worker_jobs_nobody_serves_say_so() -> None:
+    images = job(target={"kind": "worker", "type": "images"}, schedule_kind="interval",
+                 schedule="1h")  # fmt: skip
+    assert present.job_state(images, status()) == "waiting for a worker serving images"
+    assert present.next_run(images, status()) == "when a worker connects"
+    served = status(
+        workers=(
+            WorkerView(id="w", types=("images",), capacity=1, busy=0, draining=False,
+                       transport="unix", peer="-", connected_at=NOW),
+        )
+    )  # fmt: skip
+    assert present.job_state(images, served) == "active"
+    assert present.next_run(images, served) == "at the next refresh"
+    assert present.matches(images, "waiting", status())
+    assert not present.matches(images, "waiting", served)
+    assert present.job_state(job(paused=True), status()) == "paused"
+
+
+def stats_for(counts: list[dict[str, int]]) -> RunStats:
+    chosen = buckets.choose(NOW - timedelta(hours=len(counts) - 1), NOW)
+    assert chosen.count == len(counts)
+    return RunStats(job="default/j", job_id=1, buckets=chosen, counts=tuple(counts))
+
+
+def test_a_sparkline_has_one_bar_per_bucket_stacked_by_outcome() -> None:
+    counts = [{}] * 6 + [{"succeeded": 3, "failed": 1}, {"timed_out": 2}]
+    svg = str(present.sparkline(stats_for(counts)))
+    assert svg.count('class="bucket') == 8
+    assert svg.count('<g class="bucket"') == 2
+    assert 'data-count="8"' in svg
+    assert svg.count('class="bucket empty"') == 6
+    assert svg.count('class="s-succeeded"') == 1
+    assert svg.count('class="s-failed"') == 1
+    assert svg.count('class="s-timed_out"') == 1
+    assert "3 succeeded, 1 failed" in svg
+    assert "style=" not in svg  # the CSP allows no inline style
+    # The busiest bucket fills the height.
+    assert 'y="0.0" width="6" height="5.5"' in svg
+
+
+def test_a_sparkline_escapes_unknown_outcomes() -> None:
+    svg = str(present.sparkline(stats_for([{'<b x="1">': 1}] * 8)))
+    assert "<b" not in svg
+    assert "&lt;b x=&#34;1&#34;&gt;" in svg
+
+
+def test_spans_are_named() -> None:
+    assert present.span(None) == ("7d", timedelta(days=7))
+    assert present.span("6mo")[1] == timedelta(days=183)
+    with pytest.raises(ValueError, match="span"):
+        present.span("forever")
+
+
+# -- sessions ----------------------------------------------------------------------------------
+
+
+def test_sessions_are_signed_expire_and_can_be_revoked() -> None:
+    sessions = Sessions.for_token("a-token-of-sixteen+")
+    value = sessions.issue(1000.0)
+    nonce = sessions.nonce(value, 1001.0)
+    assert nonce is not None
+    assert "a-token" not in value
+    assert sessions.nonce(value, 1000.0 + 12 * 3600) is None  # expired
+    assert sessions.nonce(value[:-1] + ("0" if value[-1] != "0" else "1"), 1001.0) is None
+    assert sessions.nonce(value.replace("v1s", "v1p"), 1001.0) is None  # another kind
+    assert Sessions.for_token("another-token-of-16").nonce(value, 1001.0) is None
+    assert sessions.nonce(value, 1001.0, kind="p") is None
+    sessions.revoke(value, 1002.0)
+    assert sessions.nonce(value, 1003.0) is None
+
+
+def test_csrf_tokens_are_bound_to_the_session() -> None:
+    sessions = Sessions.for_token("a-token-of-sixteen+")
+    one = sessions.nonce(sessions.issue(0.0), 1.0)
+    two = sessions.nonce(sessions.issue(0.0), 1.0)
+    assert one is not None
+    assert two is not None
+    assert sessions.csrf_ok(one, sessions.csrf(one))
+    assert not sessions.csrf_ok(two, sessions.csrf(one))
+    assert not sessions.csrf_ok(one, None)
+    assert not sessions.csrf_ok(None, sessions.csrf(one))
+    assert token_matches(" a-token-of-sixteen+\n", "a-token-of-sixteen+")
+    assert not token_matches("a-token-of-sixteen", "a-token-of-sixteen+")
+
+
+# -- the live stream ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("event", "kind", "data"),
+    [
+        (DispatchWake(dispatch=5, job_id=2), "run", {"job_id": 2, "run": 5, "status": "queued"}),
+        (
+            RunStarted(job="d/j", job_id=2, run=5, trigger="manual", attempt=1),
+            "run",
+            {
+                "job_id": 2,
+                "job": "d/j",
+                "run": 5,
+                "status": "running",
+                "trigger": "manual",
+                "attempt": 1,
+            },
+        ),
+        (
+            RunProgress(run=5, percent=40.0, label="copy"),
+            "progress",
+            {"run": 5, "percent": 40.0, "label": "copy", "message": None},
+        ),
+        (NotificationWake(payload={"job": 3}), "job", {"job_id": 3}),
+        (
+            NotificationWake(payload={"job": 3, "run": 9}),
+            "run",
+            {"job_id": 3, "run": 9, "status": "queued"},
+        ),
+        (NotificationWake(payload={"changed": "many"}), "jobs", {}),
+        (Refreshed(jobs=3, armed=1, initialised=1, elapsed_ms=1.0), "jobs", {}),
+        (
+            WorkerConnected(worker="w", types=("a",), capacity=1, transport="unix", peer="-"),
+            "worker",
+            {"worker": "w", "connected": True, "types": ["a"]},
+        ),
+        (
+            StateChanged(state="degraded", reasons=("x",)),
+            "status",
+            {"state": "degraded", "reasons": ["x"]},
+        ),
+        (Missed(count=3), "missed", {"count": 3}),
+    ],
+)
+def test_each_event_says_what_changed(event: Any, kind: str, data: dict[str, Any]) -> None:
+    assert live.message(event) == (kind, data)
+    text = live.encode(kind, data).decode()
+    assert text.startswith(f"event: {kind}\ndata: ")
+    assert text.endswith("\n\n")
+    assert json.loads(text.split("data: ", 1)[1]) == data
+
+
+def test_events_that_change_nothing_shown_say_nothing() -> None:
+    assert live.message(Refreshed(jobs=3, armed=1, elapsed_ms=1.0)) is None
+    assert live.message(LifecycleWake(reason="x")) is None
+
+
+def test_a_finished_runs_error_is_cut() -> None:
+    event = RunFinished(
+        job="d/j", job_id=1, run=2, trigger="schedule", outcome="failed", elapsed_ms=1.0,
+        error="x" * 5000,
+    )  # fmt: skip
+    found = live.message(event)
+    assert found is not None
+    assert len(found[1]["error"]) == live.MAX_ERROR
