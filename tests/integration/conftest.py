@@ -87,6 +87,7 @@ async def start_daemon(
     async def start(
         *,
         wait_ready: bool = True,
+        ready_timeout: float = 30,
         dsn: str | None = None,
         spool_path: Path | None = None,
         **settings: Any,
@@ -113,7 +114,7 @@ async def start_daemon(
 
         nursery.start_soon(run)
         if wait_ready:
-            with trio.fail_after(30):
+            with trio.fail_after(ready_timeout):
                 await daemon.ready.wait()
         return harness
 
