@@ -478,8 +478,12 @@ class Dispatcher:
             return  # the schedule was edited meanwhile: its ticks are not this run's
         job = claim.job
         finished = outcome.finished_at
-        if claim.trigger != "manual" and claim.scheduled_for is not None:
-            since = claim.scheduled_for  # the deadline served: ticks after it were skipped
+        if claim.trigger == "retry" and claim.scheduled_for is not None:
+            since = claim.scheduled_for  # the chain of attempts serving that deadline
+        elif claim.trigger == "schedule":
+            # (Ticks before the start fell while nothing ran: the overdue deadline ran
+            # once for them all, promise 2; they are not this run's overrun.)
+            since = outcome.started_at
         elif job.next_run_at is not None and outcome.started_at < job.next_run_at <= finished:
             since = outcome.started_at  # a manual run outlasted the saved deadline
         else:
