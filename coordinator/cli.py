@@ -77,6 +77,7 @@ from .model import (
     DEFAULT_RETRY_BACKOFF,
     DEFAULT_RETRY_MAX_DELAY,
     MAX_RETRIES,
+    MIN_MISFIRE_GRACE,
     MISFIRE_POLICIES,
     PRIORITIES,
     Schedule,
@@ -1049,8 +1050,8 @@ def _policies_from(args: argparse.Namespace) -> dict[str, Any]:
     for flag, value in (("--retry-backoff", backoff), ("--retry-max-delay", max_delay)):
         if value is not None and value <= timedelta(0):
             raise InvalidInput(flag, "must be greater than zero")
-    if grace is not None and grace <= timedelta(0):
-        raise InvalidInput("--misfire-grace", "must be greater than zero")
+    if grace is not None and grace < MIN_MISFIRE_GRACE:
+        raise InvalidInput("--misfire-grace", "must be at least 1s")
     return {
         "retries": args.retries,
         "retry_backoff": backoff,

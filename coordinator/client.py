@@ -49,6 +49,7 @@ from .model import (
     DEFAULT_RETRY_BACKOFF,
     DEFAULT_RETRY_MAX_DELAY,
     MAX_RETRIES,
+    MIN_MISFIRE_GRACE,
     MISFIRE_POLICIES,
     OUTSTANDING,
     PRIORITIES,
@@ -513,6 +514,8 @@ def check_misfire(misfire: object, misfire_grace: object) -> None:
         raise InvalidInput("misfire_grace", "only applies with misfire skip")
     if misfire_grace is not None:
         _positive_duration(misfire_grace, "misfire_grace")
+        if misfire_grace < MIN_MISFIRE_GRACE:  # type: ignore[operator]
+            raise InvalidInput("misfire_grace", "must be at least 1s")
 
 
 def _prepare(

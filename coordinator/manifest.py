@@ -65,6 +65,7 @@ from .model import (
     DEFAULT_RETRY_BACKOFF,
     DEFAULT_RETRY_MAX_DELAY,
     MAX_RETRIES,
+    MIN_MISFIRE_GRACE,
     MISFIRE_POLICIES,
     PRIORITIES,
     Schedule,
@@ -414,6 +415,9 @@ def _policies(e: _Entry) -> dict[str, Any]:
     elif misfire != "skip" and grace is not None:
         e.problem("misfire_grace", 'only applies with misfire = "skip"')
         grace = None
+    elif grace is not None and grace < MIN_MISFIRE_GRACE:
+        e.problem("misfire_grace", "must be at least 1s")
+        misfire, grace = "run-once", None
     return {
         "retries": retries,
         "retry_backoff": backoff,

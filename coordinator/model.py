@@ -40,6 +40,8 @@ MISFIRE_POLICIES: tuple[Misfire, ...] = ("run-once", "skip")
 #: The retry policy's defaults (``coordinator.define_job``'s too).
 DEFAULT_RETRY_BACKOFF: timedelta = timedelta(seconds=30)
 DEFAULT_RETRY_MAX_DELAY: timedelta = timedelta(hours=1)
+#: The shortest misfire grace (a claim is that late only after a restart or a wait).
+MIN_MISFIRE_GRACE: timedelta = timedelta(seconds=1)
 #: Most retries a job may ask for.
 MAX_RETRIES: int = 100
 #: A command's exit status that means "temporary failure, retry" (sysexits' EX_TEMPFAIL).

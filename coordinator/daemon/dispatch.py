@@ -33,7 +33,7 @@ from ..events import (
     milliseconds,
 )
 from ..executors import Executor
-from ..model import Claim, Outcome
+from ..model import MIN_MISFIRE_GRACE, Claim, Outcome
 from ..spool import HeldResult
 from ..store import Store
 from .inventory import Inventory, next_deadline
@@ -341,9 +341,15 @@ class Dispatcher:
 
     def _skip_next(self, ticket: Ticket, now: datetime) -> datetime | None:
         """For a scheduled claim: the deadline to save instead, should the claim find that
-        the job's misfire policy skips this one (computed from now)."""
+        the job's misfire policy skips this one (computed from now). Not computed for a
+        claim less late than the shortest grace: no policy can skip it."""
         entry = self.inventory.jobs.get(ticket.job_id)
-        if ticket.run_id is not None or entry is None:
+        if (
+            ticket.run_id is not None
+            or ticket.scheduled_for is None
+            or now - ticket.scheduled_for <= MIN_MISFIRE_GRACE
+            or entry is None
+        ):
             return None
         next_at, _problem = next_deadline(schedules.following_deadline, entry.schedule, now)
         return next_at

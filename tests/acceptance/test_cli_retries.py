@@ -104,6 +104,7 @@ def test_runs_list_by_category_and_show_the_chain(database: str) -> None:
         (("--misfire", "skip"), "--misfire-grace: required with --misfire skip"),
         (("--misfire-grace", "5m"), "--misfire-grace: only applies with --misfire skip"),
         (("--misfire", "later"), "--misfire"),
+        (("--misfire", "skip", "--misfire-grace", "100ms"), "--misfire-grace: must be at least 1s"),
     ],
 )
 def test_bad_policies_are_one_line_exit_2(database: str, args: tuple[str, ...], field: str) -> None:

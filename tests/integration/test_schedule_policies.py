@@ -94,6 +94,7 @@ async def test_misfire_and_retry_policies_are_checked_by_the_database(
         ({"misfire": "skip"}, "misfire_grace"),
         ({"misfire_grace": timedelta(minutes=5)}, "misfire_grace"),
         ({"misfire": "later", "misfire_grace": timedelta(minutes=5)}, "misfire"),
+        ({"misfire": "skip", "misfire_grace": timedelta(milliseconds=999)}, "misfire_grace"),
         ({"retries": 101}, "retries"),
         ({"retry_backoff": timedelta(0)}, "retry_backoff"),
         ({"retry_max_delay": timedelta(days=3651)}, "retry_max_delay"),

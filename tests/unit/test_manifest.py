@@ -224,6 +224,11 @@ def test_empty_manifest(text: str) -> None:
         ('manual = true\nworker = "w"\nmisfire = "later"', "misfire", "run-once, skip"),
         ('manual = true\nworker = "w"\nmisfire = "skip"', "misfire_grace", "required"),
         ('manual = true\nworker = "w"\nmisfire_grace = "5m"', "misfire_grace", "only applies"),
+        (
+            'manual = true\nworker = "w"\nmisfire = "skip"\nmisfire_grace = "500ms"',
+            "misfire_grace",
+            "at least 1s",
+        ),
         ('manual = true\nworker = "w"\nretrys = 3', "retrys", "did you mean 'retries'?"),
     ],
 )
