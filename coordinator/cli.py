@@ -1215,6 +1215,12 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
         if run_id == job.outstanding_run:
             if job.outstanding_status == "unresolved":
                 _note(why.blocked(job, run_id))
+            elif job.outstanding_due_at is not None and job.outstanding_status == "queued":
+                _note(
+                    f"{job.key} already has retry run {run_id}, due "
+                    f"{_when(job.outstanding_due_at)}: it runs then (SELECT "
+                    f"coordinator.cancel({run_id}) ends the chain of attempts)"
+                )
             else:
                 _note(f"{job.key} already has run {run_id} outstanding ({job.outstanding_status})")
         if job.invalid_reason is not None:

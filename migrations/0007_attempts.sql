@@ -28,6 +28,7 @@
 --                       decision (dropped and re-created)
 --   _sweep_lost (0002)  the retry it queues links to the lost run
 --   resolve     (0005)  the retry it queues links to the resolved run
+--   cancel      (0005)  cancelling a waiting retry forgets the deadline its chain served
 -- Every PL/pgSQL function here runs with enable_seqscan = off (see 0004_stable_plans.sql:
 -- a later definition must repeat the setting).
 
@@ -716,5 +717,36 @@ BEGIN
      WHERE id = r.job_id AND r.scheduled_for IS NOT NULL AND next_run_at = r.scheduled_for
        AND schedule_kind IN ('cron', 'interval');
     RETURN run_id;
+END
+$$;
+
+-- As in 0005, plus: cancelling a waiting retry ends its chain of attempts, so the
+-- deadline the chain served is not owed any more: a recurring job's saved deadline, if
+-- it is still that one, is cleared and the daemon computes the next one from now (as
+-- resolve() does for a lost run), instead of running the same tick again at once.
+CREATE OR REPLACE FUNCTION coordinator.cancel(run_id bigint) RETURNS void
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+#variable_conflict use_variable
+DECLARE
+    r coordinator.runs;
+BEGIN
+    PERFORM coordinator._require(run_id, 'run_id');
+    SELECT * INTO r FROM coordinator.runs WHERE id = run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown run %', run_id
+            USING ERRCODE = 'no_data_found', HINT = 'coordinator.run_not_found';
+    END IF;
+    IF r.status <> 'queued' THEN
+        RAISE EXCEPTION 'run % is %, only queued runs can be cancelled', run_id, r.status
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    UPDATE coordinator.runs
+       SET status = 'cancelled', finished_at = now(), error_message = 'cancelled by operator'
+     WHERE id = run_id;
+    IF r.trigger = 'retry' AND r.scheduled_for IS NOT NULL THEN
+        UPDATE coordinator.jobs SET next_run_at = NULL, updated_at = now()
+         WHERE id = r.job_id AND next_run_at = r.scheduled_for
+           AND schedule_kind IN ('cron', 'interval');
+    END IF;
 END
 $$;

@@ -117,3 +117,20 @@ def test_runs_list_refuses_an_unknown_category(database: str) -> None:
     one_line_error(
         cli("runs", "list", "--category", "weird", dsn=database), code=2, contains="--category"
     )
+
+
+def test_trigger_answered_by_a_waiting_retry_says_when_it_runs(database: str) -> None:
+    cli("jobs", "define", "w", "--manual", "--retries", "1", "--", "true", dsn=database)
+    job = sql(database, "SELECT id FROM coordinator.jobs WHERE name = 'w'")[0]["id"]
+    retry = sql(
+        database,
+        "INSERT INTO coordinator.runs (job_id, trigger, status, attempt, due_at) VALUES "
+        "($1, 'retry', 'queued', 2, '2030-01-01T00:00:00Z') RETURNING id",
+        job,
+    )[0]["id"]
+    r = cli("jobs", "trigger", "w", dsn=database)
+    assert (r.code, r.out) == (0, f"{retry}\n")
+    assert f"already has retry run {retry}, due 2030-01-01 00:00:00Z: it runs then" in r.err
+    listing = cli("jobs", "list", dsn=database).out
+    assert "retry 2030-01-01 00:00:00Z" in listing
+    assert "retry waiting" in listing

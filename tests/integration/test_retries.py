@@ -477,3 +477,52 @@ async def test_a_held_failure_queues_its_retry_once_saved(
     retry = (await runs_of(conn, job))[1]
     await harness.wait_event("job.run", run=retry["id"])  # armed from the saved result
     assert [r["status"] for r in await runs_of(conn, job)] == ["failed", "succeeded"]
+
+
+async def test_cancelling_a_waiting_retry_ends_the_chain_without_rerunning_its_tick(
+    start_daemon: StartDaemon, conn: asyncpg.Connection
+) -> None:
+    job = await define(
+        conn,
+        "hourly",
+        schedule_kind="interval",
+        schedule="1h",
+        target={"kind": "exec", "argv": ["false"]},
+        retries=3,
+        retry_backoff=timedelta(hours=1),
+    )
+    tick = datetime.now(UTC) - timedelta(seconds=1)
+    await aio(conn.execute)("UPDATE coordinator.jobs SET next_run_at = $2 WHERE id = $1", job, tick)
+    harness = await start_daemon(refresh_spacing=0.1)
+    [failed] = await harness.wait_event("job.run", job="default/hourly")
+    assert harness.daemon.deadlines.get(job) == failed["retry_at"].timestamp()
+    began = datetime.now(UTC)
+    await aio(client.cancel_run)(conn, failed["retry"])
+    with trio.fail_after(15):
+        while harness.daemon.deadlines.get(job) in (None, failed["retry_at"].timestamp()):
+            await harness.wait_event("refresh", count=len(harness.named("refresh")) + 1)
+    row = await aio(conn.fetchrow)("SELECT next_run_at FROM coordinator.jobs WHERE id = $1", job)
+    assert row["next_run_at"] >= began + timedelta(hours=1)  # from now, not the old tick
+    assert harness.daemon.deadlines.get(job) == row["next_run_at"].timestamp()
+    runs = await runs_of(conn, job)
+    assert [(r["trigger"], r["status"], r["category"]) for r in runs] == [
+        ("schedule", "failed", "unknown"),
+        ("retry", "cancelled", "cancellation"),
+    ]
+
+
+async def test_removing_a_job_removes_its_chain_of_attempts(conn: asyncpg.Connection) -> None:
+    job = await define(conn, "chained")
+    first = await aio(conn.fetchval)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status) VALUES ($1, 'manual', 'failed') "
+        "RETURNING id",
+        job,
+    )
+    await aio(conn.execute)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, attempt, retry_of, due_at) "
+        "VALUES ($1, 'retry', 'queued', 2, $2, now() + interval '1 hour')",
+        job,
+        first,
+    )
+    await aio(conn.execute)("SELECT coordinator.remove('default', 'chained')")
+    assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.runs") == 0
