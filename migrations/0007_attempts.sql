@@ -30,7 +30,9 @@
 --   resolve     (0005)  the retry it queues links to the resolved run
 --   cancel      (0005)  cancelling a waiting retry forgets the deadline its chain served
 -- Every PL/pgSQL function here runs with enable_seqscan = off (see 0004_stable_plans.sql:
--- a later definition must repeat the setting).
+-- a later definition must repeat the setting). The parameters added to _claim and
+-- _settle have defaults, so a caller of the old arity (0010's batches, on a database
+-- that applied 0010 first) still reaches them; 0011 makes the batches pass them.
 
 -- ---------------------------------------------------------------------------------------
 -- Columns.
@@ -388,8 +390,8 @@ CREATE FUNCTION coordinator._claim(
     p_leader_pid    integer,      -- backend pid holding the single-writer lock, or NULL
     p_lock_class    integer,
     p_lock_obj      integer,
-    p_now           timestamptz,  -- the daemon's clock
-    p_skip_next     timestamptz,  -- the deadline after p_now (saved if the deadline misfired)
+    p_now           timestamptz DEFAULT NULL,  -- the daemon's clock (NULL: no misfire)
+    p_skip_next     timestamptz DEFAULT NULL,  -- the deadline after p_now (saved if misfired)
     OUT reason           text,
     OUT run_id           bigint,
     OUT trigger          text,
@@ -553,9 +555,9 @@ CREATE FUNCTION coordinator._settle(
     p_error_message text,
     p_version       integer,
     p_next_run_at   timestamptz,
-    p_category      text,              -- NULL: the default for the status and cause
-    p_retryable     boolean,           -- NULL: the job's policy decides
-    p_jitter        double precision,  -- 0 to 1: the share of a quarter taken off a delay
+    p_category      text DEFAULT NULL,              -- NULL: the default for the status and cause
+    p_retryable     boolean DEFAULT NULL,           -- NULL: the job's policy decides
+    p_jitter        double precision DEFAULT NULL,  -- 0 to 1: the share of a quarter taken off
     OUT outcome          text,     -- 'saved' | 'already' | 'gone'
     OUT job_id           bigint,
     OUT paused           boolean,
