@@ -294,7 +294,7 @@ class ConnectionPool:
 ItemT = TypeVar("ItemT")
 #: A claim waiting for its batch: the ticket, the worker types served, the daemon's
 #: clock and the deadline to save should the claim skip a misfire.
-_ClaimItem = tuple[Ticket, tuple[str, ...], datetime, datetime | None]
+_ClaimItem = tuple[Ticket, tuple[str, ...], datetime | None, datetime | None]
 ResultT = TypeVar("ResultT")
 
 
@@ -537,15 +537,16 @@ class Store:
         ticket: Ticket,
         *,
         workers: Sequence[str],
-        now: datetime,
+        now: datetime | None = None,
         skip_next: datetime | None = None,
         order: int = 0,
     ) -> ClaimResult:
         """The one claim boundary, for scheduled (``ticket.run_id`` None), manual and
         retry dispatch; grouped with other claims under load (:class:`Batcher`), in
         ``order`` (admission's) within a batch. ``now`` is the daemon's clock (misfires
-        and due times are judged by it); ``skip_next`` the deadline to save in place of
-        one that misfired."""
+        and due times are judged by it; without it nothing misfires and a retry's due
+        time is judged by the database's clock); ``skip_next`` the deadline to save in
+        place of one that misfired."""
         return await self.claims.submit((ticket, tuple(workers), now, skip_next), order=order)
 
     async def _claim_batch(self, items: list[_ClaimItem]) -> list[ClaimResult | BaseException]:
@@ -556,7 +557,7 @@ class Store:
                 "run": t.run_id,
                 "at": t.scheduled_for.isoformat() if t.scheduled_for is not None else None,
                 "v": t.schedule_version,
-                "now": now.isoformat(),
+                "now": now.isoformat() if now is not None else None,
                 "skip": skip.isoformat() if skip is not None else None,
             }
             for i, (t, _workers, now, skip) in enumerate(items)
