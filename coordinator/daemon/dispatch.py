@@ -322,6 +322,7 @@ class Dispatcher:
                 self.inventory.run_gone(ticket.job_id, ticket.run_id)
             elif reason == "not_due":
                 # An application moved the retry's due time: a refresh arms the saved one.
+                self.inventory.request((ticket.job_id,))
                 self.wake()
             return None
         claim = result.claim

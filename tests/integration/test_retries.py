@@ -526,3 +526,38 @@ async def test_removing_a_job_removes_its_chain_of_attempts(conn: asyncpg.Connec
     )
     await aio(conn.execute)("SELECT coordinator.remove('default', 'chained')")
     assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.runs") == 0
+
+
+async def test_a_retry_moved_by_an_application_runs_at_its_new_saved_time(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Plain SQL moves a waiting retry's due time: the update's dispatch wake is only a
+    hint; the claim refuses a due time still ahead (``not_due``) and the job is read again
+    and armed at the saved time; moved to now, it runs."""
+    job = await define(
+        conn,
+        "moved",
+        target={"kind": "exec", "argv": failing_until(tmp_path, 2)},
+        retries=1,
+        retry_backoff=timedelta(hours=1),
+    )
+    harness = await start_daemon(refresh_spacing=0.1)
+    first = await trigger(conn, "moved")
+    [failed] = await harness.wait_event("job.run", run=first)
+    later = await aio(conn.fetchval)(
+        "UPDATE coordinator.runs SET due_at = now() + interval '2 hours' WHERE id = $1 "
+        "RETURNING due_at",
+        failed["retry"],
+    )
+    await harness.wait_event("claim.rejected", run=failed["retry"], reason="not_due")
+    with trio.fail_after(15):
+        while harness.daemon.deadlines.get(job) != later.timestamp():
+            await harness.wait_event("refresh", count=len(harness.named("refresh")) + 1)
+    sooner = await aio(conn.fetchval)(
+        "UPDATE coordinator.runs SET due_at = now() WHERE id = $1 RETURNING due_at",
+        failed["retry"],
+    )
+    await harness.wait_event("job.run", run=failed["retry"], timeout=30)
+    retry = (await runs_of(conn, job))[1]
+    assert (retry["status"], retry["due_at"]) == ("succeeded", sooner)
+    assert retry["started_at"] >= sooner
