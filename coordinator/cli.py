@@ -7,14 +7,16 @@
       migrate
       jobs define NAME (--cron EXPR [--timezone TZ] | --every DUR | --at ISO | --manual)
                        [--timeout DUR] [--priority interactive|background] [--idempotent]
-                       [--paused] [--param KEY=JSON ...] [--namespace NS]
+                       [--paused | --no-paused] [--param KEY=JSON ...] [--namespace NS]
+                       [--retries N [--retry-backoff DUR] [--retry-max-delay DUR]]
+                       [--misfire run-once | --misfire skip --misfire-grace DUR]
                        (-- COMMAND [ARG ...] [--env KEY=VALUE ...] [--cwd DIR] | --worker TYPE)
       jobs list [--namespace NS] [--json]
       jobs show NAME [--namespace NS] [--json]
       jobs trigger NAME [--namespace NS] [--force] [--arg KEY=JSON ...]
                         [--wait [--wait-timeout DUR]] [--json]
       jobs pause|resume|remove NAME [--namespace NS]
-      runs list [--job NAME] [--namespace NS] [--status S] [--limit N] [--json]
+      runs list [--job NAME] [--namespace NS] [--status S] [--category C] [--limit N] [--json]
       runs show ID [--json]
       runs resolve ID --as failed|succeeded|retry
       sync MANIFEST.toml [--allow-invalid] [--json]
@@ -71,7 +73,16 @@ from . import schedule as schedules
 from .demo import DEMO_JOBS as DEMO_JOBS
 from .demo import DEMO_NAMESPACE as DEMO_NAMESPACE
 from .errors import ConfigError, CoordinatorError, DatabaseUnavailable, InvalidInput
-from .model import PRIORITIES, Schedule, Target
+from .model import (
+    DEFAULT_RETRY_BACKOFF,
+    DEFAULT_RETRY_MAX_DELAY,
+    MAX_RETRIES,
+    MIN_MISFIRE_GRACE,
+    MISFIRE_POLICIES,
+    PRIORITIES,
+    Schedule,
+    Target,
+)
 from .text import check_job_name, check_namespace, printable
 
 if TYPE_CHECKING:
@@ -358,7 +369,36 @@ def _add_jobs(groups: _Subparsers) -> None:
     define.add_argument("--timeout", metavar="DURATION", help="longest a call may take")
     define.add_argument("--priority", choices=PRIORITIES, default="background")
     define.add_argument("--idempotent", action="store_true", help="may be repeated after a crash")
-    define.add_argument("--paused", action="store_true", help="define it paused")
+    define.add_argument(
+        "--paused",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="define it paused (--no-paused: resume it); neither keeps a job's state",
+    )
+    define.add_argument(
+        "--retries",
+        type=_retries,
+        default=0,
+        metavar="N",
+        help="attempts after a failed or timed-out run (default 0)",
+    )
+    define.add_argument(
+        "--retry-backoff",
+        metavar="DURATION",
+        help="delay before the first retry, doubling each time (default 30s)",
+    )
+    define.add_argument(
+        "--retry-max-delay", metavar="DURATION", help="longest delay between attempts (default 1h)"
+    )
+    define.add_argument(
+        "--misfire",
+        choices=MISFIRE_POLICIES,
+        default="run-once",
+        help="an overdue deadline runs once (default), or is skipped past --misfire-grace",
+    )
+    define.add_argument(
+        "--misfire-grace", metavar="DURATION", help="with --misfire skip: how late it may still run"
+    )
     define.add_argument(
         "--param", action="append", metavar="KEY=JSON", help="static parameter (repeatable)"
     )
@@ -403,6 +443,16 @@ def _add_jobs(groups: _Subparsers) -> None:
         _namespace(parser)
 
 
+def _retries(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value <= MAX_RETRIES:
+        raise argparse.ArgumentTypeError(f"must be 0 to {MAX_RETRIES}, not {value}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -421,6 +471,9 @@ def _add_runs(groups: _Subparsers) -> None:
     listing.add_argument("--job", metavar="NAME", help="only this job's runs")
     _namespace(listing, default=None)
     listing.add_argument("--status", choices=client.RUN_STATUSES)
+    listing.add_argument(
+        "--category", choices=client.CATEGORIES, help="only runs that failed this way"
+    )
     listing.add_argument("--limit", type=_positive_int, default=50, metavar="N")
 
     show = _command(sub, "show", _runs_show, "show one run", reads=True)
@@ -616,6 +669,29 @@ def _describe_schedule(job: client.JobView) -> str:
     if job.schedule_kind == "interval":
         return f"every {job.schedule}"
     return f"at {job.schedule}"
+
+
+def _describe_retries(job: client.JobView) -> str:
+    if job.retries == 0:
+        return "0 (a failed run waits for the next deadline)"
+    return (
+        f"{job.retries}, the first after {_duration(job.retry_backoff)}, doubling up to "
+        f"{_duration(job.retry_max_delay)} (less up to a quarter, at random)"
+    )
+
+
+def _describe_misfire(job: client.JobView) -> str:
+    if job.misfire == "skip":
+        return f"skip a deadline more than {_duration(job.misfire_grace)} late"
+    return "run-once (an overdue deadline runs once)"
+
+
+def _describe_outstanding(job: client.JobView) -> str:
+    if job.outstanding_run is None:
+        return "-"
+    if job.outstanding_due_at is not None and job.outstanding_status == "queued":
+        return f"{job.outstanding_run} (retry, due {_when(job.outstanding_due_at)})"
+    return f"{job.outstanding_run} ({job.outstanding_status})"
 
 
 def _describe_target(target: dict[str, Any]) -> str:
@@ -962,6 +1038,29 @@ async def _migrate(args: argparse.Namespace, ctx: CommandContext) -> int:
     return 0
 
 
+def _policies_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The retry and misfire policies of ``jobs define``, checked, flags named."""
+    backoff = _duration_arg(args.retry_backoff, "--retry-backoff") or DEFAULT_RETRY_BACKOFF
+    max_delay = _duration_arg(args.retry_max_delay, "--retry-max-delay")
+    grace = _duration_arg(args.misfire_grace, "--misfire-grace")
+    if args.misfire == "skip" and grace is None:
+        raise InvalidInput("--misfire-grace", "required with --misfire skip (e.g. 5m)")
+    if args.misfire != "skip" and grace is not None:
+        raise InvalidInput("--misfire-grace", "only applies with --misfire skip")
+    for flag, value in (("--retry-backoff", backoff), ("--retry-max-delay", max_delay)):
+        if value is not None and value <= timedelta(0):
+            raise InvalidInput(flag, "must be greater than zero")
+    if grace is not None and grace < MIN_MISFIRE_GRACE:
+        raise InvalidInput("--misfire-grace", "must be at least 1s")
+    return {
+        "retries": args.retries,
+        "retry_backoff": backoff,
+        "retry_max_delay": max_delay or DEFAULT_RETRY_MAX_DELAY,
+        "misfire": args.misfire,
+        "misfire_grace": grace,
+    }
+
+
 async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
     check_namespace(args.namespace, "--namespace")
     check_job_name(args.name)
@@ -969,6 +1068,7 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
     target = _target_from(args)
     timeout = _duration_arg(args.timeout, "--timeout")
     params = _key_values(args.param, "--param", as_json=True)
+    policies = _policies_from(args)
     async with ctx.connection() as conn:
         job_id = await db.aio(client.define_job)(
             conn,
@@ -980,18 +1080,23 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
             timeout=timeout,
             priority=args.priority,
             idempotent=args.idempotent,
-            paused=args.paused,
+            paused=args.paused,  # None (neither flag): the job keeps its paused state
+            **policies,
         )
-        facts = await probe.gather(
-            conn, ctx.config(), api=target.kind == "worker" and not args.paused
-        )
+        paused = args.paused
+        if paused is None:
+            job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
+            paused = job.paused
+        facts = await probe.gather(conn, ctx.config(), api=target.kind == "worker" and not paused)
     _say(f"defined {args.namespace}/{args.name} (job {job_id})")
+    if paused and args.paused is None:
+        _note(f"{args.namespace}/{args.name} was paused and stays paused (--no-paused resumes it)")
     _say(
         why.after_define(
             schedule,
             target,
             name=args.name,
-            paused=args.paused,
+            paused=paused,
             facts=facts,
             now=datetime.now(UTC),
         )
@@ -1070,14 +1175,13 @@ async def _jobs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
         ("timeout", _duration(job.timeout)),
         ("priority", job.priority),
         ("idempotent", _yes(job.idempotent)),
+        ("retries", _describe_retries(job)),
+        ("misfire", _describe_misfire(job)),
         ("paused", _yes(job.paused)),
         ("invalid", job.invalid_reason or "-"),
         ("next run", why.next_run(job, facts)),
         ("last run", f"{job.last_run} ({job.last_status})" if job.last_run else "-"),
-        (
-            "outstanding",
-            f"{job.outstanding_run} ({job.outstanding_status})" if job.outstanding_run else "-",
-        ),
+        ("outstanding", _describe_outstanding(job)),
     ]
     if job.blocked_by is not None:
         pairs.append(("blocked by", f"run {job.blocked_by}: {why.resolve_hint(job.blocked_by)}"))
@@ -1111,6 +1215,12 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
         if run_id == job.outstanding_run:
             if job.outstanding_status == "unresolved":
                 _note(why.blocked(job, run_id))
+            elif job.outstanding_due_at is not None and job.outstanding_status == "queued":
+                _note(
+                    f"{job.key} already has retry run {run_id}, due "
+                    f"{_when(job.outstanding_due_at)}: it runs then (SELECT "
+                    f"coordinator.cancel({run_id}) ends the chain of attempts)"
+                )
             else:
                 _note(f"{job.key} already has run {run_id} outstanding ({job.outstanding_status})")
         if job.invalid_reason is not None:
@@ -1179,7 +1289,12 @@ async def _jobs_remove(args: argparse.Namespace, ctx: CommandContext) -> int:
 async def _runs_list(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         runs = await db.aio(client.list_runs)(
-            conn, namespace=args.namespace, job=args.job, status=args.status, limit=args.limit
+            conn,
+            namespace=args.namespace,
+            job=args.job,
+            status=args.status,
+            limit=args.limit,
+            category=args.category,
         )
     if args.json:
         _print_json([run.to_json() for run in runs])
@@ -1188,18 +1303,30 @@ async def _runs_list(args: argparse.Namespace, ctx: CommandContext) -> int:
         print("no runs")
         return 0
     _table(
-        ("ID", "JOB", "TRIGGER", "STATUS", "SCHEDULED", "STARTED", "FINISHED", "COUNT", "ERROR"),
+        (
+            "ID",
+            "JOB",
+            "TRIGGER",
+            "STATUS",
+            "ATTEMPT",
+            "SCHEDULED",
+            "STARTED",
+            "FINISHED",
+            "COUNT",
+            "ERROR",
+        ),
         [
             (
                 str(run.id),
                 run.job_key,
                 run.trigger,
-                run.status,
+                _run_status(run),
+                str(run.attempt),
                 _when(run.scheduled_for),
                 _when(run.started_at),
                 _when(run.finished_at),
                 str(run.count) if run.count is not None else "-",
-                _clip(": ".join(filter(None, (run.error_cause, run.error_message))), 40) or "-",
+                _clip(": ".join(filter(None, (run.category, run.error_message))), 40) or "-",
             )
             for run in runs
         ],
@@ -1207,33 +1334,79 @@ async def _runs_list(args: argparse.Namespace, ctx: CommandContext) -> int:
     return 0
 
 
+def _run_status(run: client.RunView) -> str:
+    """The STATUS column: the status, and what comes of a failure (retried, exhausted)."""
+    if run.status == "queued" and run.due_at is not None:
+        return f"queued (due {_when(run.due_at)})"
+    if run.exhausted:
+        return f"{run.status} (exhausted)"
+    if run.retried_by is not None:
+        return f"{run.status} (retried: {run.retried_by})"
+    return run.status
+
+
 async def _runs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         run = await db.aio(client.get_run)(conn, args.run_id)
+        chain = await db.aio(client.run_chain)(conn, args.run_id)
     if args.json:
-        _print_json(run.to_json())
+        _print_json({**run.to_json(), "attempts": [_attempt_json(r) for r in chain]})
         return 0
-    _fields(
-        [
-            ("run", str(run.id)),
-            ("job", run.job_key),
-            ("status", run.status),
-            ("trigger", run.trigger),
-            ("attempt", str(run.attempt)),
-            ("args", json.dumps(run.args, ensure_ascii=False)),
-            ("scheduled for", _when(run.scheduled_for)),
-            ("created", _when(run.created_at)),
-            ("claimed", _when(run.claimed_at)),
-            ("started", _when(run.started_at)),
-            ("finished", _when(run.finished_at)),
-            ("instance", run.instance or "-"),
-            ("count", str(run.count) if run.count is not None else "-"),
-            ("extra", json.dumps(run.extra, ensure_ascii=False) if run.extra else "-"),
-            ("error cause", run.error_cause or "-"),
-            ("error", run.error_message or "-"),
-        ]
-    )
+    pairs = [
+        ("run", str(run.id)),
+        ("job", run.job_key),
+        ("status", _run_status(run)),
+        ("trigger", run.trigger),
+        ("attempt", str(run.attempt)),
+        ("args", json.dumps(run.args, ensure_ascii=False)),
+        ("scheduled for", _when(run.scheduled_for)),
+        ("created", _when(run.created_at)),
+    ]
+    if run.due_at is not None:
+        pairs.append(("due", _when(run.due_at)))
+    pairs += [
+        ("claimed", _when(run.claimed_at)),
+        ("started", _when(run.started_at)),
+        ("finished", _when(run.finished_at)),
+        ("instance", run.instance or "-"),
+        ("count", str(run.count) if run.count is not None else "-"),
+        ("extra", json.dumps(run.extra, ensure_ascii=False) if run.extra else "-"),
+        ("error cause", run.error_cause or "-"),
+        ("category", run.category or "-"),
+        ("error", run.error_message or "-"),
+    ]
+    if run.retryable is not None:
+        pairs.append(("retryable", _yes(run.retryable)))
+    if len(chain) > 1:
+        pairs.append(("attempts", "; ".join(_describe_attempt(r, run.id) for r in chain)))
+    _fields(pairs)
     return 0
+
+
+def _describe_attempt(run: client.RunView, current: int) -> str:
+    """One attempt of a chain: ``2: run 42 failed (timeout) at 12:00:03Z``."""
+    mark = " (this one)" if run.id == current else ""
+    what = run.status if run.category is None else f"{run.status} ({run.category})"
+    if run.exhausted:
+        what += ", exhausted"
+    if run.status == "queued" and run.due_at is not None:
+        when = f"due {_when(run.due_at)}"
+    else:
+        when = f"started {_when(run.started_at)}"
+    return f"{run.attempt}: run {run.id}{mark} {what}, {when}"
+
+
+def _attempt_json(run: client.RunView) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "attempt": run.attempt,
+        "status": run.status,
+        "category": run.category,
+        "exhausted": run.exhausted,
+        "due_at": run.due_at.isoformat() if run.due_at else None,
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+    }
 
 
 async def _runs_resolve(args: argparse.Namespace, ctx: CommandContext) -> int:

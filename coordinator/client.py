@@ -45,7 +45,20 @@ from .errors import (
     JobNotFound,
     RunNotFound,
 )
-from .model import OUTSTANDING, PRIORITIES, TERMINAL, RunStatus, Schedule, Target
+from .model import (
+    DEFAULT_RETRY_BACKOFF,
+    DEFAULT_RETRY_MAX_DELAY,
+    MAX_RETRIES,
+    MIN_MISFIRE_GRACE,
+    MISFIRE_POLICIES,
+    OUTSTANDING,
+    PRIORITIES,
+    TERMINAL,
+    RunStatus,
+    Schedule,
+    Target,
+)
+from .protocol import CATEGORIES
 from .text import check_job_name, check_namespace
 
 if TYPE_CHECKING:
@@ -54,6 +67,7 @@ if TYPE_CHECKING:
     from .manifest import Manifest
 
 __all__ = [
+    "CATEGORIES",
     "RESOLUTIONS",
     "RUN_STATUSES",
     "JobView",
@@ -75,6 +89,7 @@ __all__ = [
     "remove",
     "resolve",
     "resume",
+    "run_chain",
     "run_stats",
     "sync",
     "sync_manifest",
@@ -112,6 +127,10 @@ class WaitTimeout(CoordinatorError):
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def _seconds(value: timedelta | None) -> float | None:
+    return value.total_seconds() if value is not None else None
 
 
 def _json_field(text: str | None) -> Any:
@@ -155,6 +174,14 @@ class JobView:
     #: Row timestamps.
     created_at: datetime
     updated_at: datetime
+    #: Attempts after the first that a failed or timed-out run gets.
+    retries: int = 0
+    #: First retry delay (doubling each attempt) and its cap.
+    retry_backoff: timedelta = DEFAULT_RETRY_BACKOFF
+    retry_max_delay: timedelta = DEFAULT_RETRY_MAX_DELAY
+    #: ``run-once`` or ``skip`` (with ``misfire_grace``).
+    misfire: str = "run-once"
+    misfire_grace: timedelta | None = None
     #: The latest run (by id) and its status, or ``None`` when it never ran.
     last_run: int | None = None
     last_status: str | None = None
@@ -163,6 +190,8 @@ class JobView:
     #: The run currently outstanding (queued, pending, running or unresolved), if any.
     outstanding_run: int | None = None
     outstanding_status: str | None = None
+    #: When the outstanding run may start, if it is a retry waiting for its due time.
+    outstanding_due_at: datetime | None = None
     #: The unresolved run that blocks the job until an operator resolves it, if any.
     blocked_by: int | None = None
 
@@ -180,6 +209,8 @@ class JobView:
             return "paused"
         if self.blocked_by is not None:
             return f"blocked by run {self.blocked_by}"
+        if self.outstanding_due_at is not None and self.outstanding_status == "queued":
+            return "retry waiting"
         if self.outstanding_status is not None:
             return self.outstanding_status
         return "active"
@@ -202,6 +233,11 @@ class JobView:
             "invalid_reason": self.invalid_reason,
             "next_run_at": _iso(self.next_run_at),
             "schedule_version": self.schedule_version,
+            "retries": self.retries,
+            "retry_backoff": self.retry_backoff.total_seconds(),
+            "retry_max_delay": self.retry_max_delay.total_seconds(),
+            "misfire": self.misfire,
+            "misfire_grace": _seconds(self.misfire_grace),
             "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at),
             "last_run": self.last_run,
@@ -209,6 +245,7 @@ class JobView:
             "last_run_at": _iso(self.last_run_at),
             "outstanding_run": self.outstanding_run,
             "outstanding_status": self.outstanding_status,
+            "outstanding_due_at": _iso(self.outstanding_due_at),
             "blocked_by": self.blocked_by,
         }
 
@@ -249,6 +286,17 @@ class RunView:
     attempt: int
     #: The latest progress report of a running call.
     progress: Any = None
+    #: Why it did not succeed, in seven words (``invalid-input`` ... ``unknown``).
+    category: str | None = None
+    #: What the worker or command said about retrying it (``None``: nothing).
+    retryable: bool | None = None
+    #: It failed on its job's last allowed attempt: no retry follows.
+    exhausted: bool = False
+    #: A queued retry may not start before this (its saved due time).
+    due_at: datetime | None = None
+    #: The run this one retries, and the run that retries this one.
+    retry_of: int | None = None
+    retried_by: int | None = None
 
     @property
     def job_key(self) -> str:
@@ -282,6 +330,12 @@ class RunView:
             "error_message": self.error_message,
             "attempt": self.attempt,
             "progress": self.progress,
+            "category": self.category,
+            "retryable": self.retryable,
+            "exhausted": self.exhausted,
+            "due_at": _iso(self.due_at),
+            "retry_of": self.retry_of,
+            "retried_by": self.retried_by,
         }
 
 
@@ -419,8 +473,49 @@ class _Prepared:
     timeout: timedelta | None
     priority: str
     idempotent: bool
-    paused: bool
+    paused: bool | None
     invalid_reason: str | None
+    retries: int
+    retry_backoff: timedelta
+    retry_max_delay: timedelta
+    misfire: str
+    misfire_grace: timedelta | None
+
+
+def _positive_duration(value: object, field: str) -> timedelta:
+    if not isinstance(value, timedelta):
+        raise InvalidInput(field, f"must be a timedelta, not {type(value).__name__}")
+    if value <= timedelta(0):
+        raise InvalidInput(field, "must be greater than zero")
+    return schedules.check_duration(value, field)
+
+
+def check_retry_policy(retries: object, retry_backoff: object, retry_max_delay: object) -> None:
+    """Refuse a retry policy ``coordinator.define_job`` would refuse, naming the field."""
+    if not isinstance(retries, int) or isinstance(retries, bool):
+        raise InvalidInput("retries", f"must be an integer, not {type(retries).__name__}")
+    if not 0 <= retries <= MAX_RETRIES:
+        raise InvalidInput("retries", f"must be 0 to {MAX_RETRIES}, not {retries}")
+    _positive_duration(retry_backoff, "retry_backoff")
+    _positive_duration(retry_max_delay, "retry_max_delay")
+
+
+def check_misfire(misfire: object, misfire_grace: object) -> None:
+    """Refuse a misfire policy ``coordinator.define_job`` would refuse, naming the field."""
+    if misfire not in MISFIRE_POLICIES:
+        raise InvalidInput(
+            "misfire", f"must be one of {', '.join(MISFIRE_POLICIES)}, not {misfire!r}"
+        )
+    if misfire == "skip" and misfire_grace is None:
+        raise InvalidInput(
+            "misfire_grace", "required with misfire skip (how late a deadline may still run)"
+        )
+    if misfire != "skip" and misfire_grace is not None:
+        raise InvalidInput("misfire_grace", "only applies with misfire skip")
+    if misfire_grace is not None:
+        _positive_duration(misfire_grace, "misfire_grace")
+        if misfire_grace < MIN_MISFIRE_GRACE:  # type: ignore[operator]
+            raise InvalidInput("misfire_grace", "must be at least 1s")
 
 
 def _prepare(
@@ -432,8 +527,13 @@ def _prepare(
     timeout: timedelta | None,
     priority: str,
     idempotent: bool,
-    paused: bool,
+    paused: bool | None,
     invalid_reason: str | None,
+    retries: int = 0,
+    retry_backoff: timedelta = DEFAULT_RETRY_BACKOFF,
+    retry_max_delay: timedelta = DEFAULT_RETRY_MAX_DELAY,
+    misfire: str = "run-once",
+    misfire_grace: timedelta | None = None,
 ) -> _Prepared:
     """Check and normalise a definition; an ``invalid_reason`` skips the schedule and
     target checks (the job is stored inert, as given)."""
@@ -446,6 +546,8 @@ def _prepare(
         raise InvalidInput("timeout", "must be greater than zero")
     if timeout is not None:
         schedules.check_duration(timeout, "timeout")
+    check_retry_policy(retries, retry_backoff, retry_max_delay)
+    check_misfire(misfire, misfire_grace)
     params_obj = _object(params, "params")
     _to_json_text(params_obj, "params")
     if invalid_reason is None:
@@ -469,8 +571,13 @@ def _prepare(
         timeout=timeout,
         priority=priority,
         idempotent=bool(idempotent),
-        paused=bool(paused),
+        paused=None if paused is None else bool(paused),
         invalid_reason=invalid_reason,
+        retries=retries,
+        retry_backoff=retry_backoff,
+        retry_max_delay=retry_max_delay,
+        misfire=misfire,
+        misfire_grace=misfire_grace,
     )
 
 
@@ -489,7 +596,12 @@ SELECT coordinator.define_job(
     priority       => $9,
     idempotent     => $10,
     paused         => $11,
-    invalid_reason => $12)
+    invalid_reason => $12,
+    retries        => $13,
+    retry_backoff  => $14::interval,
+    retry_max_delay => $15::interval,
+    misfire        => $16,
+    misfire_grace  => $17::interval)
 """
 
 
@@ -504,18 +616,27 @@ async def define_job(
     timeout: timedelta | None = None,  # noqa: ASYNC109 - the job's call limit, not this call's
     priority: str = "background",
     idempotent: bool = False,
-    paused: bool = False,
+    paused: bool | None = None,
     invalid_reason: str | None = None,
+    retries: int = 0,
+    retry_backoff: timedelta = DEFAULT_RETRY_BACKOFF,
+    retry_max_delay: timedelta = DEFAULT_RETRY_MAX_DELAY,
+    misfire: str = "run-once",
+    misfire_grace: timedelta | None = None,
 ) -> int:
     """Create or replace the job ``namespace/name``; return its id.
 
     The schedule is validated (:class:`~coordinator.errors.InvalidSchedule` names the
     field: ``cron``, ``every``, ``at`` or ``timezone``) and stored in its canonical form,
     unless ``invalid_reason`` is given: then it is stored as is and the job is inert.
-    Every field is replaced, ``paused`` included. A changed schedule bumps
-    ``schedule_version`` and clears the saved deadline. Names follow
-    :mod:`coordinator.text`; durations are at most
-    :data:`~coordinator.schedule.MAX_DURATION`.
+    Every field of the definition is replaced; ``paused`` is the job's state, not its
+    definition: ``None`` keeps it (a new job is not paused), ``True``/``False`` set it
+    (un-pausing a recurring job forgets its old deadline). A changed schedule bumps
+    ``schedule_version`` and clears the saved deadline. ``retries`` (0 to 100) failed or
+    timed-out runs are retried, the first after ``retry_backoff``, doubling up to
+    ``retry_max_delay``; ``misfire="skip"`` with ``misfire_grace`` skips an overdue
+    deadline later than the grace. Names follow :mod:`coordinator.text`; durations are
+    at most :data:`~coordinator.schedule.MAX_DURATION`.
     """
     check_namespace(namespace)
     job = _prepare(
@@ -528,6 +649,11 @@ async def define_job(
         idempotent=idempotent,
         paused=paused,
         invalid_reason=invalid_reason,
+        retries=retries,
+        retry_backoff=retry_backoff,
+        retry_max_delay=retry_max_delay,
+        misfire=misfire,
+        misfire_grace=misfire_grace,
     )
     with translate_errors(namespace=namespace, name=name):
         job_id: int = await conn.fetchval(
@@ -544,6 +670,11 @@ async def define_job(
             job.idempotent,
             job.paused,
             job.invalid_reason,
+            job.retries,
+            job.retry_backoff,
+            job.retry_max_delay,
+            job.misfire,
+            job.misfire_grace,
         )
     return job_id
 
@@ -595,13 +726,20 @@ def job_entry(
     timeout: timedelta | None = None,
     priority: str = "background",
     idempotent: bool = False,
-    paused: bool = False,
+    paused: bool | None = None,
     invalid_reason: str | None = None,
+    retries: int = 0,
+    retry_backoff: timedelta = DEFAULT_RETRY_BACKOFF,
+    retry_max_delay: timedelta = DEFAULT_RETRY_MAX_DELAY,
+    misfire: str = "run-once",
+    misfire_grace: timedelta | None = None,
 ) -> dict[str, Any]:
     """One element of :func:`sync`'s ``entries``, checked like :func:`define_job`.
 
     With ``invalid_reason`` the schedule is kept as given and ``target`` may be any JSON
     object (the job is stored inert); otherwise ``target`` must be a :class:`Target`.
+    ``paused`` ``None`` leaves the key out: the job keeps its paused state (one that sync
+    paused for being missing is resumed).
     """
     job = _prepare(
         name=name,
@@ -613,8 +751,13 @@ def job_entry(
         idempotent=idempotent,
         paused=paused,
         invalid_reason=invalid_reason,
+        retries=retries,
+        retry_backoff=retry_backoff,
+        retry_max_delay=retry_max_delay,
+        misfire=misfire,
+        misfire_grace=misfire_grace,
     )
-    return {
+    entry = {
         "name": job.name,
         "schedule_kind": job.schedule.kind,
         "schedule": job.schedule.expression,
@@ -626,7 +769,17 @@ def job_entry(
         "idempotent": job.idempotent,
         "paused": job.paused,
         "invalid_reason": job.invalid_reason,
+        "retries": job.retries,
+        "retry_backoff": _interval_text(job.retry_backoff),
+        "retry_max_delay": _interval_text(job.retry_max_delay),
+        "misfire": job.misfire,
+        "misfire_grace": (
+            _interval_text(job.misfire_grace) if job.misfire_grace is not None else None
+        ),
     }
+    if job.paused is None:
+        del entry["paused"]
+    return entry
 
 
 async def sync(
@@ -781,7 +934,7 @@ _JOB_COLUMNS: Final = f"""
     {rows.select_list()},
     j.created_at, j.updated_at,
     last.id AS last_run, last.status AS last_status, last.at AS last_run_at,
-    o.id AS outstanding_run, o.status AS outstanding_status
+    o.id AS outstanding_run, o.status AS outstanding_status, o.due_at AS outstanding_due_at
   FROM coordinator.jobs j
   LEFT JOIN LATERAL (SELECT r.id, r.status,
                             coalesce(r.finished_at, r.started_at, r.created_at) AS at
@@ -819,6 +972,7 @@ def _job_view(row: Mapping[str, Any]) -> JobView:
         last_run_at=row["last_run_at"],
         outstanding_run=row["outstanding_run"],
         outstanding_status=outstanding_status,
+        outstanding_due_at=row["outstanding_due_at"],
         blocked_by=row["outstanding_run"] if outstanding_status == "unresolved" else None,
     )
 
@@ -853,7 +1007,10 @@ _RUN_COLUMNS: Final = """
     r.id, r.job_id, j.namespace, j.name AS job, r.trigger, r.status, r.scheduled_for,
     r.claimed_at, r.started_at, r.finished_at, r.created_at, r.schedule_version,
     r.instance, r.args::text AS args, r.count, r.extra::text AS extra, r.error_cause,
-    r.error_message, r.attempt, r.progress::text AS progress
+    r.error_message, r.attempt, r.progress::text AS progress, r.category, r.retryable,
+    r.exhausted, r.due_at, r.retry_of,
+    (SELECT x.id FROM coordinator.runs x WHERE x.retry_of = r.id
+      ORDER BY x.id LIMIT 1) AS retried_by
   FROM coordinator.runs r JOIN coordinator.jobs j ON j.id = r.job_id
 """
 
@@ -863,8 +1020,30 @@ SELECT {_RUN_COLUMNS}
    AND ($2::text IS NULL OR j.name = $2)
    AND ($3::text IS NULL OR r.status = $3)
    AND ($5::bigint IS NULL OR r.id < $5)
+   AND ($6::text IS NULL OR r.category = $6)
  ORDER BY r.id DESC
  LIMIT $4
+"""
+
+# The attempts a run belongs to: up the retry_of links to the first, then down from it
+# (each run is retried at most once: a retry is queued only when no run is outstanding).
+_RUN_CHAIN: Final = f"""
+WITH RECURSIVE up(id, retry_of, depth) AS (
+    SELECT id, retry_of, 0 FROM coordinator.runs WHERE id = $1
+    UNION ALL
+    SELECT p.id, p.retry_of, up.depth + 1 FROM coordinator.runs p JOIN up ON p.id = up.retry_of
+     WHERE up.depth < 1000
+), head AS (
+    SELECT id FROM up ORDER BY depth DESC LIMIT 1
+), down(id, depth) AS (
+    SELECT id, 0 FROM head
+    UNION ALL
+    SELECT c.id, down.depth + 1 FROM coordinator.runs c JOIN down ON c.retry_of = down.id
+     WHERE down.depth < 1000
+)
+SELECT {_RUN_COLUMNS}
+ WHERE r.id IN (SELECT id FROM down)
+ ORDER BY r.attempt, r.id
 """
 
 _GET_RUN: Final = f"""
@@ -899,6 +1078,12 @@ def _run_view(row: Mapping[str, Any]) -> RunView:
         error_message=row["error_message"],
         attempt=row["attempt"],
         progress=_json_field(row["progress"]),
+        category=row["category"],
+        retryable=row["retryable"],
+        exhausted=row["exhausted"],
+        due_at=row["due_at"],
+        retry_of=row["retry_of"],
+        retried_by=row["retried_by"],
     )
 
 
@@ -910,21 +1095,25 @@ async def list_runs(
     status: str | None = None,
     limit: int = 50,
     before: int | None = None,
+    category: str | None = None,
 ) -> list[RunView]:
-    """The newest runs first, at most ``limit``; with ``before``, only runs older than
-    that run id (the next page of a listing that ended there).
+    """The newest runs first, at most ``limit``; ``status`` and ``category`` filter; with
+    ``before``, only runs older than that run id (the next page of a listing that ended
+    there).
 
     ``job`` without ``namespace`` means the job in ``default``; an unknown job raises
     :class:`~coordinator.errors.JobNotFound` (rather than listing nothing).
     """
     if status is not None and status not in RUN_STATUSES:
         raise InvalidInput("status", f"must be one of {', '.join(RUN_STATUSES)}, not {status!r}")
+    if category is not None and category not in CATEGORIES:
+        raise InvalidInput("category", f"must be one of {', '.join(CATEGORIES)}, not {category!r}")
     if limit < 1:
         raise InvalidInput("limit", f"must be at least 1, not {limit}")
     if job is not None and namespace is None:
         namespace = "default"
     with translate_errors(namespace=namespace, name=job):
-        rows = await conn.fetch(_LIST_RUNS, namespace, job, status, limit, before)
+        rows = await conn.fetch(_LIST_RUNS, namespace, job, status, limit, before, category)
         if not rows and job is not None and not await conn.fetchval(_JOB_EXISTS, namespace, job):
             raise JobNotFound(namespace or "default", job)
     return [_run_view(row) for row in rows]
@@ -937,6 +1126,17 @@ async def get_run(conn: Connection, run_id: int) -> RunView:
     if row is None:
         raise RunNotFound(run_id)
     return _run_view(row)
+
+
+async def run_chain(conn: Connection, run_id: int) -> list[RunView]:
+    """Every attempt of the work run ``run_id`` belongs to, first attempt first (the
+    run alone when it was never retried); raises
+    :class:`~coordinator.errors.RunNotFound`."""
+    with translate_errors(run_id=run_id):
+        rows = await conn.fetch(_RUN_CHAIN, run_id)
+    if not rows:
+        raise RunNotFound(run_id)
+    return [_run_view(row) for row in rows]
 
 
 # --------------------------------------------------------------------------- statistics

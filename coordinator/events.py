@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from datetime import datetime
+from typing import Any, ClassVar, Final
 
 import attrs
 import trio
 
 from .log import EventLog, Level
-
-if TYPE_CHECKING:
-    from datetime import datetime
-
 
 #: Events a slow stream subscriber may fall behind by before it is told it missed some.
 STREAM_BUFFER: Final = 1024
@@ -145,6 +142,15 @@ class RunFinished(Event):
     #: Actual start minus the deadline served (scheduled runs only), milliseconds.
     lateness_ms: float | None = None
     error: str | None = None
+    #: Which attempt this was (1 for a first one).
+    attempt: int | None = None
+    #: Why it did not succeed, in seven words (``runs.category``).
+    category: str | None = None
+    #: The run that retries it, queued until ``retry_at`` (the job's retry policy).
+    retry: int | None = None
+    retry_at: datetime | None = None
+    #: It failed on the job's last allowed attempt: no retry follows.
+    exhausted: bool | None = None
 
     def level(self) -> Level:
         return "info" if self.outcome == "succeeded" else "warning"
@@ -156,6 +162,42 @@ class RunFinished(Event):
     @property
     def lateness_s(self) -> float | None:
         return None if self.lateness_ms is None else self.lateness_ms / 1000.0
+
+
+@attrs.frozen(kw_only=True)
+class TickSkipped(Event):
+    """Ticks of a job's schedule fell while a run of it was going (an overrun, or a chain
+    of retries): they were skipped, not queued; the next deadline follows the run's end.
+    Told once per run, when its result is saved."""
+
+    NAME: ClassVar[str] = "job.tick_skipped"
+    LEVEL: ClassVar[Level] = "warning"
+    job: str
+    job_id: int
+    #: The run that was going.
+    run: int
+    #: How many ticks were skipped (counting stops at 10,000), the first and the last.
+    missed: int
+    first: datetime
+    last: datetime
+    #: How long the run (or the chain of attempts since the deadline it served) lasted.
+    running_s: float
+
+
+@attrs.frozen(kw_only=True)
+class MisfireSkipped(Event):
+    """An overdue deadline later than its job's misfire grace was not run (``--misfire
+    skip``); the next deadline was computed from now."""
+
+    NAME: ClassVar[str] = "job.misfire_skipped"
+    LEVEL: ClassVar[Level] = "warning"
+    job: str
+    job_id: int
+    #: The deadline skipped, and how late it was when the daemon came to it (seconds).
+    deadline: datetime
+    late_s: float
+    #: The deadline saved in its place (``None``: a one-shot job, which is done).
+    next: datetime | None
 
 
 @attrs.frozen(kw_only=True)

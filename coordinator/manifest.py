@@ -11,7 +11,12 @@ Format::
     timeout = "15m"                # a duration with its unit: 90s, 5m, 1h30m
     priority = "background"        # or "interactive"
     idempotent = false
-    paused = false
+    paused = false                 # absent: a job keeps its paused state (see below)
+    retries = 3                    # attempts after a failed or timed-out run; default 0
+    retry_backoff = "30s"          # first retry delay, doubling; default 30s
+    retry_max_delay = "1h"         # longest delay between attempts; default 1h
+    misfire = "skip"               # or "run-once" (default: an overdue deadline runs once)
+    misfire_grace = "5m"           # with misfire = "skip": how late it may still run
     params = { region = "eu" }     # any table; TOML dates become ISO 8601 strings
     command = ["/usr/local/bin/invoice", "--all"]   # exactly one of command / worker
     env = { LANG = "C.UTF-8" }     # command only
@@ -22,10 +27,14 @@ Format::
     every = "6h"
     worker = "search"
 
-``every`` and ``timeout`` take a duration with its unit (``every = 6`` or ``"6"`` is
-refused: six seconds or six hours?); ``at`` an ISO 8601 instant with an offset, quoted or
-as a TOML offset date-time. A file without ``jobs`` (or with ``jobs = []``) is an empty
-declaration: every job of the namespace is paused.
+``paused`` is the job's state rather than its definition: absent, a job keeps the state
+it has (one that ``jobs pause`` paused stays paused), except that a job a previous sync
+paused because the file no longer listed it is resumed; ``paused = false`` resumes any.
+
+``every``, ``timeout`` and the retry and misfire durations take a duration with its
+unit (``every = 6`` or ``"6"`` is refused: six seconds or six hours?); ``at`` an ISO 8601
+instant with an offset, quoted or as a TOML offset date-time. A file without ``jobs``
+(or with ``jobs = []``) is an empty declaration: every job of the namespace is paused.
 
 Parsing is pure (no database). The file-level mistakes that would make the whole sync
 mean something else (TOML syntax, a missing ``namespace``, an unknown top-level key such as
@@ -52,7 +61,17 @@ import attrs
 from . import schedule as schedules
 from .client import job_entry
 from .errors import InvalidInput
-from .model import PRIORITIES, Schedule, ScheduleKind, Target
+from .model import (
+    DEFAULT_RETRY_BACKOFF,
+    DEFAULT_RETRY_MAX_DELAY,
+    MAX_RETRIES,
+    MIN_MISFIRE_GRACE,
+    MISFIRE_POLICIES,
+    PRIORITIES,
+    Schedule,
+    ScheduleKind,
+    Target,
+)
 from .text import check_job_name, check_namespace
 
 if TYPE_CHECKING:
@@ -75,6 +94,11 @@ _JOB_KEYS: Final = (
     "priority",
     "idempotent",
     "paused",
+    "retries",
+    "retry_backoff",
+    "retry_max_delay",
+    "misfire",
+    "misfire_grace",
     "params",
     "command",
     "worker",
@@ -334,7 +358,8 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
         e.problem("priority", f"must be one of {', '.join(PRIORITIES)}, not {priority!r}")
         priority = "background"
     idempotent = e.typed("idempotent", bool, "true or false", False)
-    paused = e.typed("paused", bool, "true or false", False)
+    paused = e.typed("paused", bool, "true or false", None)
+    policies = _policies(e)
     params = e.typed("params", dict, "a table", {})
     target = _target(e)
 
@@ -349,6 +374,7 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
                 priority=priority,
                 idempotent=idempotent,
                 paused=paused,
+                **policies,
             ), []
         except InvalidInput as exc:  # pragma: no cover - the checks above cover these
             e.problem(exc.field, exc.reason)
@@ -363,8 +389,42 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
         idempotent=idempotent,
         paused=paused,
         invalid_reason=reason,
+        **policies,
     )
     return entry, e.problems
+
+
+def _policies(e: _Entry) -> dict[str, Any]:
+    """The retry and misfire policies of an entry; what has a problem falls back to its
+    default (the entry is stored inert anyway)."""
+    retries = e.typed("retries", int, "an integer", 0)
+    if not 0 <= retries <= MAX_RETRIES:
+        e.problem("retries", f"must be 0 to {MAX_RETRIES}, not {retries}")
+        retries = 0
+    backoff = _duration(e, "retry_backoff") or DEFAULT_RETRY_BACKOFF
+    max_delay = _duration(e, "retry_max_delay") or DEFAULT_RETRY_MAX_DELAY
+    misfire = e.typed("misfire", str, "a string", "run-once")
+    grace = _duration(e, "misfire_grace")
+    if misfire not in MISFIRE_POLICIES:
+        e.problem("misfire", f"must be one of {', '.join(MISFIRE_POLICIES)}, not {misfire!r}")
+        misfire, grace = "run-once", None
+    elif misfire == "skip" and grace is None:
+        if "misfire_grace" not in e.raw:
+            e.problem("misfire_grace", 'required with misfire = "skip" (e.g. "5m")')
+        misfire = "run-once"
+    elif misfire != "skip" and grace is not None:
+        e.problem("misfire_grace", 'only applies with misfire = "skip"')
+        grace = None
+    elif grace is not None and grace < MIN_MISFIRE_GRACE:
+        e.problem("misfire_grace", "must be at least 1s")
+        misfire, grace = "run-once", None
+    return {
+        "retries": retries,
+        "retry_backoff": backoff,
+        "retry_max_delay": max_delay,
+        "misfire": misfire,
+        "misfire_grace": grace,
+    }
 
 
 def _schedule(e: _Entry) -> Schedule:
@@ -416,17 +476,22 @@ def _unit_required(value: float) -> str:
 
 
 def _timeout(e: _Entry) -> timedelta | None:
-    if "timeout" not in e.raw:
+    return _duration(e, "timeout")
+
+
+def _duration(e: _Entry, key: str) -> timedelta | None:
+    """A duration key (with its unit), or ``None`` when absent or wrong (a problem)."""
+    if key not in e.raw:
         return None
-    value = e.raw["timeout"]
+    value = e.raw[key]
     if isinstance(value, int | float) and not isinstance(value, bool):
-        e.problem("timeout", _unit_required(value))
+        e.problem(key, _unit_required(value))
         return None
     if not isinstance(value, str):
-        e.problem("timeout", f'must be a duration such as "15m", not {_describe(value)}')
+        e.problem(key, f'must be a duration such as "15m", not {_describe(value)}')
         return None
     try:
-        return schedules.parse_duration(value, field="timeout", unit_required=True)
+        return schedules.parse_duration(value, field=key, unit_required=True)
     except InvalidInput as exc:
         e.problem(exc.field, exc.reason)
         return None

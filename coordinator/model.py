@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import attrs
 
 from .core.admission import Priority
+from .protocol import CATEGORIES, Category
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -33,6 +34,18 @@ TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "cance
 OutcomeStatus = Literal["succeeded", "failed", "timed_out", "cancelled"]
 Trigger = Literal["schedule", "manual", "retry"]
 ErrorCause = Literal["handler", "timeout", "crashed", "lost"]
+#: What a job does with a deadline found overdue (docs/design.md, "Misfires").
+Misfire = Literal["run-once", "skip"]
+MISFIRE_POLICIES: tuple[Misfire, ...] = ("run-once", "skip")
+#: The retry policy's defaults (``coordinator.define_job``'s too).
+DEFAULT_RETRY_BACKOFF: timedelta = timedelta(seconds=30)
+DEFAULT_RETRY_MAX_DELAY: timedelta = timedelta(hours=1)
+#: The shortest misfire grace (a claim is that late only after a restart or a wait).
+MIN_MISFIRE_GRACE: timedelta = timedelta(seconds=1)
+#: Most retries a job may ask for.
+MAX_RETRIES: int = 100
+#: A command's exit status that means "temporary failure, retry" (sysexits' EX_TEMPFAIL).
+EXIT_TEMPFAIL: int = 75
 
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -145,6 +158,16 @@ class Job:
     next_run_at: datetime | None = None
     #: Bumped whenever the schedule changes.
     schedule_version: int = 1
+    #: Attempts after the first that a failed or timed-out run gets (0: none).
+    retries: int = 0
+    #: Delay before the first retry; it doubles with each attempt, up to
+    #: ``retry_max_delay``, less up to a quarter of it at random.
+    retry_backoff: timedelta = DEFAULT_RETRY_BACKOFF
+    retry_max_delay: timedelta = DEFAULT_RETRY_MAX_DELAY
+    #: ``run-once``: an overdue deadline runs once; ``skip``: one later than
+    #: ``misfire_grace`` is skipped and the next deadline computed from now.
+    misfire: Misfire = "run-once"
+    misfire_grace: timedelta | None = None
 
     @property
     def key(self) -> str:
@@ -173,6 +196,15 @@ class Outcome:
     error_cause: ErrorCause | None = None
     #: A human-readable reason.
     error_message: str | None = None
+    #: The category when the executor knows better than the default for the status and
+    #: cause (``coordinator._category``): a worker's report, a command's exit status 75,
+    #: a command killed by a signal. ``None``: the default.
+    category: Category | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(CATEGORIES))
+    )
+    #: What the worker or command said about retrying: ``False`` stops retries, ``True``
+    #: asks for one while attempts remain, ``None`` leaves it to the job's policy.
+    retryable: bool | None = None
 
     @property
     def elapsed(self) -> timedelta:

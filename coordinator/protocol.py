@@ -54,6 +54,30 @@ MAX_CURSOR: Final = 16 * 1024
 ProgressMode = Literal["determinate", "indeterminate", "step"]
 PROGRESS_MODES: Final[tuple[ProgressMode, ...]] = ("determinate", "indeterminate", "step")
 
+#: Why a run that did not succeed failed, in the words ``runs.category`` holds (the
+#: daemon sets the last four from how a call ended; a worker may report any of them).
+Category = Literal[
+    "invalid-input",
+    "timeout",
+    "cancellation",
+    "external-dependency",
+    "provider-failure",
+    "storage",
+    "unknown",
+]
+CATEGORIES: Final[tuple[Category, ...]] = (
+    "invalid-input",
+    "timeout",
+    "cancellation",
+    "external-dependency",
+    "provider-failure",
+    "storage",
+    "unknown",
+)
+#: Longest ``category`` a result may carry (characters): a word from a later version is
+#: accepted and recorded as ``unknown``, a paragraph is a malformed message.
+MAX_CATEGORY: Final = 64
+
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
 
 
@@ -299,6 +323,15 @@ class Result:
     error: str | None = attrs.field(
         default=None, validator=_check_optional_text("result", MAX_LINE)
     )
+    #: ``false``: do not retry this failure; ``true``: retry it while attempts remain;
+    #: absent: the job's policy decides (``ok`` false only).
+    retryable: bool | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
+    )
+    #: One of :data:`CATEGORIES` (``ok`` false only).
+    category: str | None = attrs.field(
+        default=None, validator=_check_optional_text("result", MAX_CATEGORY)
+    )
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"run": self.run, "ok": self.ok}
@@ -308,6 +341,10 @@ class Result:
             out["extra"] = self.extra
         if self.error is not None:
             out["error"] = self.error
+        if self.retryable is not None:
+            out["retryable"] = self.retryable
+        if self.category is not None:
+            out["category"] = self.category
         return out
 
 
@@ -592,6 +629,8 @@ def _read_result(obj: dict[str, Any]) -> Result:
         count=_optional(obj, "result", "count", int),
         extra=_optional(obj, "result", "extra", dict),
         error=_optional(obj, "result", "error", str),
+        retryable=_optional(obj, "result", "retryable", bool),
+        category=_optional(obj, "result", "category", str),
     )
 
 

@@ -34,6 +34,11 @@ JOB_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("invalid_reason", "j.invalid_reason"),
     ("next_run_at", "j.next_run_at"),
     ("schedule_version", "j.schedule_version"),
+    ("retries", "j.retries"),
+    ("retry_backoff", "j.retry_backoff"),
+    ("retry_max_delay", "j.retry_max_delay"),
+    ("misfire", "j.misfire"),
+    ("misfire_grace", "j.misfire_grace"),
 )
 _MISSING: Final = object()
 #: Fields held as JSON objects.
@@ -94,6 +99,11 @@ def job_from_row(row: Mapping[str, Any], *, job_id: int | None = None) -> tuple[
         invalid_reason=fields.get("invalid_reason"),
         next_run_at=fields["next_run_at"],
         schedule_version=fields["schedule_version"],
+        retries=fields["retries"],
+        retry_backoff=fields["retry_backoff"],
+        retry_max_delay=fields["retry_max_delay"],
+        misfire=fields["misfire"],
+        misfire_grace=fields["misfire_grace"],
     )
     return job, target_error
 

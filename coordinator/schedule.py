@@ -83,6 +83,7 @@ from .model import Schedule, ScheduleKind
 __all__ = [
     "MAX_DURATION",
     "check_duration",
+    "firings_between",
     "following_deadline",
     "format_duration",
     "initial_deadline",
@@ -740,3 +741,33 @@ def following_deadline(schedule: Schedule, completed_at: datetime) -> datetime |
     if kind == "interval":
         return completed_at.astimezone(UTC) + _interval(_expression(schedule))
     return None
+
+
+#: Most firings :func:`firings_between` counts (a minutely job stuck for a week has 10,080).
+MAX_COUNTED_FIRINGS: Final = 10_000
+
+
+def firings_between(
+    schedule: Schedule, after: datetime, until: datetime, *, limit: int = MAX_COUNTED_FIRINGS
+) -> tuple[int, datetime | None, datetime | None]:
+    """How many times a cron schedule fires in ``(after, until]``, the first and the last
+    (UTC): the ticks a run that lasted from ``after`` to ``until`` made the job skip. The
+    count stops at ``limit`` (then the last is the ``limit``-th). Interval, one-shot and
+    manual schedules have no firings of their own (an interval counts from a completion):
+    ``(0, None, None)``. Raises like :func:`following_deadline`.
+    """
+    _aware(after, "after")
+    _aware(until, "until")
+    if schedule.kind != "cron":
+        return 0, None, None
+    plan = _cron_plan(_expression(schedule), schedule.timezone)
+    count, first, last = 0, None, None
+    moment = after
+    while count < limit:
+        moment = _next_cron(plan, moment)
+        if moment > until:
+            break
+        count += 1
+        first = first or moment
+        last = moment
+    return count, first, last

@@ -10,6 +10,7 @@ admin token, a port in use, a spool path that is a directory...) are
 
 from __future__ import annotations
 
+import random
 from functools import partial
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -46,10 +47,12 @@ def build_daemon(
     worker_token: str | None = None,
     notify: Callable[[str], None] | None = None,
     handle_signals: bool = True,
+    jitter: Callable[[], float] | None = None,
 ) -> Daemon:
     """A daemon with both executors: commands, and workers on ``worker_socket`` (default
     :func:`~coordinator.executors.worker.default_socket_path`) and, if given, on the
-    loopback TCP address ``worker_listen`` with ``worker_token``."""
+    loopback TCP address ``worker_listen`` with ``worker_token``. ``jitter`` (default
+    :func:`random.random`) draws the jitter of retry delays."""
     events = EventBus(log=log)
     tcp = parse_listen(worker_listen, setting="worker_listen") if worker_listen else None
     if tcp is not None and not worker_token:
@@ -72,6 +75,7 @@ def build_daemon(
         executors=executors,
         notify=notify or (lambda message: None),
         handle_signals=handle_signals,
+        jitter=jitter or random.random,
     )
 
 

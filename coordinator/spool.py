@@ -61,6 +61,9 @@ class HeldResult:
     next_run_at: datetime | None
     #: The call's outcome, exactly.
     outcome: Outcome
+    #: Drawn once when the call ended (0 to 1): how much of a quarter of a retry's delay
+    #: is taken off, should the settlement queue a retry (``coordinator._settle``).
+    retry_jitter: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         o = self.outcome
@@ -70,6 +73,7 @@ class HeldResult:
             "job": self.job_key,
             "schedule_version": self.schedule_version,
             "next_run_at": self.next_run_at.isoformat() if self.next_run_at else None,
+            "retry_jitter": self.retry_jitter,
             "outcome": {
                 "status": o.status,
                 "started_at": o.started_at.isoformat(),
@@ -78,6 +82,8 @@ class HeldResult:
                 "extra": o.extra,
                 "error_cause": o.error_cause,
                 "error_message": o.error_message,
+                "category": o.category,
+                "retryable": o.retryable,
             },
         }
 
@@ -92,6 +98,8 @@ class HeldResult:
             job_key=str(data.get("job", "?")),
             schedule_version=int(data["schedule_version"]),
             next_run_at=datetime.fromisoformat(nxt) if nxt else None,
+            # (Records spooled by older versions lack the keys added since.)
+            retry_jitter=float(data.get("retry_jitter") or 0.0),
             outcome=Outcome(
                 status=o["status"],
                 started_at=datetime.fromisoformat(o["started_at"]),
@@ -100,6 +108,8 @@ class HeldResult:
                 extra=o.get("extra") or {},
                 error_cause=o.get("error_cause"),
                 error_message=o.get("error_message"),
+                category=o.get("category"),
+                retryable=o.get("retryable"),
             ),
         )
 

@@ -103,6 +103,20 @@ class JobEntry:
     run_id: int | None = None
     run_status: str | None = None
     run_created_at: datetime | None = None
+    #: When a queued run may start (a retry's saved due time); ``None``: at once.
+    run_due_at: datetime | None = None
+
+    def armed_at(self) -> datetime | None:
+        """The saved time the job's timer is armed on: a queued retry's due time while one
+        waits, else the saved deadline when no run is outstanding, else none."""
+        if self.run_id is not None:
+            return self.run_due_at if self.run_status == "queued" else None
+        return self.next_run_at
+
+    @property
+    def retry_waiting(self) -> bool:
+        """A queued run with a due time (a retry) is what the job's timer serves."""
+        return self.run_status == "queued" and self.run_due_at is not None
 
 
 @attrs.frozen(kw_only=True)
@@ -118,6 +132,9 @@ class ClaimResult:
     #: (batch number, rank in the batch, batch size): claims granted together start
     #: their calls in rank order (the dispatcher's turnstile).
     place: tuple[int, int, int] = (0, 0, 1)
+    #: With reason ``misfire``: the deadline skipped, and the one saved in its place.
+    skipped: datetime | None = None
+    next_run_at: datetime | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -131,6 +148,13 @@ class JobState:
     invalid: bool = False
     schedule_version: int | None = None
     next_run_at: datetime | None = None
+    #: The run that retries this one, queued until its due time (``None``: no retry).
+    retry_run_id: int | None = None
+    retry_due_at: datetime | None = None
+    #: This run failed on the job's last allowed attempt.
+    exhausted: bool = False
+    #: The category saved (``None`` for a success).
+    category: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -147,7 +171,8 @@ _REFRESH = """
 SELECT j.id, j.namespace, j.name, j.schedule_kind, j.schedule, j.timezone, j.priority,
        CASE WHEN j.target->>'kind' = 'worker' THEN j.target->>'type' END AS worker_type,
        j.next_run_at, j.schedule_version,
-       r.id AS run_id, r.status AS run_status, r.created_at AS run_created_at
+       r.id AS run_id, r.status AS run_status, r.created_at AS run_created_at,
+       r.due_at AS run_due_at
   FROM coordinator.jobs j
   LEFT JOIN coordinator.runs r
          ON r.job_id = j.id AND r.status IN ('queued', 'pending', 'running', 'unresolved')
@@ -181,8 +206,8 @@ UPDATE coordinator.jobs j
 RETURNING j.id
 """
 
-# Claims and settlements go in batches (migrations/0010): one statement for every run
-# that became admissible (or finished) while the previous statement was in flight.
+# Claims and settlements go in batches (migrations/0010, 0011): one statement for every
+# run that became admissible (or finished) while the previous statement was in flight.
 _CLAIM_MANY = """
 SELECT * FROM coordinator._claim_many($1, $2, $3, $4, $5, $6)
 """
@@ -267,6 +292,9 @@ class ConnectionPool:
 
 
 ItemT = TypeVar("ItemT")
+#: A claim waiting for its batch: the ticket, the worker types served, the daemon's
+#: clock and the deadline to save should the claim skip a misfire.
+_ClaimItem = tuple[Ticket, tuple[str, ...], datetime | None, datetime | None]
 ResultT = TypeVar("ResultT")
 
 
@@ -384,7 +412,7 @@ class Store:
     leader_pid: int | None = None
     #: Statements sent so far (``coordinator_sql_statements_total``).
     statements: int = 0
-    claims: Batcher[tuple[Ticket, tuple[str, ...]], ClaimResult] = attrs.field(init=False)
+    claims: Batcher[_ClaimItem, ClaimResult] = attrs.field(init=False)
     settlements: Batcher[HeldResult, JobState] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -477,6 +505,7 @@ class Store:
                     run_id=r["run_id"],
                     run_status=r["run_status"],
                     run_created_at=r["run_created_at"],
+                    run_due_at=r["run_due_at"],
                 )
             )
         del rows
@@ -503,15 +532,24 @@ class Store:
 
     # -- claim and settlement -----------------------------------------------------------
 
-    async def claim(self, ticket: Ticket, *, workers: Sequence[str], order: int = 0) -> ClaimResult:
-        """The one claim boundary, for scheduled (``ticket.run_id`` None) and manual
-        dispatch; grouped with other claims under load (:class:`Batcher`), in
-        ``order`` (admission's) within a batch."""
-        return await self.claims.submit((ticket, tuple(workers)), order=order)
+    async def claim(
+        self,
+        ticket: Ticket,
+        *,
+        workers: Sequence[str],
+        now: datetime | None = None,
+        skip_next: datetime | None = None,
+        order: int = 0,
+    ) -> ClaimResult:
+        """The one claim boundary, for scheduled (``ticket.run_id`` None), manual and
+        retry dispatch; grouped with other claims under load (:class:`Batcher`), in
+        ``order`` (admission's) within a batch. ``now`` is the daemon's clock (misfires
+        and due times are judged by it; without it nothing misfires and a retry's due
+        time is judged by the database's clock); ``skip_next`` the deadline to save in
+        place of one that misfired."""
+        return await self.claims.submit((ticket, tuple(workers), now, skip_next), order=order)
 
-    async def _claim_batch(
-        self, items: list[tuple[Ticket, tuple[str, ...]]]
-    ) -> list[ClaimResult | BaseException]:
+    async def _claim_batch(self, items: list[_ClaimItem]) -> list[ClaimResult | BaseException]:
         batch = [
             {
                 "i": i,
@@ -519,8 +557,10 @@ class Store:
                 "run": t.run_id,
                 "at": t.scheduled_for.isoformat() if t.scheduled_for is not None else None,
                 "v": t.schedule_version,
+                "now": now.isoformat() if now is not None else None,
+                "skip": skip.isoformat() if skip is not None else None,
             }
-            for i, (t, _workers) in enumerate(items)
+            for i, (t, _workers, now, skip) in enumerate(items)
         ]
         workers = list(items[-1][1])  # the latest view of who is connected
         rows: list[Record] = await self._call(
@@ -543,6 +583,13 @@ class Store:
             place = (batch_no, index, size)
             if row["err_state"] is not None:
                 out[index] = _item_error("claim", row["err_state"], row["err_message"])
+            elif row["reason"] == "misfire":
+                out[index] = ClaimResult(
+                    reason="misfire",
+                    place=place,
+                    skipped=row["scheduled_for"],
+                    next_run_at=row["next_run_at"],
+                )
             elif row["reason"] is not None:
                 out[index] = ClaimResult(reason=row["reason"], place=place)
             else:
@@ -551,8 +598,10 @@ class Store:
 
     async def settle(self, held: HeldResult) -> JobState:
         """Save a result and its job's next deadline in one transaction (grouped with
-        other settlements under load). Idempotent: a result saved before comes back as
-        ``already``."""
+        other settlements under load), or, when the job's retry policy asks for one,
+        queue the retry instead of moving the deadline. Idempotent: a result saved
+        before comes back as ``already`` (with the retry it queued then, if it still
+        waits)."""
         return await self.settlements.submit(held)
 
     async def _settle_batch(self, items: list[HeldResult]) -> list[JobState | BaseException]:
@@ -569,6 +618,9 @@ class Store:
                 "message": h.outcome.error_message,
                 "v": h.schedule_version,
                 "next": h.next_run_at.isoformat() if h.next_run_at is not None else None,
+                "category": h.outcome.category,
+                "retryable": h.outcome.retryable,
+                "jitter": h.retry_jitter,
             }
             for i, h in enumerate(items)
         ]
@@ -590,6 +642,10 @@ class Store:
                     invalid=bool(row["invalid"]),
                     schedule_version=row["schedule_version"],
                     next_run_at=row["next_run_at"],
+                    retry_run_id=row["retry_run_id"],
+                    retry_due_at=row["retry_due_at"],
+                    exhausted=bool(row["exhausted"]),
+                    category=row["category"],
                 )
         return out
 

@@ -69,7 +69,7 @@ def waiting_for_worker(kind: str) -> str:
 def job_state(job: JobView, facts: Facts) -> str:
     """The STATE column: the job's own state, or what it waits for."""
     state = job.state
-    if state in ("active", "queued"):
+    if state in ("active", "queued", "retry waiting"):
         kind = unserved(job.target, facts)
         if kind is not None:
             return waiting_for_worker(kind)
@@ -77,7 +77,10 @@ def job_state(job: JobView, facts: Facts) -> str:
 
 
 def next_run(job: JobView, facts: Facts) -> str:
-    """The NEXT RUN column: the saved deadline, or why there is none yet."""
+    """The NEXT RUN column: a waiting retry's due time, the saved deadline, or why
+    there is none yet."""
+    if job.outstanding_due_at is not None and job.outstanding_status == "queued":
+        return f"retry {when(job.outstanding_due_at)}"
     if job.next_run_at is not None:
         return when(job.next_run_at)
     if job.schedule_kind == "manual" or job.paused or job.invalid_reason is not None:

@@ -48,6 +48,7 @@ import trio
 
 from .backoff import backoff as _backoff
 from .protocol import (
+    CATEGORIES,
     MAX_CAPACITY,
     MAX_LABEL,
     MAX_LINE,
@@ -55,6 +56,7 @@ from .protocol import (
     Bye,
     Call,
     Cancel,
+    Category,
     Checkpoint,
     Error,
     Hello,
@@ -71,7 +73,17 @@ from .protocol import (
     parse_from_daemon,
 )
 
-__all__ = ["Context", "Handler", "HandlerResult", "Worker", "amain", "build_parser", "load", "main"]
+__all__ = [
+    "Context",
+    "Handler",
+    "HandlerResult",
+    "JobError",
+    "Worker",
+    "amain",
+    "build_parser",
+    "load",
+    "main",
+]
 
 logger = logging.getLogger("coordinator.worker")
 
@@ -93,6 +105,31 @@ ERROR_LIMIT: Final = 2000
 _READ_SIZE: Final = 64 * 1024
 _OUTBOX: Final = 64
 _UNSENT: Final = object()
+
+
+class JobError(Exception):
+    """Raise it from a handler to fail the call and say whether to retry it and why.
+
+    ``retryable=False``: the daemon does not retry this failure (the same call would fail
+    again); ``True``: it retries it while the job's attempts remain, even where the
+    policy would not (an ``invalid-input`` failure); ``None``: the job's policy decides.
+    ``category`` is one of ``invalid-input``, ``timeout``, ``cancellation``,
+    ``external-dependency``, ``provider-failure``, ``storage`` or ``unknown``.
+    Any other exception is a failure the policy decides on, category ``unknown``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool | None = None,
+        category: Category | None = None,
+    ) -> None:
+        if category is not None and category not in CATEGORIES:
+            raise ValueError(f"category must be one of {', '.join(CATEGORIES)}, not {category!r}")
+        super().__init__(message)
+        self.retryable = retryable
+        self.category = category
 
 
 def backoff(attempt: int) -> float:
@@ -520,6 +557,15 @@ def _result(run_id: int, value: object) -> Result:
 
 def _failure(run_id: int, exc: BaseException) -> Result:
     text = str(exc)
+    if isinstance(exc, JobError):
+        # The handler said what failed: its message alone, and how to treat it.
+        return Result(
+            run=run_id,
+            ok=False,
+            error=_clip(text or "the handler reported a failure"),
+            retryable=exc.retryable,
+            category=exc.category,
+        )
     error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     tb = "".join(traceback.format_exception(exc))
     if len(tb) > TRACEBACK_LIMIT:

@@ -53,9 +53,10 @@ class Ticket:
     due: float = attrs.field(validator=_check_due)
     #: The capacity pool the run needs (a worker type); ``None`` needs only a global slot.
     pool: str | None = None
-    #: A manual dispatch carries its ``queued`` run; ``None`` for scheduled work.
+    #: A manual or retry dispatch carries its ``queued`` run; ``None`` for scheduled work.
     run_id: int | None = None
-    #: The saved deadline a scheduled ticket serves (wall time); ``None`` for a manual run.
+    #: The saved deadline a scheduled ticket serves, or the saved due time a retry's
+    #: ticket was armed on (wall time); ``None`` for a manual run.
     scheduled_for: datetime | None = None
     #: The schedule version that deadline was armed for (the claim checks it).
     schedule_version: int | None = None

@@ -12,6 +12,7 @@ saying why.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
@@ -21,9 +22,18 @@ import trio
 from .. import schedule as schedules
 from ..clock import WallClock
 from ..core.admission import Admission, Ticket
-from ..events import ClaimRejected, EventBus, RunFinished, RunStarted, milliseconds
+from ..errors import CoordinatorError
+from ..events import (
+    ClaimRejected,
+    EventBus,
+    MisfireSkipped,
+    RunFinished,
+    RunStarted,
+    TickSkipped,
+    milliseconds,
+)
 from ..executors import Executor
-from ..model import Job, Outcome
+from ..model import MIN_MISFIRE_GRACE, Claim, Outcome
 from ..spool import HeldResult
 from ..store import Store
 from .inventory import Inventory, next_deadline
@@ -31,9 +41,10 @@ from .policy import ErrorPolicy
 from .settlement import Settlement
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from ..core.admission import Priority
-    from ..model import Claim
-    from ..store import JobState
+    from ..store import ClaimResult, JobState
 
 #: Claim refusals after which a manual ticket may have displaced a scheduled one: the
 #: job's saved deadline is armed again from memory.
@@ -117,6 +128,9 @@ class Dispatcher:
     wake: Callable[[], None]
     #: Status changed (running calls).
     on_change: Callable[[], None] = lambda: None
+    #: Jitter of retry delays: a number from 0 to 1 per settled call (injected so that
+    #: tests are deterministic; see ``coordinator._settle``).
+    jitter: Callable[[], float] = random.random
     #: job id -> the call in progress.
     running: dict[int, Running] = attrs.field(factory=dict)
     #: Admitted tickets whose task has not finished (claim, call, settle).
@@ -136,8 +150,9 @@ class Dispatcher:
     _turns: Turns = attrs.field(factory=lambda: Turns())
     #: Consecutive claim failures (paces re-arming while the database refuses claims).
     _claim_failures: int = 0
-    #: run id -> job, for results held by the settlement (re-armed once saved).
-    _held: dict[int, Job] = attrs.field(factory=dict)
+    #: run id -> claim and outcome, for results held by the settlement (re-armed and
+    #: told once saved).
+    _held: dict[int, tuple[Claim, Outcome]] = attrs.field(factory=dict)
 
     # -- pools --------------------------------------------------------------------------
 
@@ -176,25 +191,31 @@ class Dispatcher:
         return job_id in self.running or self.settlement.holds_job(job_id)
 
     def deadline_due(self, job_id: int, at: float) -> None:
-        """The loop found the job's armed deadline passed: offer it to admission."""
+        """The loop found the job's armed time passed (its saved deadline, or its waiting
+        retry's due time): offer it to admission.
+
+        A deadline that falls while a call of the job runs (a manual run took the slot)
+        is skipped, not queued: the settlement counts the ticks the call made the job
+        skip and tells them (``job.tick_skipped``), and saves the next deadline.
+        """
         entry = self.inventory.jobs.get(job_id)
-        if entry is None or entry.next_run_at is None:
+        if entry is None or entry.armed_at() is None:
             return
-        running = self.running.get(job_id)
-        if running is not None:
-            self.events.log.info(
-                "job.tick_skipped",
-                job=entry.key,
-                run=running.run_id,
-                running_s=round(trio.current_time() - running.since, 3),
-                deadline=entry.next_run_at,
-            )
-            return
-        if self.settlement.holds_job(job_id):
+        if job_id in self.running or self.settlement.holds_job(job_id):
             return
         self._ensure_pool(entry.worker_type)
-        self.admission.offer(
-            Ticket(
+        if entry.retry_waiting:
+            # A retry: its queued run is claimed like a manual one, at its saved due time.
+            ticket = Ticket(
+                job_id=job_id,
+                priority=_priority(entry.priority),
+                due=at,
+                pool=entry.worker_type,
+                run_id=entry.run_id,
+                scheduled_for=entry.run_due_at,
+            )
+        else:
+            ticket = Ticket(
                 job_id=job_id,
                 priority=_priority(entry.priority),
                 due=at,
@@ -202,7 +223,7 @@ class Dispatcher:
                 scheduled_for=entry.next_run_at,
                 schedule_version=entry.schedule_version,
             )
-        )
+        self.admission.offer(ticket)
 
     def offer_manual(
         self,
@@ -267,8 +288,15 @@ class Dispatcher:
             self.kick()
 
     async def _claim(self, ticket: Ticket, seq: int) -> tuple[Claim, tuple[int, int, int]] | None:
+        now = self.clock.now()
         try:
-            result = await self.store.claim(ticket, workers=self._workers, order=seq)
+            result = await self.store.claim(
+                ticket,
+                workers=self._workers,
+                order=seq,
+                now=now,
+                skip_next=self._skip_next(ticket, now),
+            )
         except Exception as exc:
             self._claim_failures += 1
             delay = self.policy.failed(
@@ -283,12 +311,19 @@ class Dispatcher:
             self._turns.passed(result.place)  # nothing to start: let the next one go
         if result.claim is None:
             reason = result.reason or "unknown"
+            if reason == "misfire":
+                self._misfired(ticket, result, now)
+                return None
             self.events.emit(ClaimRejected(job_id=ticket.job_id, run=ticket.run_id, reason=reason))
             if reason == "fenced":
                 # The lock session is gone; leadership takes it again or steps down.
                 self._claim_failed(ticket, self.policy.retry_cap)
             elif ticket.run_id is not None and reason in _REARM_AFTER:
-                self.inventory.rearm(ticket.job_id)
+                self.inventory.run_gone(ticket.job_id, ticket.run_id)
+            elif reason == "not_due":
+                # An application moved the retry's due time: a refresh arms the saved one.
+                self.inventory.request((ticket.job_id,))
+                self.wake()
             return None
         claim = result.claim
         if result.target_error is not None:
@@ -304,6 +339,37 @@ class Dispatcher:
             await self._settle(ticket, claim, outcome)
             return None
         return claim, result.place
+
+    def _skip_next(self, ticket: Ticket, now: datetime) -> datetime | None:
+        """For a scheduled claim: the deadline to save instead, should the claim find that
+        the job's misfire policy skips this one (computed from now). Not computed for a
+        claim less late than the shortest grace: no policy can skip it."""
+        entry = self.inventory.jobs.get(ticket.job_id)
+        if (
+            ticket.run_id is not None
+            or ticket.scheduled_for is None
+            or now - ticket.scheduled_for <= MIN_MISFIRE_GRACE
+            or entry is None
+        ):
+            return None
+        next_at, _problem = next_deadline(schedules.following_deadline, entry.schedule, now)
+        return next_at
+
+    def _misfired(self, ticket: Ticket, result: ClaimResult, now: datetime) -> None:
+        """The claim skipped an overdue deadline (``--misfire skip``) and saved the next
+        one: say so and arm it."""
+        skipped = result.skipped or ticket.scheduled_for
+        if skipped is not None:  # (always, for the scheduled claims that can misfire)
+            self.events.emit(
+                MisfireSkipped(
+                    job=self.inventory.key(ticket.job_id),
+                    job_id=ticket.job_id,
+                    deadline=skipped,
+                    late_s=round((now - skipped).total_seconds(), 3),
+                    next=result.next_run_at,
+                )
+            )
+        self.inventory.deadline_moved(ticket.job_id, result.next_run_at)
 
     def _claim_failed(self, ticket: Ticket, delay: float) -> None:
         """The claim could not be made. The deadline is still owed: re-arm it after the
@@ -387,30 +453,79 @@ class Dispatcher:
             schedule_version=job.schedule_version,
             next_run_at=next_at,
             outcome=outcome,
+            retry_jitter=self.jitter(),
         )
         state = await self.settlement.settle(held)
         if state is not None:
             self.inventory.settled(state, job, claim.run_id)
         else:
-            self._held[claim.run_id] = job
+            self._held[claim.run_id] = (claim, outcome)
             self.inventory.deadlines.discard(job.id)
         # Logged once the result is saved (or held, after settle.retained): when an
         # operator reads job.run, `runs show` already agrees with it.
-        self.events.emit(_finished(claim, outcome))
+        self.events.emit(_finished(claim, outcome, state))
+        if state is not None:
+            self._tell_skipped(claim, outcome, state)
 
     def saved_later(self, held: HeldResult, state: JobState) -> None:
         """A held result was saved after all: re-arm its job (the settlement calls this)."""
-        job = self._held.pop(held.run_id, None)
-        if job is not None:
-            self.inventory.settled(state, job, held.run_id)
+        found = self._held.pop(held.run_id, None)
+        if found is not None:
+            claim, outcome = found
+            self.inventory.settled(state, claim.job, held.run_id)
+            self._tell_skipped(claim, outcome, state)
         self.kick()
 
+    def _tell_skipped(self, claim: Claim, outcome: Outcome, state: JobState) -> None:
+        """Ticks of the job's schedule that fell while this run went on were skipped, not
+        queued (its settlement saved one next deadline, after its end): say how many."""
+        if state.outcome != "saved" or state.retry_run_id is not None:
+            return  # a retry waits: the attempt that ends the chain tells the whole span
+        if state.schedule_version != claim.job.schedule_version:
+            return  # the schedule was edited meanwhile: its ticks are not this run's
+        job = claim.job
+        finished = outcome.finished_at
+        if claim.trigger == "retry" and claim.scheduled_for is not None:
+            since = claim.scheduled_for  # the chain of attempts serving that deadline
+        elif claim.trigger == "schedule":
+            # (Ticks before the start fell while nothing ran: the overdue deadline ran
+            # once for them all, promise 2; they are not this run's overrun.)
+            since = outcome.started_at
+        elif job.next_run_at is not None and outcome.started_at < job.next_run_at <= finished:
+            since = outcome.started_at  # a manual run outlasted the saved deadline
+        else:
+            return
+        try:
+            missed, first, last = schedules.firings_between(job.schedule, since, finished)
+        except (ValueError, OverflowError, CoordinatorError):
+            return
+        if job.schedule.kind != "cron" and job.next_run_at is not None and since < job.next_run_at:
+            missed, first, last = 1, job.next_run_at, job.next_run_at  # interval, once
+        if missed == 0 or first is None or last is None:
+            return
+        self.events.emit(
+            TickSkipped(
+                job=job.key,
+                job_id=job.id,
+                run=claim.run_id,
+                missed=missed,
+                first=first,
+                last=last,
+                running_s=round((finished - since).total_seconds(), 3),
+            )
+        )
 
-def _finished(claim: Claim, outcome: Outcome) -> RunFinished:
+
+def _finished(claim: Claim, outcome: Outcome, state: JobState | None) -> RunFinished:
     lateness = None
     if claim.scheduled_for is not None and claim.trigger == "schedule":
         lateness = milliseconds((outcome.started_at - claim.scheduled_for).total_seconds())
     return RunFinished(
+        attempt=claim.attempt,
+        category=state.category if state is not None else outcome.category,
+        retry=state.retry_run_id if state is not None else None,
+        retry_at=state.retry_due_at if state is not None else None,
+        exhausted=(state.exhausted or None) if state is not None else None,
         job=claim.job.key,
         job_id=claim.job.id,
         run=claim.run_id,

@@ -8,8 +8,10 @@ a settlement returns its job's new deadline state (:meth:`Inventory.settled`), a
 rejected claim re-arms the job from memory (:meth:`Inventory.rearm`), and workers
 arriving or leaving arm or disarm worker jobs (:meth:`Inventory.workers_changed`).
 
-A job is armed only if it can run: a saved deadline, no outstanding run, no dispatch
-under way, no held result, and, for a worker target, a connected worker serving it.
+A job is armed only if it can run: a saved deadline and no outstanding run, or a
+queued retry (armed on its saved due time instead: waiting for it costs no SQL); no
+dispatch under way, no held result, and, for a worker target, a connected worker
+serving it.
 Deadline arithmetic that cannot be done (an interval too long for a datetime, an
 expression that slipped in by plain SQL) makes that job inert with a reason; it never
 stops the loop.
@@ -98,10 +100,11 @@ class Inventory:
     # -- arming -------------------------------------------------------------------------
 
     def arm(self, entry: JobEntry, served: frozenset[str] | None = None) -> None:
-        """Arm the job's saved deadline if it can run; disarm it otherwise."""
+        """Arm the job's saved deadline (or its waiting retry's due time) if it can run;
+        disarm it otherwise."""
+        at = entry.armed_at()
         if (
-            entry.next_run_at is None
-            or entry.run_id is not None
+            at is None
             or self.busy(entry.id)
             or (
                 entry.worker_type is not None
@@ -110,13 +113,29 @@ class Inventory:
         ):
             self.deadlines.discard(entry.id)
             return
-        self.deadlines.set(entry.id, entry.next_run_at.timestamp())
+        self.deadlines.set(entry.id, at.timestamp())
 
     def rearm(self, job_id: int) -> None:
         """Arm the job again from memory (a dispatch ended without a settlement)."""
         entry = self.jobs.get(job_id)
         if entry is not None:
             self.arm(entry)
+
+    def run_gone(self, job_id: int, run_id: int) -> None:
+        """A queued run (manual or retry) was refused as gone or no longer queued: forget
+        it and arm the job again from memory (its saved deadline)."""
+        entry = self.jobs.get(job_id)
+        if entry is not None and entry.run_id == run_id:
+            entry.run_id = entry.run_status = entry.run_created_at = entry.run_due_at = None
+        self.rearm(job_id)
+
+    def deadline_moved(self, job_id: int, next_run_at: datetime | None) -> None:
+        """The claim saved another deadline for the job (a misfire was skipped): arm it."""
+        entry = self.jobs.get(job_id)
+        if entry is None:
+            return
+        entry.next_run_at = next_run_at
+        self.arm(entry)
 
     def workers_changed(self) -> None:
         """Arm or disarm every worker job for the types served now (no SQL)."""
@@ -135,28 +154,33 @@ class Inventory:
             self.jobs.pop(job_id, None)
             self.deadlines.discard(job_id)
             return
+        if state.retry_run_id is not None and not (state.paused or state.invalid):
+            # A retry waits: the timer serves its saved due time (the saved deadline
+            # does not move until the chain of attempts ends).
+            if entry is None:
+                entry = _entry_of(job, state)
+            entry.next_run_at = state.next_run_at
+            entry.schedule_version = state.schedule_version or entry.schedule_version
+            entry.run_id, entry.run_status = state.retry_run_id, "queued"
+            entry.run_due_at = state.retry_due_at
+            self.jobs[job_id] = entry
+            self.arm(entry)
+            return
         if state.paused or state.invalid or state.next_run_at is None:
             self.deadlines.discard(job_id)
             if entry is not None:
                 entry.next_run_at = entry.run_id = entry.run_status = None
+                entry.run_due_at = None
             return
         if entry is None:
             if job.schedule.kind == "manual":
                 return
-            entry = JobEntry(
-                id=job_id,
-                key=job.key,
-                schedule=job.schedule,
-                priority=job.priority,
-                worker_type=job.target.worker_type,
-                next_run_at=state.next_run_at,
-                schedule_version=state.schedule_version or job.schedule_version,
-            )
+            entry = _entry_of(job, state)
         # If the schedule was edited during the run, what is saved now is the editor's
         # deadline (or none yet): arm that; the editor's wake brings the new definition.
         entry.next_run_at = state.next_run_at
         entry.schedule_version = state.schedule_version or entry.schedule_version
-        entry.run_id = entry.run_status = None
+        entry.run_id = entry.run_status = entry.run_due_at = None
         self.jobs[job_id] = entry
         self.arm(entry)
 
@@ -257,8 +281,8 @@ class Inventory:
                 to_invalidate.append((entry.id, reason, entry.schedule_version))
                 continue
             jobs[entry.id] = entry
-            if entry.run_status == "queued" and not self.busy(entry.id):
-                self.queued(entry)
+            if entry.run_status == "queued" and not entry.retry_waiting and not self.busy(entry.id):
+                self.queued(entry)  # a manual run: at once (a waiting retry is armed below)
             if first_at is not None and entry.schedule.kind in ("cron", "interval"):
                 to_init.append((entry.id, first_at, entry.schedule_version))
             self.arm(entry, served)
@@ -279,6 +303,20 @@ class Inventory:
             if known is not None:
                 known.next_run_at = at
                 self.arm(known, served)
+
+
+def _entry_of(job: Job, state: JobState) -> JobEntry:
+    """An inventory entry for a job the last refresh did not load (defined since, or
+    manual-only), from its claim and its settlement."""
+    return JobEntry(
+        id=job.id,
+        key=job.key,
+        schedule=job.schedule,
+        priority=job.priority,
+        worker_type=job.target.worker_type,
+        next_run_at=state.next_run_at,
+        schedule_version=state.schedule_version or job.schedule_version,
+    )
 
 
 __all__ = ["Inventory", "next_deadline"]

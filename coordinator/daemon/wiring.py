@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import signal
 import socket
 import sys
@@ -126,6 +127,8 @@ class Daemon:
     notify: Callable[[str], None] = lambda message: None
     #: Stop on SIGTERM/SIGINT (off when embedded, e.g. in tests).
     handle_signals: bool = True
+    #: Where retry delays get their jitter (0 to 1 per settled call): injected in tests.
+    jitter: Callable[[], float] = random.random
 
     store: Store = attrs.field(init=False)
     policy: ErrorPolicy = attrs.field(init=False)
@@ -202,6 +205,7 @@ class Daemon:
             kick=self.loop.kick,
             wake=self.loop.wake,
             on_change=self._update,
+            jitter=self.jitter,
         )
         self.inventory.busy = self.dispatcher.busy
         self.inventory.served = self.dispatcher.served

@@ -37,7 +37,7 @@ import attrs
 import trio
 
 from ..clock import WallClock
-from ..model import Outcome
+from ..model import EXIT_TEMPFAIL, Outcome
 from ..text import TRUNCATED, clip, storable
 from .outcomes import CANCELLED_MESSAGE, cancelled, ended, timed_out_message
 
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
     from ..model import Claim, ErrorCause, OutcomeStatus, Target
+    from ..protocol import Category
     from ..status import WorkerView
     from .base import ExecutorHooks
 
@@ -252,6 +253,8 @@ class ExecExecutor:
 
         status: OutcomeStatus
         cause: ErrorCause | None
+        category: Category | None = None
+        retryable: bool | None = None
         if ending == "timeout":
             assert timeout is not None
             status, cause, message = "timed_out", "timeout", timed_out_message(timeout)
@@ -269,12 +272,26 @@ class ExecExecutor:
             status, cause = "failed", "handler"
             if returncode < 0:
                 message = f"killed by signal {_signal_name(-returncode)}"
+                category = "provider-failure"  # it crashed, or something killed it
             else:
                 message = f"exit status {returncode}"
+            if returncode == EXIT_TEMPFAIL:
+                # "Temporary failure, retry" (sysexits): a dependency was not there.
+                category, retryable = "external-dependency", True
             line = _last_line(stderr)
             if line:
                 message = f"{message}: {line}"
-        return ended(self.clock, started_at, status, cause, message, extra, finished_at=finished_at)
+        return ended(
+            self.clock,
+            started_at,
+            status,
+            cause,
+            message,
+            extra,
+            finished_at=finished_at,
+            category=category,
+            retryable=retryable,
+        )
 
 
 @attrs.define(eq=False)

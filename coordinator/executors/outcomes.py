@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from ..clock import WallClock
     from ..model import ErrorCause, OutcomeStatus
+    from ..protocol import Category
 
 #: Message of an outcome whose call was abandoned because the daemon is stopping.
 CANCELLED_MESSAGE: Final = "cancelled: daemon stopping"
@@ -32,8 +33,11 @@ def ended(
     *,
     count: int | None = None,
     finished_at: datetime | None = None,
+    category: Category | None = None,
+    retryable: bool | None = None,
 ) -> Outcome:
-    """An outcome finishing now (or at ``finished_at``), its message bounded."""
+    """An outcome finishing now (or at ``finished_at``), its message bounded.
+    ``category`` and ``retryable``: see :class:`~coordinator.model.Outcome`."""
     return Outcome(
         status=status,
         started_at=started_at,
@@ -42,6 +46,8 @@ def ended(
         extra=extra or {},
         error_cause=cause,
         error_message=None if message is None else clip(message),
+        category=category,
+        retryable=retryable,
     )
 
 

@@ -45,6 +45,7 @@ from ..clock import WallClock
 from ..errors import ConfigError, InvalidInput
 from ..events import EventBus, RunProgress, WorkerConnected, WorkerDisconnected
 from ..protocol import (
+    CATEGORIES,
     MAX_LINE,
     Bye,
     Call,
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
     from datetime import timedelta
 
     from ..model import Claim, Outcome, Target
+    from ..protocol import Category
 
 __all__ = [
     "CANCELLED_MESSAGE",
@@ -868,7 +870,18 @@ class WorkerExecutor:
                 self.clock, started_at, "succeeded", None, None, merged, count=result.count
             )
         error = (result.error or "").strip() or "the worker reported a failure"
-        return ended(self.clock, started_at, "failed", "handler", error, merged, count=result.count)
+        category = _category(result.category, merged)
+        return ended(
+            self.clock,
+            started_at,
+            "failed",
+            "handler",
+            error,
+            merged,
+            count=result.count,
+            category=category,
+            retryable=result.retryable,
+        )
 
     # -- progress writes -----------------------------------------------------------------
 
@@ -928,6 +941,18 @@ async def _wait_any(*events: trio.Event) -> None:
 async def _set_then_cancel(event: trio.Event, scope: trio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
+
+
+def _category(reported: str | None, extra: dict[str, Any]) -> Category | None:
+    """The category a worker reported, if it is one this daemon knows; a word from a later
+    protocol version is recorded as ``unknown``, the word itself kept in ``extra``."""
+    if reported is None:
+        return None
+    for known in CATEGORIES:
+        if reported == known:
+            return known
+    extra["category_reported"] = reported
+    return "unknown"
 
 
 def _deadline(started_at: datetime, timeout: timedelta | None) -> datetime | None:

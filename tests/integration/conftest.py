@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ import attrs
 import pytest
 import trio
 
-from coordinator.clock import SystemWallClock
+from coordinator.clock import SystemWallClock, WallClock
 from coordinator.daemon import Daemon, DaemonSettings
 from coordinator.db import aio
 from coordinator.log import EventLog
@@ -90,6 +91,8 @@ async def start_daemon(
         ready_timeout: float = 30,
         dsn: str | None = None,
         spool_path: Path | None = None,
+        clock: WallClock | None = None,
+        jitter: Callable[[], float] | None = None,
         **settings: Any,
     ) -> Harness:
         events: list[dict[str, Any]] = []
@@ -98,10 +101,12 @@ async def start_daemon(
         daemon = build_daemon(
             dsn=dsn or database,
             settings=DaemonSettings(spool_path=spool_path or tmp_path / "spool.jsonl", **settings),
-            clock=SystemWallClock(),
+            clock=clock or SystemWallClock(),
             log=log,
             worker_socket=worker_socket(len(harnesses)),
             handle_signals=False,
+            # Retry delays' jitter, deterministic: a seeded generator unless a test says.
+            jitter=jitter or random.Random(13).random,
         )
         harness = Harness(daemon=daemon, events=events)
         harnesses.append(harness)

@@ -154,7 +154,11 @@ async def test_redefine_replaces_and_bumps_version(conn: asyncpg.Connection) -> 
     await _define(conn, "c", schedule=Schedule(kind="cron", expression="0 * * * *"), paused=True)
     job = await aio(client.get_job)(conn, "c")
     assert (job.id, job.schedule_version, job.paused) == (first, 1, True)
+    # Re-defining keeps the job's paused state unless the definition says otherwise.
     await _define(conn, "c", schedule=Schedule(kind="cron", expression="*/5 * * * *"))
+    job = await aio(client.get_job)(conn, "c")
+    assert (job.schedule_version, job.paused) == (2, True)
+    await _define(conn, "c", schedule=Schedule(kind="cron", expression="*/5 * * * *"), paused=False)
     job = await aio(client.get_job)(conn, "c")
     assert (job.schedule_version, job.paused) == (2, False)
 

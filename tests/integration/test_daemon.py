@@ -438,6 +438,7 @@ async def test_concurrent_claims_of_one_deadline_grant_one(
                     schedule_version=1,
                 ),
                 workers=[],
+                now=datetime.now(UTC),
             )
         )
 

@@ -248,6 +248,19 @@ async def test_signal_death() -> None:
     assert outcome.error_message == "killed by signal SIGSEGV"
     assert outcome.extra["exit_code"] is None
     assert outcome.extra["signal"] == "SIGSEGV"
+    assert (outcome.category, outcome.retryable) == ("provider-failure", None)
+
+
+async def test_exit_status_75_means_temporary_retry() -> None:
+    """sysexits' EX_TEMPFAIL: retry while attempts remain; other statuses say nothing
+    (the job's policy decides, the category is the default)."""
+    outcome = await run(make_claim(["sh", "-c", "echo 'no route to db' >&2; exit 75"]))
+    assert (outcome.status, outcome.error_message) == ("failed", "exit status 75: no route to db")
+    assert (outcome.category, outcome.retryable) == ("external-dependency", True)
+    plain = await run(make_claim(["sh", "-c", "exit 74"]))
+    assert (plain.category, plain.retryable) == (None, None)
+    success = await run(make_claim(["true"]))
+    assert (success.category, success.retryable) == (None, None)
 
 
 async def test_missing_binary_cannot_start() -> None:

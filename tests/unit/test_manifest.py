@@ -43,6 +43,11 @@ def test_full_entry_in_sql_shape() -> None:
         priority = "interactive"
         idempotent = true
         paused = true
+        retries = 3
+        retry_backoff = "10s"
+        retry_max_delay = "10m"
+        misfire = "skip"
+        misfire_grace = "5m"
         params = { region = "eu", batch = 500, since = 2026-01-01 }
         command = ["/usr/local/bin/invoice", "--all"]
         env = { LANG = "C.UTF-8" }
@@ -73,7 +78,13 @@ def test_full_entry_in_sql_shape() -> None:
         "idempotent": True,
         "paused": True,
         "invalid_reason": None,
+        "retries": 3,
+        "retry_backoff": "10000000 microseconds",
+        "retry_max_delay": "600000000 microseconds",
+        "misfire": "skip",
+        "misfire_grace": "300000000 microseconds",
     }
+    # Without `paused` the key is left out: the job keeps its paused state.
     assert manifest.entries[1] == {
         "name": "reindex",
         "schedule_kind": "interval",
@@ -84,8 +95,12 @@ def test_full_entry_in_sql_shape() -> None:
         "timeout": None,
         "priority": "background",
         "idempotent": False,
-        "paused": False,
         "invalid_reason": None,
+        "retries": 0,
+        "retry_backoff": "30000000 microseconds",
+        "retry_max_delay": "3600000000 microseconds",
+        "misfire": "run-once",
+        "misfire_grace": None,
     }
     json.dumps(manifest.entries)  # what coordinator.sync receives
 
@@ -201,6 +216,20 @@ def test_empty_manifest(text: str) -> None:
         ('manual = true\nworker = "w"\nenv = { A = "1" }', "env", "only applies to command"),
         ('manual = true\ncommand = ["x"]\nenv = { A = 1 }', "env", "strings"),
         ('manual = true\nworker = "w"\ntimout = "5m"', "timout", "did you mean 'timeout'?"),
+        ('manual = true\nworker = "w"\nretries = 101', "retries", "0 to 100"),
+        ('manual = true\nworker = "w"\nretries = "3"', "retries", "an integer"),
+        ('manual = true\nworker = "w"\nretry_backoff = 5', "retry_backoff", "a unit"),
+        ('manual = true\nworker = "w"\nretry_backoff = "0s"', "retry_backoff", "greater than"),
+        ('manual = true\nworker = "w"\nretry_max_delay = "x"', "retry_max_delay", "'x'"),
+        ('manual = true\nworker = "w"\nmisfire = "later"', "misfire", "run-once, skip"),
+        ('manual = true\nworker = "w"\nmisfire = "skip"', "misfire_grace", "required"),
+        ('manual = true\nworker = "w"\nmisfire_grace = "5m"', "misfire_grace", "only applies"),
+        (
+            'manual = true\nworker = "w"\nmisfire = "skip"\nmisfire_grace = "500ms"',
+            "misfire_grace",
+            "at least 1s",
+        ),
+        ('manual = true\nworker = "w"\nretrys = 3', "retrys", "did you mean 'retries'?"),
     ],
 )
 def test_invalid_entry_is_kept_inert(body: str, field: str, reason: str) -> None:

@@ -49,6 +49,8 @@ MESSAGES: list[Message] = [
     Result(run=7, ok=True),
     Result(run=7, ok=True, count=12, extra={"files": ["a", "b"], "nested": {"x": 1.5}}),
     Result(run=7, ok=False, error="boom", count=3),
+    Result(run=7, ok=False, error="bad row", retryable=False, category="invalid-input"),
+    Result(run=7, ok=False, retryable=True),
     Bye(),
     Welcome(worker="w1"),
     Call(
@@ -125,6 +127,16 @@ def test_unknown_fields_are_ignored() -> None:
 def test_nulls_count_as_absent() -> None:
     line = b'{"v":1,"type":"result","run":3,"ok":false,"count":null,"extra":null,"error":null}'
     assert parse(line) == Result(run=3, ok=False)
+    line = b'{"v":1,"type":"result","run":3,"ok":false,"retryable":null,"category":null}'
+    assert parse(line) == Result(run=3, ok=False)
+
+
+def test_result_retry_fields_on_the_wire() -> None:
+    """``retryable`` and ``category`` are sent only when said; a category word this side
+    does not know still parses (the daemon records it as ``unknown``)."""
+    assert "retryable" not in encode(Result(run=1, ok=False)).decode()
+    line = b'{"v":1,"type":"result","run":1,"ok":false,"retryable":false,"category":"later"}'
+    assert parse(line) == Result(run=1, ok=False, retryable=False, category="later")
 
 
 REJECTED = [
@@ -163,6 +175,13 @@ REJECTED = [
     (b'{"v":1,"type":"result","run":1,"ok":true,"count":1.5}', "'count' must be an integer"),
     (b'{"v":1,"type":"result","run":1,"ok":true,"count":9223372036854775808}', "64-bit"),
     (b'{"v":1,"type":"result","run":1,"ok":true,"extra":[1]}', "a JSON object"),
+    (b'{"v":1,"type":"result","run":1,"ok":false,"retryable":"no"}', "'retryable' must be true"),
+    (b'{"v":1,"type":"result","run":1,"ok":false,"retryable":0}', "'retryable' must be true"),
+    (b'{"v":1,"type":"result","run":1,"ok":false,"category":5}', "'category' must be a string"),
+    (
+        b'{"v":1,"type":"result","run":1,"ok":false,"category":"' + b"x" * 65 + b'"}',
+        "'category' is longer than 64",
+    ),
     (b'{"v":1,"type":"call","run":1,"job":"j","namespace":"n"}', "missing 'job_type'"),
     (
         b'{"v":1,"type":"call","run":1,"job":"j","namespace":"n","job_type":"t","deadline":"soon"}',

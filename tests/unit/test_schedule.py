@@ -17,6 +17,7 @@ from coordinator.model import Schedule
 from coordinator.schedule import (
     MAX_DURATION,
     check_duration,
+    firings_between,
     following_deadline,
     format_duration,
     initial_deadline,
@@ -948,3 +949,58 @@ def test_utc_deadlines_agree_with_croniter(expression: str, after: datetime) -> 
     assume(invalid_reason(schedule) is None)
     expected = croniter(expression, after).get_next(datetime)
     assert following_deadline(schedule, after) == expected
+
+
+# -- ticks skipped by a run ----------------------------------------------------------------
+
+
+def test_firings_between_counts_the_ticks_a_run_overlapped() -> None:
+    every_5 = Schedule(kind="cron", expression="*/5 * * * *")
+    start = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
+    # (after, until]: the tick at the start was the run's own; the one at the end counts.
+    assert firings_between(every_5, start, start + timedelta(minutes=12)) == (
+        2,
+        start + timedelta(minutes=5),
+        start + timedelta(minutes=10),
+    )
+    assert firings_between(every_5, start, start + timedelta(minutes=10)) == (
+        2,
+        start + timedelta(minutes=5),
+        start + timedelta(minutes=10),
+    )
+    assert firings_between(every_5, start, start + timedelta(minutes=4)) == (0, None, None)
+    # Counting stops at the limit; the last is then the limit-th.
+    assert firings_between(every_5, start, start + timedelta(days=1), limit=3) == (
+        3,
+        start + timedelta(minutes=5),
+        start + timedelta(minutes=15),
+    )
+
+
+def test_firings_between_follows_the_dst_policy() -> None:
+    """Berlin's fall-back hour is passed twice by a wildcard job (Vixie cron)."""
+    every_15 = Schedule(kind="cron", expression="*/15 * * * *", timezone="Europe/Berlin")
+    before = datetime(2026, 10, 24, 23, 59, tzinfo=UTC)  # 01:59 CEST
+    after = before + timedelta(hours=3)  # 03:59 CET: three hours of real time
+    count, first, _last = firings_between(every_15, before, after)
+    assert count == 12
+    assert first == datetime(2026, 10, 25, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        Schedule(kind="interval", expression="1m"),
+        Schedule(kind="once", expression="2026-03-01T10:00:00+00:00"),
+        Schedule(kind="manual"),
+    ],
+)
+def test_only_cron_has_firings_of_its_own(schedule: Schedule) -> None:
+    start = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
+    assert firings_between(schedule, start, start + timedelta(hours=1)) == (0, None, None)
+
+
+def test_firings_between_refuses_naive_times() -> None:
+    hourly = Schedule(kind="cron", expression="0 * * * *")
+    with pytest.raises(ValueError, match="timezone-aware"):
+        firings_between(hourly, datetime(2026, 3, 1), datetime(2026, 3, 2, tzinfo=UTC))

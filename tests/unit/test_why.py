@@ -160,3 +160,18 @@ def test_status_differences() -> None:
     assert second.endswith("default/thumbs, is not armed: no worker serves images")
     same = {"jobs": 5, "workers": ["images"], "next_deadline": {"job": "default/thumbs"}}
     assert why.status_differences(same, database, refresh_spacing=30) == []
+
+
+def test_a_waiting_retry_is_what_comes_next() -> None:
+    due = datetime(2026, 11, 30, 8, 0, 30, tzinfo=UTC)
+    waiting = job(
+        schedule_kind="interval",
+        schedule="1h",
+        next_run_at=NOW,  # the deadline the chain of attempts serves
+        outstanding_run=8,
+        outstanding_status="queued",
+        outstanding_due_at=due,
+    )
+    facts = Facts(leader=LEADER, leader_known=True)
+    assert why.next_run(waiting, facts) == "retry 2026-11-30 08:00:30Z"
+    assert why.job_state(waiting, facts) == "retry waiting"

@@ -30,7 +30,7 @@ from coordinator.executors.worker import WorkerExecutor
 from coordinator.log import EventLog
 from coordinator.model import Claim, Job, Schedule, Target
 from coordinator.protocol import MAX_LINE
-from coordinator.worker import Context, Worker, backoff, load, main
+from coordinator.worker import Context, JobError, Worker, backoff, load, main
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -231,6 +231,38 @@ async def test_exception_is_reported_with_traceback(sock_path: Path) -> None:
             assert result["error"] == "KeyError: 'table'"
             assert "raise KeyError" in result["extra"]["traceback"]
             nursery.cancel_scope.cancel()
+
+
+async def test_job_error_says_whether_to_retry_and_why(sock_path: Path) -> None:
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        if ctx.attempt == 1:
+            raise JobError("row 3: no such customer", retryable=False, category="invalid-input")
+        raise JobError("")
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            result = await peer.recv_type("result")
+            assert (result["ok"], result["error"]) == (False, "row 3: no such customer")
+            assert (result["retryable"], result["category"]) == (False, "invalid-input")
+            assert "extra" not in result  # the handler said what failed: no traceback
+            await peer.call(2, attempt=2)
+            result = await peer.recv_type("result")
+            assert result["error"] == "the handler reported a failure"
+            assert "retryable" not in result
+            assert "category" not in result
+            nursery.cancel_scope.cancel()
+
+
+def test_job_error_refuses_an_unknown_category() -> None:
+    with pytest.raises(ValueError, match="category must be one of"):
+        JobError("x", category="later")  # type: ignore[arg-type]
 
 
 async def test_context_carries_the_call(sock_path: Path) -> None:
