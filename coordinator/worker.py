@@ -72,6 +72,7 @@ from .protocol import (
     gather_lines,
     parse_from_daemon,
 )
+from .text import ERROR_MESSAGE_LIMIT, clip
 
 __all__ = [
     "Context",
@@ -100,8 +101,8 @@ BACKOFF_CAP: Final = 30.0
 PROGRESS_SPACING: Final = 0.1
 #: Characters of a failing handler's traceback kept in the result's ``extra``.
 TRACEBACK_LIMIT: Final = 8000
-#: Characters of a failing handler's error message.
-ERROR_LIMIT: Final = 2000
+#: Characters of a failing handler's error message (the daemon keeps no more).
+ERROR_LIMIT: Final = ERROR_MESSAGE_LIMIT
 _READ_SIZE: Final = 64 * 1024
 _OUTBOX: Final = 64
 _UNSENT: Final = object()
@@ -574,7 +575,7 @@ def _failure(run_id: int, exc: BaseException) -> Result:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= ERROR_LIMIT else text[:ERROR_LIMIT] + "…"
+    return clip(text, ERROR_LIMIT)
 
 
 # -- the command ---------------------------------------------------------------------------
