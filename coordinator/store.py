@@ -206,7 +206,7 @@ UPDATE coordinator.jobs j
 RETURNING j.id
 """
 
-# Claims and settlements go in batches (migrations/0010, 0011): one statement for every
+# Claims and settlements go in batches (migrations/0010): one statement for every
 # run that became admissible (or finished) while the previous statement was in flight.
 _CLAIM_MANY = """
 SELECT * FROM coordinator._claim_many($1, $2, $3, $4, $5, $6)

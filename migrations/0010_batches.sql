@@ -13,9 +13,16 @@
 --
 -- Items arrive as one JSON text parameter (an array parameter of a composite type would
 -- make asyncpg introspect the type: extra statements on first use).
+--
+-- Each claim item carries the daemon's clock ("now") and the deadline to save should the
+-- deadline misfire ("skip"), and returns the job's retry and misfire policies with the
+-- rest of its definition; each settlement item carries the category, what the call said
+-- about retrying and the jitter, and returns the retry it queued (retry_run_id,
+-- retry_due_at), exhausted and the category saved (0007, attempts and retries).
 
 CREATE FUNCTION coordinator._claim_many(
-    p_items      text,      -- [{"i": index, "job": id, "run": id|null, "at": ts|null, "v": n|null}]
+    p_items      text,      -- [{"i": index, "job": id, "run": id|null, "at": ts|null, "v": n|null,
+                            --   "now": ts, "skip": ts|null}]
     p_instance   text,
     p_workers    text[],
     p_leader_pid integer,
@@ -43,7 +50,12 @@ CREATE FUNCTION coordinator._claim_many(
     priority         text,
     idempotent       boolean,
     schedule_version integer,
-    next_run_at      timestamptz
+    next_run_at      timestamptz,
+    retries          integer,
+    retry_backoff    interval,
+    retry_max_delay  interval,
+    misfire          text,
+    misfire_grace    interval
 )
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
@@ -59,7 +71,9 @@ BEGIN
                             NULL::text, NULL::jsonb, NULL::integer, NULL::timestamptz,
                             NULL::timestamptz, NULL::text, NULL::text, NULL::text, NULL::text,
                             NULL::text, NULL::jsonb, NULL::jsonb, NULL::interval, NULL::text,
-                            NULL::boolean, NULL::integer, NULL::timestamptz
+                            NULL::boolean, NULL::integer, NULL::timestamptz,
+                            NULL::integer, NULL::interval, NULL::interval, NULL::text,
+                            NULL::interval
                        FROM json_to_recordset(items) AS x(i integer);
         RETURN;
     END IF;
@@ -104,7 +118,12 @@ CREATE FUNCTION coordinator._claim_each(
     priority         text,
     idempotent       boolean,
     schedule_version integer,
-    next_run_at      timestamptz
+    next_run_at      timestamptz,
+    retries          integer,
+    retry_backoff    interval,
+    retry_max_delay  interval,
+    misfire          text,
+    misfire_grace    interval
 )
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
@@ -113,7 +132,8 @@ DECLARE
 BEGIN
     FOR item IN
         SELECT * FROM json_to_recordset(p_items)
-                   AS x(i integer, job bigint, run bigint, at timestamptz, v integer)
+                   AS x(i integer, job bigint, run bigint, at timestamptz, v integer,
+                        now timestamptz, skip timestamptz)
          ORDER BY x.job, x.i
     LOOP
         i := item.i;
@@ -122,7 +142,8 @@ BEGIN
         IF p_isolate THEN
             BEGIN
                 SELECT * INTO c FROM coordinator._claim(item.job, item.run, item.at, item.v,
-                                                        p_instance, p_workers, NULL, 0, 0);
+                                                        p_instance, p_workers, NULL, 0, 0,
+                                                        item.now, item.skip);
             EXCEPTION WHEN others THEN
                 err_state := SQLSTATE;
                 err_message := SQLERRM;
@@ -132,7 +153,8 @@ BEGIN
             END;
         ELSE
             SELECT * INTO c FROM coordinator._claim(item.job, item.run, item.at, item.v,
-                                                    p_instance, p_workers, NULL, 0, 0);
+                                                    p_instance, p_workers, NULL, 0, 0,
+                                                    item.now, item.skip);
         END IF;
         reason := c.reason; run_id := c.run_id; trigger := c.trigger; args := c.args;
         attempt := c.attempt; scheduled_for := c.scheduled_for;
@@ -141,6 +163,9 @@ BEGIN
         timezone := c.timezone; target := c.target; params := c.params;
         timeout := c.timeout; priority := c.priority; idempotent := c.idempotent;
         schedule_version := c.schedule_version; next_run_at := c.next_run_at;
+        retries := c.retries; retry_backoff := c.retry_backoff;
+        retry_max_delay := c.retry_max_delay; misfire := c.misfire;
+        misfire_grace := c.misfire_grace;
         RETURN NEXT;
     END LOOP;
 END
@@ -148,7 +173,7 @@ $$;
 
 CREATE FUNCTION coordinator._settle_many(
     p_items text  -- [{"i", "run", "status", "started", "finished", "count", "extra",
-                  --   "cause", "message", "v", "next"}]
+                  --   "cause", "message", "v", "next", "category", "retryable", "jitter"}]
 ) RETURNS TABLE (
     i                integer,
     err_state        text,
@@ -158,7 +183,11 @@ CREATE FUNCTION coordinator._settle_many(
     paused           boolean,
     invalid          boolean,
     schedule_version integer,
-    next_run_at      timestamptz
+    next_run_at      timestamptz,
+    retry_run_id     bigint,
+    retry_due_at     timestamptz,
+    exhausted        boolean,
+    category         text
 )
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
@@ -182,7 +211,11 @@ CREATE FUNCTION coordinator._settle_each(p_items json, p_isolate boolean) RETURN
     paused           boolean,
     invalid          boolean,
     schedule_version integer,
-    next_run_at      timestamptz
+    next_run_at      timestamptz,
+    retry_run_id     bigint,
+    retry_due_at     timestamptz,
+    exhausted        boolean,
+    category         text
 )
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
@@ -194,7 +227,8 @@ BEGIN
           FROM json_to_recordset(p_items)
                AS x(i integer, run bigint, status text, started timestamptz,
                     finished timestamptz, count bigint, extra jsonb, cause text,
-                    message text, v integer, next timestamptz)
+                    message text, v integer, next timestamptz, category text,
+                    retryable boolean, jitter double precision)
           LEFT JOIN coordinator.runs r ON r.id = x.run
          ORDER BY r.job_id, x.i
     LOOP
@@ -206,7 +240,8 @@ BEGIN
                 SELECT * INTO s FROM coordinator._settle(item.run, item.status, item.started,
                                                          item.finished, item.count, item.extra,
                                                          item.cause, item.message, item.v,
-                                                         item.next);
+                                                         item.next, item.category,
+                                                         item.retryable, item.jitter);
             EXCEPTION WHEN others THEN
                 err_state := SQLSTATE;
                 err_message := SQLERRM;
@@ -218,11 +253,14 @@ BEGIN
             SELECT * INTO s FROM coordinator._settle(item.run, item.status, item.started,
                                                      item.finished, item.count, item.extra,
                                                      item.cause, item.message, item.v,
-                                                     item.next);
+                                                     item.next, item.category,
+                                                     item.retryable, item.jitter);
         END IF;
         outcome := s.outcome; job_id := s.job_id; paused := s.paused;
         invalid := s.invalid; schedule_version := s.schedule_version;
         next_run_at := s.next_run_at;
+        retry_run_id := s.retry_run_id; retry_due_at := s.retry_due_at;
+        exhausted := s.exhausted; category := s.category;
         RETURN NEXT;
     END LOOP;
 END
