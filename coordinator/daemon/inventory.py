@@ -293,8 +293,11 @@ class Inventory:
                 if job_id in marked:
                     self.events.log.warning("job.invalid", job_id=job_id, reason=reason)
         if to_init:
-            written = await self.store.init_deadlines(to_init)
-            self._arm_written(written.items(), served)
+            refused = await self.store.init_deadlines(to_init)
+            self._arm_written(
+                ((job_id, at) for job_id, at, _version in to_init if job_id not in refused),
+                served,
+            )
         return len(entries), len(to_init), len(to_invalidate)
 
     def _arm_written(self, written: Iterable[tuple[int, datetime]], served: frozenset[str]) -> None:
