@@ -814,7 +814,7 @@ def _read_result(obj: dict[str, Any]) -> Result:
         retryable=_optional(obj, "result", "retryable", bool),
         category=_optional(obj, "result", "category", str),
         paused=_optional(obj, "result", "paused", bool) or False,
-        cursor=obj["cursor"] if "cursor" in obj else NO_CURSOR,
+        cursor=obj.get("cursor", NO_CURSOR),
     )
 
 

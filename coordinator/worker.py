@@ -154,7 +154,7 @@ def backoff(attempt: int) -> float:
     return _backoff(attempt, base=BACKOFF_FIRST, cap=BACKOFF_CAP)
 
 
-class Paused(Exception):  # noqa: N818 - it means "paused", not an error
+class Paused(Exception):  # it means "paused", not an error: no "Error" in its name
     """Raise (or return) it from a recoverable job's handler: the call stopped at
     ``cursor`` and its run can be resumed from there. Without a cursor the run pauses at
     its last checkpoint. ``count`` is a last delta of the run's counter, if any."""

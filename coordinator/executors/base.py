@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
+from ..model import CheckpointWrite
+
 if TYPE_CHECKING:
     import trio
 
-    from ..model import CheckpointWrite, Claim, Outcome, Target
+    from ..model import Claim, Outcome, Target
     from ..status import WorkerView
 
 

@@ -331,8 +331,8 @@ async def test_trigger_is_idempotent_and_audited(admin: Admin, conn: asyncpg.Con
     second = await admin.post("/api/jobs/default/held/trigger")
     assert second.status_code == 200
     run_id = first.json()["run"]
-    assert first.json() == {"run": run_id, "created": True, "status": "queued"}
-    assert second.json() == {"run": run_id, "created": False, "status": "queued"}
+    assert first.json() == {"run": run_id, "created": True, "resumed": False, "status": "queued"}
+    assert second.json() == {"run": run_id, "created": False, "resumed": False, "status": "queued"}
     runs = await aio(client.list_runs)(conn, job="held")
     assert [r.id for r in runs] == [run_id]
     assert runs[0].args == {"force": True}

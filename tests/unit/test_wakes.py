@@ -90,6 +90,7 @@ def test_lookalike_objects_give_only_valid_hints(data: dict[str, object]) -> Non
         assert hint.job_ids is None or all(isinstance(j, int) and j >= 1 for j in hint.job_ids)
     elif isinstance(hint, Pause):
         assert set(data) == {"pause"}
-        assert isinstance(hint.run_id, int) and hint.run_id >= 1
+        assert isinstance(hint.run_id, int)
+        assert hint.run_id >= 1
     else:
         assert hint is None
