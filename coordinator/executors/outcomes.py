@@ -29,7 +29,7 @@ PAUSE_REASONS: Final = {
     "stopping": "paused: the daemon is stopping",
     "abandon": "paused: the daemon stopped waiting for it (stop timeout)",
     "worker": "paused by the worker",
-    "unstarted": "paused before the call started",
+    "unstarted": "paused by operator before the call started",
 }
 
 

@@ -239,17 +239,17 @@ async def test_twenty_concurrent_triggers_of_a_paused_or_running_run_make_one_ru
         for _ in range(20)
     ]
     try:
+
+        async def one(c: asyncpg.Connection, start: trio.Event, answers: list[int]) -> None:
+            await start.wait()
+            answers.append(await aio(client.trigger)(c, "scan"))
+
         for expected_status in ("queued", "running"):
             answers: list[int] = []
             start = trio.Event()
-
-            async def one(c: asyncpg.Connection) -> None:
-                await start.wait()
-                answers.append(await aio(client.trigger)(c, "scan"))
-
             async with trio.open_nursery() as nursery:
                 for c in conns:
-                    nursery.start_soon(one, c)
+                    nursery.start_soon(one, c, start, answers)
                 start.set()
             assert answers == [paused_id] * 20
             rows = await aio(conn.fetch)(
@@ -371,9 +371,7 @@ async def test_a_worker_that_ignores_the_pause_is_paused_at_its_last_cursor(
     call ends paused at its last checkpoint) and a raw one that never answers (the daemon
     disconnects it after the cancel grace; the run pauses at its last cursor)."""
     await recoverable(conn, "sdk")
-    await define(
-        conn, "raw", target={"kind": "worker", "type": "raw"}, recoverable=True
-    )
+    await define(conn, "raw", target={"kind": "worker", "type": "raw"}, recoverable=True)
     harness = await start_daemon()
     tune(harness, checkpoint_interval=0.1, cancel_grace=0.5)
 
