@@ -542,7 +542,7 @@ class _Api:
         _note(request, run=run_id)
         async with self.db() as conn:
             status = await aio(client.pause_run)(conn, run_id)
-        _note(request, status=status)
+        _note(request, run_status=status)
         return JSONResponse({"run": run_id, "status": status})
 
     async def cancel(self, request: Request) -> Response:
