@@ -1208,3 +1208,32 @@ async def test_an_oversized_cursor_is_a_protocol_error_and_the_run_pauses(sock_p
             while not outcomes:
                 await trio.sleep(0.01)
     assert (outcomes[0].status, outcomes[0].cursor) == ("paused", Cursor(value="ok"))
+
+
+async def test_full_batches_of_findings_are_written_without_waiting(sock_path: Path) -> None:
+    """The interval coalesces cursors; it does not throttle findings: a full batch
+    (FINDINGS_PER_WRITE) is written at once, one statement each."""
+    from coordinator.executors.worker import FINDINGS_PER_WRITE
+
+    saved = Checkpoints()
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, save_checkpoint=saved.save, checkpoint_interval=30) as h:
+            raw = await h.connect()
+            await raw.hello(types=["scan"])
+            outcomes: list[Outcome] = []
+            h.nursery.start_soon(
+                lambda: _collect(h, make_claim(14, "scan", recoverable=True), outcomes)
+            )
+            assert (await raw.recv() or {})["type"] == "call"
+            for start in range(0, 3 * FINDINGS_PER_WRITE, FINDINGS_PER_WRITE):
+                batch = [finding(f"f{i}") for i in range(start, start + FINDINGS_PER_WRITE)]
+                await raw.send({"type": "finding", "run": 14, "findings": batch})
+            with trio.fail_after(5):  # far less than the 30 s interval
+                while len(saved.findings()) < 2 * FINDINGS_PER_WRITE:
+                    await trio.sleep(0.01)
+            await raw.send({"type": "result", "run": 14, "ok": True})
+            while not outcomes:
+                await trio.sleep(0.01)
+    assert all(len(w.findings) <= FINDINGS_PER_WRITE for _, w in saved.writes)
+    written = saved.findings() + [f.resource_id for f in outcomes[0].findings]
+    assert sorted(written) == sorted(f"f{i}" for i in range(3 * FINDINGS_PER_WRITE))
