@@ -73,7 +73,8 @@ async def _define(conn: Any, name: str, params: dict[str, Any]) -> int:
 
 
 async def _pgss(bc: BenchCluster, db: str, function: str) -> dict[str, float]:
-    """Calls of ``coordinator.<function>`` by the daemon's role, and their server time."""
+    """Calls of ``coordinator.<function>...`` (``_settle`` covers ``_settle_many``) by the
+    daemon's role, and their server time."""
     conn = await bc.connect("bench")
     try:
         row = await conn.fetchrow(
@@ -86,7 +87,7 @@ async def _pgss(bc: BenchCluster, db: str, function: str) -> dict[str, float]:
             """,
             DAEMON_ROLE,
             db,
-            f"%coordinator.{function}(%",
+            f"%coordinator.{function}%(%",
         )
     finally:
         await conn.close()
