@@ -58,8 +58,7 @@ from .model import (
     Schedule,
     Target,
 )
-from .protocol import CATEGORIES
-from .protocol import SEVERITIES
+from .protocol import CATEGORIES, SEVERITIES
 from .text import check_job_name, check_namespace
 
 if TYPE_CHECKING:
@@ -110,7 +109,7 @@ RESOLUTIONS: Final[tuple[str, ...]] = get_args(Resolution)
 #: Statuses at which :func:`wait_for_run` stops: terminal ones, ``unresolved`` (which
 #: waits for an operator, not for time) and ``paused`` (which waits for a trigger).
 _WAIT_ENDS: Final = TERMINAL | {"unresolved", "paused"}
-#: Outstanding statuses as SQL (the partial unique index's list, migrations/0006).
+#: Outstanding statuses as SQL (the partial unique index's list, migrations/0012).
 _OUTSTANDING_SQL: Final = (
     "('queued', 'pending', 'running', 'unresolved', 'cancel_requested', 'paused')"
 )

@@ -243,7 +243,7 @@ UPDATE coordinator.runs SET progress = $2::jsonb WHERE id = $1 AND status = 'run
 
 # One coalesced write of a running recoverable call (or of any call's findings): cursor,
 # counter total and a batch of findings, at most one per few seconds per run, never after
-# the result (migrations/0006: coordinator._checkpoint).
+# the result (migrations/0012: coordinator._checkpoint).
 _CHECKPOINT = """
 SELECT coordinator._checkpoint($1, $2::text::jsonb, $3, $4::text::jsonb)
 """
@@ -744,7 +744,7 @@ def _claim_result(row: Record, job_id: int, place: tuple[int, int, int]) -> Clai
 def _recoverable_item(held: HeldResult) -> dict[str, Any]:
     """A settlement item's cursor (wrapped: ``{"v": null}`` is the cursor JSON null, an
     absent key leaves the run's cursor as it is) and its unwritten findings
-    (migrations/0011)."""
+    (migrations/0012)."""
     outcome = held.outcome
     out: dict[str, Any] = {}
     if outcome.cursor is not None:

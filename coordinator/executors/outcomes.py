@@ -17,9 +17,8 @@ if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
     from ..clock import WallClock
-    from ..model import ErrorCause, OutcomeStatus
-    from ..protocol import Category
     from ..model import Cursor, ErrorCause, Finding, OutcomeStatus
+    from ..protocol import Category
 
 #: Message of an outcome whose call was abandoned because the daemon is stopping.
 CANCELLED_MESSAGE: Final = "cancelled: daemon stopping"
