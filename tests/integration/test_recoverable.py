@@ -635,3 +635,39 @@ async def test_checkpoint_writes_are_coalesced_one_statement_each(
     assert 1 <= len(writes) <= elapsed[0] / interval + 2
     row = await run_row(conn, run_id)
     assert (row["cursor"], row["count"], row["finding_counts"]) == (300, 300, {"info": 100})
+
+
+async def test_a_retry_of_a_failed_recoverable_run_goes_on_from_its_cursor(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """A recoverable run that fails by itself keeps its cursor; with retries, the retry
+    (a new run, attempt 2) starts from that cursor and counter rather than from scratch."""
+    await recoverable(conn, retries=1, retry_backoff=timedelta(seconds=1))
+    harness = await start_daemon()
+    tune(harness, checkpoint_interval=0.1)
+    starts: list[tuple[int, Any, Any, int]] = []
+    worker = Worker(worker_id="flaky")
+
+    @worker.job("scan")
+    async def scan(ctx: Context) -> None:
+        starts.append((ctx.run_id, ctx.cursor, ctx.count, ctx.attempt))
+        position = ctx.cursor or 0
+        while position < 60:
+            position += 10
+            await ctx.checkpoint(position, count=10)
+            if position == 30 and ctx.attempt == 1:
+                raise RuntimeError("the disk went away")
+
+    await run_worker(nursery, worker, harness)
+    first = await aio(client.trigger)(conn, "scan")
+    failed = (await harness.wait_event("job.run", run=first))[0]
+    assert failed["outcome"] == "failed"
+    retry = failed["retry"]
+    assert isinstance(retry, int)
+    done = (await harness.wait_event("job.run", run=retry, timeout=30))[0]
+    assert (done["outcome"], done["completed"]) == ("succeeded", True)
+    assert starts == [(first, None, None, 1), (retry, 30, 30, 2)]
+    failed_row = await run_row(conn, first)
+    assert (failed_row["status"], failed_row["cursor"], failed_row["count"]) == ("failed", 30, 30)
+    retry_row = await run_row(conn, retry)
+    assert (retry_row["status"], retry_row["cursor"], retry_row["count"]) == ("succeeded", 60, 60)
