@@ -21,8 +21,8 @@
 -- (run, kind, resource id), so a batch replayed after a crash records nothing twice; the
 -- run keeps counts by severity.
 --
--- (Written as 0006 alongside 0007's attempts; renumbered after 0011 because 0007 and 0011
--- redefine the same functions: each is redefined here from its latest definition.)
+-- (Written as 0006 beside 0007's attempts and renumbered to come after 0007 and 0010,
+-- which define the same functions: each is redefined here from its latest definition.)
 -- Redefined here, each changing only what this needs:
 --   define_job (0007)  + recoverable (its signature changes: dropped and re-created)
 --   sync       (0007)  passes an entry's recoverable on
@@ -37,8 +37,8 @@
 --                      with defaults: dropped and re-created; callers of the old arity
 --                      keep working)
 --   _sweep_lost (0007) pauses recoverable runs
---   _claim_many, _claim_each (0011)  return what _claim now returns (dropped and
---                      re-created); _settle_each (0011) passes an item's cursor and
+--   _claim_many, _claim_each (0010)  return what _claim now returns (dropped and
+--                      re-created); _settle_each (0010) passes an item's cursor and
 --                      findings on
 -- New: pause_run, _checkpoint, _insert_findings, _add_counts.
 --
@@ -901,13 +901,13 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------
--- The batches (0010, 0011): they carry what _claim and _settle now take and return.
+-- The batches (0010): they carry what _claim and _settle now take and return.
 -- ---------------------------------------------------------------------------------------
 
 DROP FUNCTION coordinator._claim_many(text, text, text[], integer, integer, integer);
 DROP FUNCTION coordinator._claim_each(json, text, text[], boolean);
 
--- As in 0011, plus recoverable, cursor, count and resumes among the columns.
+-- As in 0010, plus recoverable, cursor, count and resumes among the columns.
 CREATE FUNCTION coordinator._claim_many(
     p_items      text,      -- [{"i": index, "job": id, "run": id|null, "at": ts|null, "v": n|null,
                             --   "now": ts, "skip": ts|null}]
@@ -1069,7 +1069,7 @@ BEGIN
 END
 $$;
 
--- As in 0011, plus: an item's "cursor" ({"v": value}: the wrapper keeps a cursor that is
+-- As in 0010, plus: an item's "cursor" ({"v": value}: the wrapper keeps a cursor that is
 -- JSON null apart from "no cursor") and "findings" (an array) go to _settle.
 CREATE OR REPLACE FUNCTION coordinator._settle_each(p_items json, p_isolate boolean) RETURNS TABLE (
     i                integer,
