@@ -1,4 +1,5 @@
-"""``python -m bench [all|idle|latency|lateness|throughput|scale|peers|durability|stats] [--quick]``
+"""``python -m bench [all|idle|latency|lateness|throughput|scale|peers|durability|stats|
+recoverable] [--quick]``
 
 Each benchmark starts its own PostgreSQL cluster, prints a table and writes
 ``bench/results/<name>.json``. See bench/README.md.
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 BENCHMARKS = (
     "idle", "latency", "peers", "lateness", "throughput", "scale", "durability", "stats",
+    "recoverable",
 )  # fmt: skip
 
 
@@ -39,6 +41,8 @@ def _runner(name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
         from .durability import run
     elif name == "stats":
         from .stats import run
+    elif name == "recoverable":
+        from .recoverable import run
     else:
         raise ValueError(name)
     return run

@@ -13,7 +13,16 @@ from .common import BENCH_DIR, RESULTS_DIR
 
 START = "<!-- results:start (python -m bench.report --write) -->"
 END = "<!-- results:end -->"
-ORDER = ("idle", "peers", "latency", "lateness", "throughput", "scale", "durability")
+ORDER = (
+    "idle",
+    "peers",
+    "latency",
+    "lateness",
+    "throughput",
+    "scale",
+    "durability",
+    "recoverable",
+)
 TITLES = {
     "idle": "Idle silence",
     "peers": "Peers: idle statements and wake latency, same cluster, same window",
@@ -22,6 +31,7 @@ TITLES = {
     "throughput": "Throughput and cost per run, side by side with the peers",
     "scale": "Scale",
     "durability": "Durability: standby takeover, spool replay",
+    "recoverable": "Recoverable runs: checkpoint and finding writes, replay after SIGKILL",
 }
 
 

@@ -7,7 +7,8 @@
       migrate
       jobs define NAME (--cron EXPR [--timezone TZ] | --every DUR | --at ISO | --manual)
                        [--timeout DUR] [--priority interactive|background] [--idempotent]
-                       [--paused | --no-paused] [--param KEY=JSON ...] [--namespace NS]
+                       [--recoverable] [--paused | --no-paused] [--param KEY=JSON ...]
+                       [--namespace NS]
                        [--retries N [--retry-backoff DUR] [--retry-max-delay DUR]]
                        [--misfire run-once | --misfire skip --misfire-grace DUR]
                        (-- COMMAND [ARG ...] [--env KEY=VALUE ...] [--cwd DIR] | --worker TYPE)
@@ -18,6 +19,8 @@
       jobs pause|resume|remove NAME [--namespace NS]
       runs list [--job NAME] [--namespace NS] [--status S] [--category C] [--limit N] [--json]
       runs show ID [--json]
+      runs pause|cancel ID
+      runs findings ID [--severity S] [--after ID] [--limit N] [--json]
       runs resolve ID --as failed|succeeded|retry
       sync MANIFEST.toml [--allow-invalid] [--json]
       run [--migrate] [--config FILE] [--refresh-spacing DUR] [--concurrency N] ...
@@ -83,6 +86,7 @@ from .model import (
     Schedule,
     Target,
 )
+from .protocol import SEVERITIES
 from .text import check_job_name, check_namespace, printable
 
 if TYPE_CHECKING:
@@ -400,6 +404,12 @@ def _add_jobs(groups: _Subparsers) -> None:
         "--misfire-grace", metavar="DURATION", help="with --misfire skip: how late it may still run"
     )
     define.add_argument(
+        "--recoverable",
+        action="store_true",
+        help="worker jobs: runs keep a cursor; a pause, stop, crash or timeout pauses them "
+        "and a trigger resumes them",
+    )
+    define.add_argument(
         "--param", action="append", metavar="KEY=JSON", help="static parameter (repeatable)"
     )
     define.add_argument("--worker", metavar="TYPE", help="run on a worker serving TYPE")
@@ -478,6 +488,24 @@ def _add_runs(groups: _Subparsers) -> None:
 
     show = _command(sub, "show", _runs_show, "show one run", reads=True)
     show.add_argument("run_id", type=_positive_int, metavar="ID")
+
+    pause = _command(
+        sub, "pause", _runs_pause, "pause a running run of a recoverable job (trigger resumes it)"
+    )
+    pause.add_argument("run_id", type=_positive_int, metavar="ID")
+
+    cancel = _command(sub, "cancel", _runs_cancel, "cancel a queued or paused run")
+    cancel.add_argument("run_id", type=_positive_int, metavar="ID")
+
+    findings = _command(
+        sub, "findings", _runs_findings, "list a run's findings, oldest first", reads=True
+    )
+    findings.add_argument("run_id", type=_positive_int, metavar="ID")
+    findings.add_argument("--severity", choices=SEVERITIES, help="only this severity")
+    findings.add_argument(
+        "--after", type=_positive_int, metavar="ID", help="only findings after this id (paging)"
+    )
+    findings.add_argument("--limit", type=_positive_int, default=100, metavar="N")
 
     resolve = _command(sub, "resolve", _runs_resolve, "settle an unresolved run")
     resolve.add_argument("run_id", type=_positive_int, metavar="ID")
@@ -752,6 +780,12 @@ def _target_from(args: argparse.Namespace) -> Target:
     command: list[str] | None = args.command_argv or None
     if command is not None and args.worker is not None:
         raise InvalidInput("--worker", "give either a command after '--' or --worker, not both")
+    if args.recoverable and args.worker is None:
+        raise InvalidInput(
+            "--recoverable",
+            "only a worker job can be recoverable (a command cannot hand back a cursor): "
+            "use --worker TYPE",
+        )
     if args.worker is not None:
         for flag, value in (("--env", args.env), ("--cwd", args.cwd)):
             if value is not None:
@@ -1081,6 +1115,7 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
             priority=args.priority,
             idempotent=args.idempotent,
             paused=args.paused,  # None (neither flag): the job keeps its paused state
+            recoverable=args.recoverable,
             **policies,
         )
         paused = args.paused
@@ -1177,6 +1212,7 @@ async def _jobs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
         ("idempotent", _yes(job.idempotent)),
         ("retries", _describe_retries(job)),
         ("misfire", _describe_misfire(job)),
+        ("recoverable", _yes(job.recoverable)),
         ("paused", _yes(job.paused)),
         ("invalid", job.invalid_reason or "-"),
         ("next run", why.next_run(job, facts)),
@@ -1221,6 +1257,8 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
                     f"{_when(job.outstanding_due_at)}: it runs then (SELECT "
                     f"coordinator.cancel({run_id}) ends the chain of attempts)"
                 )
+            elif job.outstanding_status == "paused":
+                _note(f"resuming paused run {run_id} of {job.key} from its saved cursor")
             else:
                 _note(f"{job.key} already has run {run_id} outstanding ({job.outstanding_status})")
         if job.invalid_reason is not None:
@@ -1261,6 +1299,8 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
     blocked = ""
     if run.status == "unresolved":
         blocked = f"; it blocks {job.key}: {why.resolve_hint(run.id)}"
+    elif run.status == "paused":
+        blocked = f"; `coordinator jobs trigger {job.name}` resumes it"
     _error(f"run {run.id} {run.status}{detail}{message}{blocked}")
     return 1
 
@@ -1373,8 +1413,9 @@ async def _runs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
         ("extra", json.dumps(run.extra, ensure_ascii=False) if run.extra else "-"),
         ("error cause", run.error_cause or "-"),
         ("category", run.category or "-"),
-        ("error", run.error_message or "-"),
+        ("error" if run.status != "paused" else "paused", run.error_message or "-"),
     ]
+    pairs += _recoverable_fields(run)
     if run.retryable is not None:
         pairs.append(("retryable", _yes(run.retryable)))
     if len(chain) > 1:
@@ -1407,6 +1448,75 @@ def _attempt_json(run: client.RunView) -> dict[str, Any]:
         "started_at": run.started_at.isoformat() if run.started_at else None,
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
     }
+
+
+def _recoverable_fields(run: client.RunView) -> list[tuple[str, str]]:
+    """``runs show``'s lines about a cursor, pauses and findings (when there are any)."""
+    pairs: list[tuple[str, str]] = []
+    if run.cursor is not None:
+        pairs.append(("cursor", _clip(json.dumps(run.cursor, ensure_ascii=False), 200)))
+    if run.last_progress_at is not None:
+        pairs.append(("last checkpoint", _when(run.last_progress_at)))
+    if run.paused_at is not None:
+        pairs.append(("paused at", _when(run.paused_at)))
+    if run.resumes:
+        pairs.append(("resumed", f"{run.resumes} time{'s' if run.resumes != 1 else ''}"))
+    if run.finding_counts:
+        counts = ", ".join(
+            f"{run.finding_counts[s]} {s}" for s in SEVERITIES if run.finding_counts.get(s)
+        )
+        pairs.append(("findings", f"{counts} (coordinator runs findings {run.id})"))
+    return pairs
+
+
+async def _runs_pause(args: argparse.Namespace, ctx: CommandContext) -> int:
+    async with ctx.connection() as conn:
+        status = await db.aio(client.pause_run)(conn, args.run_id)
+    if status == "paused":
+        print(f"run {args.run_id} is paused (a trigger of its job resumes it)")
+    else:
+        print(
+            f"run {args.run_id}: pause requested; the worker stops at its next checkpoint "
+            "(`coordinator runs show` says when it is paused)"
+        )
+    return 0
+
+
+async def _runs_cancel(args: argparse.Namespace, ctx: CommandContext) -> int:
+    async with ctx.connection() as conn:
+        await db.aio(client.cancel_run)(conn, args.run_id)
+    print(f"run {args.run_id} cancelled")
+    return 0
+
+
+async def _runs_findings(args: argparse.Namespace, ctx: CommandContext) -> int:
+    async with ctx.connection() as conn:
+        page = await db.aio(client.list_findings)(
+            conn, args.run_id, after=args.after, limit=args.limit, severity=args.severity
+        )
+    if args.json:
+        _print_json(page.to_json())
+        return 0
+    if not page.findings:
+        print("no findings")
+        return 0
+    _table(
+        ("ID", "SEVERITY", "KIND", "RESOURCE", "DETAIL"),
+        [
+            (
+                str(f.id),
+                f.severity,
+                f.kind,
+                _clip(f.resource_id, 40),
+                _clip(json.dumps(f.detail, ensure_ascii=False), 60) if f.detail else "-",
+            )
+            for f in page.findings
+        ],
+    )
+    if page.next_after is not None:
+        sys.stdout.flush()
+        _note(f"more: coordinator runs findings {args.run_id} --after {page.next_after}")
+    return 0
 
 
 async def _runs_resolve(args: argparse.Namespace, ctx: CommandContext) -> int:

@@ -58,7 +58,7 @@ from .model import (
     Schedule,
     Target,
 )
-from .protocol import CATEGORIES
+from .protocol import CATEGORIES, SEVERITIES
 from .text import check_job_name, check_namespace
 
 if TYPE_CHECKING:
@@ -70,6 +70,8 @@ __all__ = [
     "CATEGORIES",
     "RESOLUTIONS",
     "RUN_STATUSES",
+    "FindingView",
+    "FindingsPage",
     "JobView",
     "Leader",
     "RunStats",
@@ -83,9 +85,11 @@ __all__ = [
     "get_run",
     "job_entry",
     "jobs_stats",
+    "list_findings",
     "list_jobs",
     "list_runs",
     "pause",
+    "pause_run",
     "remove",
     "resolve",
     "resume",
@@ -102,9 +106,13 @@ RUN_STATUSES: Final[tuple[str, ...]] = get_args(RunStatus)
 Resolution = Literal["failed", "succeeded", "retry"]
 RESOLUTIONS: Final[tuple[str, ...]] = get_args(Resolution)
 
-#: Statuses at which :func:`wait_for_run` stops: terminal ones, and ``unresolved`` (which
-#: waits for an operator, not for time).
-_WAIT_ENDS: Final = TERMINAL | {"unresolved"}
+#: Statuses at which :func:`wait_for_run` stops: terminal ones, ``unresolved`` (which
+#: waits for an operator, not for time) and ``paused`` (which waits for a trigger).
+_WAIT_ENDS: Final = TERMINAL | {"unresolved", "paused"}
+#: Outstanding statuses as SQL (the partial unique index's list, migrations/0012).
+_OUTSTANDING_SQL: Final = (
+    "('queued', 'pending', 'running', 'unresolved', 'cancel_requested', 'paused')"
+)
 
 
 class WaitTimeout(CoordinatorError):
@@ -182,12 +190,15 @@ class JobView:
     #: ``run-once`` or ``skip`` (with ``misfire_grace``).
     misfire: str = "run-once"
     misfire_grace: timedelta | None = None
+    #: Runs save a cursor and pause instead of failing when stopped.
+    recoverable: bool = False
     #: The latest run (by id) and its status, or ``None`` when it never ran.
     last_run: int | None = None
     last_status: str | None = None
     #: When the latest run last moved: finished, else started, else queued.
     last_run_at: datetime | None = None
-    #: The run currently outstanding (queued, pending, running or unresolved), if any.
+    #: The run currently outstanding (queued, pending, running, cancel_requested, paused
+    #: or unresolved), if any.
     outstanding_run: int | None = None
     outstanding_status: str | None = None
     #: When the outstanding run may start, if it is a retry waiting for its due time.
@@ -211,6 +222,10 @@ class JobView:
             return f"blocked by run {self.blocked_by}"
         if self.outstanding_due_at is not None and self.outstanding_status == "queued":
             return "retry waiting"
+        if self.outstanding_status == "paused":
+            return f"run {self.outstanding_run} paused"
+        if self.outstanding_status == "cancel_requested":
+            return f"run {self.outstanding_run} pausing"
         if self.outstanding_status is not None:
             return self.outstanding_status
         return "active"
@@ -229,6 +244,7 @@ class JobView:
             "timeout": self.timeout.total_seconds() if self.timeout is not None else None,
             "priority": self.priority,
             "idempotent": self.idempotent,
+            "recoverable": self.recoverable,
             "paused": self.paused,
             "invalid_reason": self.invalid_reason,
             "next_run_at": _iso(self.next_run_at),
@@ -297,6 +313,16 @@ class RunView:
     #: The run this one retries, and the run that retries this one.
     retry_of: int | None = None
     retried_by: int | None = None
+    #: Where a recoverable run resumes from (``None``: from the start).
+    cursor: Any = None
+    #: The last checkpoint write of a running call.
+    last_progress_at: datetime | None = None
+    #: When it paused (a paused run).
+    paused_at: datetime | None = None
+    #: How many times it was resumed.
+    resumes: int = 0
+    #: Findings recorded, by severity (``{}``: none).
+    finding_counts: dict[str, int] = attrs.field(factory=dict)
 
     @property
     def job_key(self) -> str:
@@ -336,7 +362,53 @@ class RunView:
             "due_at": _iso(self.due_at),
             "retry_of": self.retry_of,
             "retried_by": self.retried_by,
+            "cursor": self.cursor,
+            "last_progress_at": _iso(self.last_progress_at),
+            "paused_at": _iso(self.paused_at),
+            "resumes": self.resumes,
+            "finding_counts": self.finding_counts,
         }
+
+
+@attrs.frozen(kw_only=True)
+class FindingView:
+    """One finding of a run (``runs findings``)."""
+
+    #: Its id: pages of findings go in this order (``after``).
+    id: int
+    run_id: int
+    #: What was found, and which resource it concerns.
+    kind: str
+    resource_id: str
+    #: ``info`` | ``warning`` | ``error`` | ``data_loss``.
+    severity: str
+    #: Anything else the worker reported (a JSON object).
+    detail: dict[str, Any]
+    #: When it was recorded.
+    created_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "run": self.run_id,
+            "kind": self.kind,
+            "resource_id": self.resource_id,
+            "severity": self.severity,
+            "detail": self.detail,
+            "created_at": _iso(self.created_at),
+        }
+
+
+@attrs.frozen(kw_only=True)
+class FindingsPage:
+    """A page of a run's findings, oldest first."""
+
+    findings: tuple[FindingView, ...]
+    #: Pass as ``after`` for the next page; ``None`` when this page is the last.
+    next_after: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"findings": [f.to_json() for f in self.findings], "next": self.next_after}
 
 
 @attrs.frozen(kw_only=True)
@@ -481,6 +553,8 @@ class _Prepared:
     misfire: str
     misfire_grace: timedelta | None
 
+    recoverable: bool = False
+
 
 def _positive_duration(value: object, field: str) -> timedelta:
     if not isinstance(value, timedelta):
@@ -534,6 +608,7 @@ def _prepare(
     retry_max_delay: timedelta = DEFAULT_RETRY_MAX_DELAY,
     misfire: str = "run-once",
     misfire_grace: timedelta | None = None,
+    recoverable: bool = False,
 ) -> _Prepared:
     """Check and normalise a definition; an ``invalid_reason`` skips the schedule and
     target checks (the job is stored inert, as given)."""
@@ -560,6 +635,11 @@ def _prepare(
             Target.from_json(target_json)
         except ValueError as exc:
             raise InvalidInput("target", str(exc)) from None
+        if recoverable and target.kind != "worker":
+            raise InvalidInput(
+                "recoverable",
+                "only a worker job can be recoverable (a command cannot hand back a cursor)",
+            )
     else:
         _require_text(invalid_reason, "invalid_reason")
         target_json = target.to_json() if isinstance(target, Target) else dict(target)
@@ -578,6 +658,7 @@ def _prepare(
         retry_max_delay=retry_max_delay,
         misfire=misfire,
         misfire_grace=misfire_grace,
+        recoverable=bool(recoverable),
     )
 
 
@@ -601,7 +682,8 @@ SELECT coordinator.define_job(
     retry_backoff  => $14::interval,
     retry_max_delay => $15::interval,
     misfire        => $16,
-    misfire_grace  => $17::interval)
+    misfire_grace  => $17::interval,
+    recoverable    => $18)
 """
 
 
@@ -623,6 +705,7 @@ async def define_job(
     retry_max_delay: timedelta = DEFAULT_RETRY_MAX_DELAY,
     misfire: str = "run-once",
     misfire_grace: timedelta | None = None,
+    recoverable: bool = False,
 ) -> int:
     """Create or replace the job ``namespace/name``; return its id.
 
@@ -637,6 +720,8 @@ async def define_job(
     ``retry_max_delay``; ``misfire="skip"`` with ``misfire_grace`` skips an overdue
     deadline later than the grace. Names follow :mod:`coordinator.text`; durations are
     at most :data:`~coordinator.schedule.MAX_DURATION`.
+    A ``recoverable`` job (worker targets only) keeps a cursor per run and pauses
+    instead of failing when stopped; its ``timeout`` means "pause after this long".
     """
     check_namespace(namespace)
     job = _prepare(
@@ -654,6 +739,7 @@ async def define_job(
         retry_max_delay=retry_max_delay,
         misfire=misfire,
         misfire_grace=misfire_grace,
+        recoverable=recoverable,
     )
     with translate_errors(namespace=namespace, name=name):
         job_id: int = await conn.fetchval(
@@ -675,6 +761,7 @@ async def define_job(
             job.retry_max_delay,
             job.misfire,
             job.misfire_grace,
+            job.recoverable,
         )
     return job_id
 
@@ -688,8 +775,9 @@ async def trigger(
 ) -> int:
     """Ask for a run of ``namespace/name`` now; return the run id.
 
-    While the job has an outstanding run (queued, pending, running or unresolved), that
-    run's id is returned and nothing is inserted.
+    While the job has an outstanding run (queued, pending, running, cancel_requested or
+    unresolved), that run's id is returned and nothing is inserted. A paused run is
+    resumed: queued again, same id, cursor and counter.
     """
     args_text = _to_json_text(_object(args, "args"), "args")
     with translate_errors(namespace=namespace, name=name, field="args"):
@@ -733,6 +821,7 @@ def job_entry(
     retry_max_delay: timedelta = DEFAULT_RETRY_MAX_DELAY,
     misfire: str = "run-once",
     misfire_grace: timedelta | None = None,
+    recoverable: bool = False,
 ) -> dict[str, Any]:
     """One element of :func:`sync`'s ``entries``, checked like :func:`define_job`.
 
@@ -756,6 +845,7 @@ def job_entry(
         retry_max_delay=retry_max_delay,
         misfire=misfire,
         misfire_grace=misfire_grace,
+        recoverable=recoverable,
     )
     entry = {
         "name": job.name,
@@ -776,6 +866,7 @@ def job_entry(
         "misfire_grace": (
             _interval_text(job.misfire_grace) if job.misfire_grace is not None else None
         ),
+        "recoverable": job.recoverable,
     }
     if job.paused is None:
         del entry["paused"]
@@ -843,11 +934,27 @@ async def resolve(conn: Connection, run_id: int, outcome: str) -> int:
 
 
 async def cancel_run(conn: Connection, run_id: int) -> None:
-    """Cancel a ``queued`` run (it never starts). A run in any other state raises
+    """Cancel a ``queued`` run (it never starts) or a ``paused`` one (its job is free
+    again; the next trigger starts afresh). A run in any other state raises
     :class:`~coordinator.errors.Conflict`; an unknown one
     :class:`~coordinator.errors.RunNotFound`."""
     with translate_errors(run_id=run_id):
         await conn.execute("SELECT coordinator.cancel($1)", run_id)
+
+
+async def pause_run(conn: Connection, run_id: int) -> str:
+    """Ask a run of a recoverable job to pause; return its status afterwards.
+
+    A running call becomes ``cancel_requested``: once the caller's transaction commits
+    the daemon asks the worker to stop, and the run becomes ``paused`` at its cursor. A
+    queued run is ``paused`` at once. A run already pausing or paused is left as it is.
+    A run of a job that is not recoverable, or one that has finished, raises
+    :class:`~coordinator.errors.Conflict`; an unknown one
+    :class:`~coordinator.errors.RunNotFound`. A trigger of the job resumes it.
+    """
+    with translate_errors(run_id=run_id):
+        status: str = await conn.fetchval("SELECT coordinator.pause_run($1)", run_id)
+    return status
 
 
 # --------------------------------------------------------------------------- reads
@@ -876,7 +983,8 @@ async def summary(conn: Connection) -> dict[str, Any]:
                    n.target ->> 'type' AS next_worker,
                    (SELECT json_object_agg(status, n)::text FROM (
                         SELECT status, count(*) AS n FROM coordinator.runs
-                         WHERE status IN ('queued', 'pending', 'running', 'unresolved')
+                         WHERE status IN ('queued', 'pending', 'running', 'unresolved',
+                                          'cancel_requested', 'paused')
                          GROUP BY status) s) AS outstanding
               FROM (SELECT 1) one
               LEFT JOIN LATERAL (SELECT * FROM live WHERE next_run_at IS NOT NULL
@@ -941,7 +1049,7 @@ _JOB_COLUMNS: Final = f"""
                        FROM coordinator.runs r
                       WHERE r.job_id = j.id ORDER BY r.id DESC LIMIT 1) last ON true
   LEFT JOIN coordinator.runs o
-         ON o.job_id = j.id AND o.status IN ('queued', 'pending', 'running', 'unresolved')
+         ON o.job_id = j.id AND o.status IN {_OUTSTANDING_SQL}
 """
 
 _LIST_JOBS: Final = f"""
@@ -1010,7 +1118,8 @@ _RUN_COLUMNS: Final = """
     r.error_message, r.attempt, r.progress::text AS progress, r.category, r.retryable,
     r.exhausted, r.due_at, r.retry_of,
     (SELECT x.id FROM coordinator.runs x WHERE x.retry_of = r.id
-      ORDER BY x.id LIMIT 1) AS retried_by
+      ORDER BY x.id LIMIT 1) AS retried_by, r.cursor::text AS cursor,
+    r.last_progress_at, r.paused_at, r.resumes, r.finding_counts::text AS finding_counts
   FROM coordinator.runs r JOIN coordinator.jobs j ON j.id = r.job_id
 """
 
@@ -1084,6 +1193,11 @@ def _run_view(row: Mapping[str, Any]) -> RunView:
         due_at=row["due_at"],
         retry_of=row["retry_of"],
         retried_by=row["retried_by"],
+        cursor=_json_field(row["cursor"]),
+        last_progress_at=row["last_progress_at"],
+        paused_at=row["paused_at"],
+        resumes=row["resumes"],
+        finding_counts=_json_field(row["finding_counts"]) or {},
     )
 
 
@@ -1137,6 +1251,60 @@ async def run_chain(conn: Connection, run_id: int) -> list[RunView]:
     if not rows:
         raise RunNotFound(run_id)
     return [_run_view(row) for row in rows]
+
+
+_LIST_FINDINGS: Final = """
+SELECT f.id, f.run_id, f.kind, f.resource_id, f.severity, f.detail::text AS detail,
+       f.created_at
+  FROM coordinator.findings f
+ WHERE f.run_id = $1 AND f.id > $2 AND ($3::text IS NULL OR f.severity = $3)
+ ORDER BY f.id
+ LIMIT $4
+"""
+
+_RUN_EXISTS: Final = "SELECT EXISTS (SELECT 1 FROM coordinator.runs WHERE id = $1)"
+
+#: Largest page of findings.
+MAX_FINDINGS_PAGE: Final = 1000
+
+
+async def list_findings(
+    conn: Connection,
+    run_id: int,
+    *,
+    after: int | None = None,
+    limit: int = 100,
+    severity: str | None = None,
+) -> FindingsPage:
+    """A page of the run's findings in the order they were recorded: those with an id
+    above ``after``, at most ``limit`` (1 to :data:`MAX_FINDINGS_PAGE`), of one
+    ``severity`` if given. An unknown run raises :class:`~coordinator.errors.RunNotFound`.
+    """
+    if severity is not None and severity not in SEVERITIES:
+        raise InvalidInput("severity", f"must be one of {', '.join(SEVERITIES)}, not {severity!r}")
+    if not 1 <= limit <= MAX_FINDINGS_PAGE:
+        raise InvalidInput("limit", f"must be from 1 to {MAX_FINDINGS_PAGE}, not {limit}")
+    if after is not None and after < 0:
+        raise InvalidInput("after", f"must be a finding id (0 or more), not {after}")
+    with translate_errors(run_id=run_id):
+        # One more than asked: whether a next page exists, without counting.
+        rows = await conn.fetch(_LIST_FINDINGS, run_id, after or 0, severity, limit + 1)
+        if not rows and not await conn.fetchval(_RUN_EXISTS, run_id):
+            raise RunNotFound(run_id)
+    findings = tuple(
+        FindingView(
+            id=r["id"],
+            run_id=r["run_id"],
+            kind=r["kind"],
+            resource_id=r["resource_id"],
+            severity=r["severity"],
+            detail=json.loads(r["detail"]),
+            created_at=r["created_at"],
+        )
+        for r in rows[:limit]
+    )
+    more = len(rows) > limit
+    return FindingsPage(findings=findings, next_after=findings[-1].id if more else None)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -1235,7 +1403,8 @@ async def wait_for_run(
     poll: tuple[float, float] = (0.05, 1.0),
     max_wait: float | None = None,
 ) -> RunView:
-    """Poll the run until it is terminal (or ``unresolved``, which waits for an operator).
+    """Poll the run until it is terminal (or ``unresolved``, which waits for an operator,
+    or ``paused``, which waits for a trigger).
 
     ``poll`` is ``(first, longest)`` pause between reads, in seconds: the pause doubles
     from the first up to the longest (50 ms to 1 s by default). ``max_wait`` (seconds)

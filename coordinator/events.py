@@ -132,7 +132,7 @@ class RunFinished(Event):
     job_id: int
     run: int
     trigger: str
-    #: ``succeeded`` | ``failed`` | ``timed_out`` | ``cancelled``.
+    #: ``succeeded`` | ``failed`` | ``timed_out`` | ``cancelled`` | ``paused``.
     outcome: str
     #: Why it did not succeed (``handler`` | ``timeout`` | ``crashed`` | ``lost``).
     cause: str | None = None
@@ -141,6 +141,7 @@ class RunFinished(Event):
     elapsed_ms: float
     #: Actual start minus the deadline served (scheduled runs only), milliseconds.
     lateness_ms: float | None = None
+    #: Why it did not succeed, or (``paused``) why it paused.
     error: str | None = None
     #: Which attempt this was (1 for a first one).
     attempt: int | None = None
@@ -151,9 +152,16 @@ class RunFinished(Event):
     retry_at: datetime | None = None
     #: It failed on the job's last allowed attempt: no retry follows.
     exhausted: bool | None = None
+    #: A recoverable run walked its whole space (``succeeded``).
+    completed: bool | None = None
+    #: A paused run's cursor: the size of its JSON text, bytes (0: no cursor yet).
+    cursor_bytes: int | None = None
+    #: How many times the run had been resumed before this call (recoverable runs).
+    resumes: int | None = None
 
     def level(self) -> Level:
-        return "info" if self.outcome == "succeeded" else "warning"
+        # Paused is not an error: the run yielded and resumes from its cursor.
+        return "info" if self.outcome in ("succeeded", "paused") else "warning"
 
     @property
     def elapsed_s(self) -> float:
@@ -198,6 +206,17 @@ class MisfireSkipped(Event):
     late_s: float
     #: The deadline saved in its place (``None``: a one-shot job, which is done).
     next: datetime | None
+
+
+@attrs.frozen(kw_only=True)
+class RunStopRequested(Event):
+    """The daemon asked a running call to stop early: an operator paused its run
+    (``pause``), or the daemon is stopping (``stopping``, recoverable calls)."""
+
+    NAME: ClassVar[str] = "run.stop_requested"
+    job: str
+    run: int
+    reason: str
 
 
 @attrs.frozen(kw_only=True)
@@ -411,6 +430,7 @@ __all__ = [
     "RunFinished",
     "RunProgress",
     "RunStarted",
+    "RunStopRequested",
     "StateChanged",
     "WorkerConnected",
     "WorkerDisconnected",

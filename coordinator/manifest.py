@@ -17,6 +17,7 @@ Format::
     retry_max_delay = "1h"         # longest delay between attempts; default 1h
     misfire = "skip"               # or "run-once" (default: an overdue deadline runs once)
     misfire_grace = "5m"           # with misfire = "skip": how late it may still run
+    recoverable = false            # worker jobs only: runs keep a cursor and pause
     params = { region = "eu" }     # any table; TOML dates become ISO 8601 strings
     command = ["/usr/local/bin/invoice", "--all"]   # exactly one of command / worker
     env = { LANG = "C.UTF-8" }     # command only
@@ -93,6 +94,7 @@ _JOB_KEYS: Final = (
     "timeout",
     "priority",
     "idempotent",
+    "recoverable",
     "paused",
     "retries",
     "retry_backoff",
@@ -360,8 +362,15 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
     idempotent = e.typed("idempotent", bool, "true or false", False)
     paused = e.typed("paused", bool, "true or false", None)
     policies = _policies(e)
+    recoverable = e.typed("recoverable", bool, "true or false", False)
     params = e.typed("params", dict, "a table", {})
     target = _target(e)
+    if recoverable and "command" in raw:
+        e.problem(
+            "recoverable",
+            "only a worker job can be recoverable (a command cannot hand back a cursor)",
+        )
+        recoverable = False
 
     if not e.problems and isinstance(target, Target):
         try:
@@ -375,6 +384,7 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
                 idempotent=idempotent,
                 paused=paused,
                 **policies,
+                recoverable=recoverable,
             ), []
         except InvalidInput as exc:  # pragma: no cover - the checks above cover these
             e.problem(exc.field, exc.reason)
@@ -390,6 +400,7 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
         paused=paused,
         invalid_reason=reason,
         **policies,
+        recoverable=recoverable,
     )
     return entry, e.problems
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import attrs
 
 from .core.admission import Priority
-from .protocol import CATEGORIES, Category
+from .protocol import CATEGORIES, SEVERITIES, Category, Severity
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -24,14 +24,26 @@ SCHEDULE_KINDS: tuple[ScheduleKind, ...] = ("cron", "interval", "once", "manual"
 PRIORITIES: tuple[Priority, ...] = ("interactive", "background")
 
 RunStatus = Literal[
-    "queued", "pending", "running", "succeeded", "failed", "timed_out", "cancelled", "unresolved"
+    "queued",
+    "pending",
+    "running",
+    "cancel_requested",
+    "paused",
+    "succeeded",
+    "failed",
+    "timed_out",
+    "cancelled",
+    "unresolved",
 ]
 #: A job has at most one run in these states (the partial unique index enforces it).
-OUTSTANDING: frozenset[str] = frozenset({"queued", "pending", "running", "unresolved"})
+OUTSTANDING: frozenset[str] = frozenset(
+    {"queued", "pending", "running", "unresolved", "cancel_requested", "paused"}
+)
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 
-#: How a call ended (the statuses an :class:`Outcome` may carry).
-OutcomeStatus = Literal["succeeded", "failed", "timed_out", "cancelled"]
+#: How a call ended (the statuses an :class:`Outcome` may carry). ``paused``: a
+#: recoverable run stopped at a cursor; it stays outstanding until resumed or cancelled.
+OutcomeStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "paused"]
 Trigger = Literal["schedule", "manual", "retry"]
 ErrorCause = Literal["handler", "timeout", "crashed", "lost"]
 #: What a job does with a deadline found overdue (docs/design.md, "Misfires").
@@ -53,6 +65,10 @@ def _frozen_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _findings(value: Iterable[Finding]) -> tuple[Finding, ...]:
     return tuple(value)
 
 
@@ -168,11 +184,68 @@ class Job:
     #: ``misfire_grace`` is skipped and the next deadline computed from now.
     misfire: Misfire = "run-once"
     misfire_grace: timedelta | None = None
+    #: Runs save a cursor and pause instead of failing when stopped (worker targets only).
+    recoverable: bool = False
 
     @property
     def key(self) -> str:
         """``namespace/name``, as logs and messages print it."""
         return f"{self.namespace}/{self.name}"
+
+
+@attrs.frozen(kw_only=True)
+class Cursor:
+    """Where a recoverable run resumes from: any JSON value (``None`` is JSON null, a
+    fresh start). Wrapped so that "no cursor to save" (``Outcome.cursor is None``) and
+    "the cursor null" stay apart."""
+
+    #: The JSON value, as the worker sent it.
+    value: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class Finding:
+    """One thing a run found, recorded once per (run, kind, resource id)."""
+
+    #: What was checked or found (``missing_blob``).
+    kind: str
+    #: Which resource it concerns (a key, a path, an id).
+    resource_id: str
+    #: ``info`` | ``warning`` | ``error`` | ``data_loss``.
+    severity: Severity = attrs.field(validator=attrs.validators.in_(SEVERITIES))
+    #: Anything else worth keeping (a JSON object).
+    detail: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    def to_json(self) -> dict[str, Any]:
+        """The shape stored (``coordinator.findings``) and spooled."""
+        return {
+            "kind": self.kind,
+            "resource_id": self.resource_id,
+            "severity": self.severity,
+            "detail": dict(self.detail),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Finding:
+        return cls(
+            kind=str(data["kind"]),
+            resource_id=str(data["resource_id"]),
+            severity=data["severity"],
+            detail=data.get("detail") or {},
+        )
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointWrite:
+    """One coalesced write of a running call: what changed since the last one."""
+
+    #: The latest cursor (``None``: unchanged).
+    cursor: Cursor | None = None
+    #: The run's counter total (``None``: unchanged). A total, not a delta: a write
+    #: repeated after an unknown outcome changes nothing.
+    count: int | None = None
+    #: Findings received since the last write.
+    findings: tuple[Finding, ...] = attrs.field(default=(), converter=_findings)
 
 
 @attrs.frozen(kw_only=True)
@@ -183,18 +256,19 @@ class Outcome:
     failed write is retried with the same values and the executor is never called again.
     """
 
-    #: ``succeeded`` | ``failed`` | ``timed_out`` | ``cancelled``.
+    #: ``succeeded`` | ``failed`` | ``timed_out`` | ``cancelled`` | ``paused``.
     status: OutcomeStatus
     #: When the call started and finished (wall time, aware).
     started_at: datetime
     finished_at: datetime
-    #: The primary scalar the job reports (rows swept, files sent, ...).
+    #: The primary scalar the job reports (rows swept, files sent, ...); for a recoverable
+    #: run, its counter's total (every checkpoint's delta since it first started).
     count: int | None = None
     #: Anything else the job reports, plus the bounded output tail.
     extra: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
     #: Why it did not succeed: ``handler`` | ``timeout`` | ``crashed`` | ``lost``.
     error_cause: ErrorCause | None = None
-    #: A human-readable reason.
+    #: A human-readable reason: why it did not succeed, or why it paused.
     error_message: str | None = None
     #: The category when the executor knows better than the default for the status and
     #: cause (``coordinator._category``): a worker's report, a command's exit status 75,
@@ -205,6 +279,10 @@ class Outcome:
     #: What the worker or command said about retrying: ``False`` stops retries, ``True``
     #: asks for one while attempts remain, ``None`` leaves it to the job's policy.
     retryable: bool | None = None
+    #: The cursor saved with the result (recoverable runs); ``None``: leave the run's as is.
+    cursor: Cursor | None = None
+    #: Findings not yet written when the call ended: saved with the result.
+    findings: tuple[Finding, ...] = attrs.field(default=(), converter=_findings)
 
     @property
     def elapsed(self) -> timedelta:
@@ -229,3 +307,9 @@ class Claim:
     attempt: int = 1
     #: When the claim committed.
     claimed_at: datetime
+    #: The saved cursor a resumed recoverable run continues from (``None``: from the start).
+    cursor: Cursor | None = None
+    #: The run's counter so far (a resumed recoverable run continues it).
+    count: int | None = None
+    #: How many times the run was resumed (0: its first call).
+    resumes: int = 0

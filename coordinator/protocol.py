@@ -3,8 +3,8 @@
 A connection carries newline-delimited JSON (UTF-8) in both directions: one object per
 line, at most :data:`MAX_LINE` bytes without the newline. Every object has ``"v": 1``
 and a ``"type"``; unknown fields are ignored (room to grow), an unknown type is an
-error. Workers send ``hello`` (first), ``progress``, ``checkpoint``, ``result`` and
-``bye``; the daemon sends ``welcome``, ``call``, ``cancel`` and ``error``.
+error. Workers send ``hello`` (first), ``progress``, ``checkpoint``, ``finding``,
+``result`` and ``bye``; the daemon sends ``welcome``, ``call``, ``cancel`` and ``error``.
 
 Each message is a frozen attrs value whose validators hold the protocol's limits, so a
 message built by the daemon or by the SDK is as valid as one that was parsed.
@@ -50,6 +50,32 @@ MAX_TYPES: Final = 256
 MAX_CAPACITY: Final = 1024
 #: Largest checkpoint cursor: its compact JSON encoding, in bytes.
 MAX_CURSOR: Final = 16 * 1024
+#: Most findings in one ``finding`` message.
+MAX_FINDINGS: Final = 1000
+#: Longest finding ``kind`` (characters).
+MAX_KIND: Final = 200
+#: Longest finding ``resource_id`` (characters).
+MAX_RESOURCE_ID: Final = 1000
+#: Largest finding ``detail``: its compact JSON encoding, in bytes.
+MAX_DETAIL: Final = 16 * 1024
+
+Severity = Literal["info", "warning", "error", "data_loss"]
+#: How bad a finding is, least first.
+SEVERITIES: Final[tuple[Severity, ...]] = ("info", "warning", "error", "data_loss")
+#: Why the daemon cancels a call: its timeout passed, the daemon is stopping, or an
+#: operator paused the run (recoverable jobs).
+CANCEL_REASONS: Final = ("timeout", "stopping", "pause")
+
+
+class _NoCursor:
+    """The absence of a cursor in a ``result`` (``None`` is JSON null, a valid cursor)."""
+
+    def __repr__(self) -> str:
+        return "NO_CURSOR"
+
+
+#: ``Result.cursor`` when the result carries none.
+NO_CURSOR: Final[Any] = _NoCursor()
 
 ProgressMode = Literal["determinate", "indeterminate", "step"]
 PROGRESS_MODES: Final[tuple[ProgressMode, ...]] = ("determinate", "indeterminate", "step")
@@ -179,22 +205,79 @@ def _check_optional_text(what: str, limit: int) -> Any:
     return check
 
 
-def _check_count(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if not _is_int(value) or not _BIGINT_MIN <= value <= _BIGINT_MAX:  # type: ignore[operator]
-        raise ProtocolError(f"result: 'count' must be a 64-bit integer, not {_shown(value)}")
+def _check_int64(what: str) -> Any:
+    def check(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+        if value is None:
+            return
+        if not _is_int(value) or not _BIGINT_MIN <= value <= _BIGINT_MAX:  # type: ignore[operator]
+            raise ProtocolError(
+                f"{what}: '{attr.name}' must be a 64-bit integer, not {_shown(value)}"
+            )
+
+    return check
 
 
-def _check_cursor(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+_check_count = _check_int64("result")
+
+
+def _check_cursor_of(what: str) -> Any:
+    def check(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+        if value is NO_CURSOR:
+            return
+        try:
+            size = len(_dumps(value))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ProtocolError(f"{what}: 'cursor' is not JSON: {exc}") from None
+        if size > MAX_CURSOR:
+            raise ProtocolError(
+                f"{what}: 'cursor' is {size} bytes as JSON; the limit is {MAX_CURSOR}"
+            )
+
+    return check
+
+
+_check_cursor = _check_cursor_of("checkpoint")
+
+
+_check_delta = _check_int64("checkpoint")
+
+
+def _check_text(what: str, limit: int) -> Any:
+    def check(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, str) or not value:
+            raise ProtocolError(f"{what}: '{attr.name}' must be a non-empty string")
+        if len(value) > limit:
+            raise ProtocolError(f"{what}: '{attr.name}' is longer than {limit} characters")
+
+    return check
+
+
+def _check_severity(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+    if value not in SEVERITIES:
+        raise ProtocolError(
+            f"finding: 'severity' must be one of {', '.join(SEVERITIES)}, not {_shown(value)}"
+        )
+
+
+def _check_detail(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, dict):
+        raise ProtocolError(f"finding: 'detail' must be a JSON object, not {_shown(value)}")
     try:
         size = len(_dumps(value))
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"checkpoint: 'cursor' is not JSON: {exc}") from None
-    if size > MAX_CURSOR:
-        raise ProtocolError(
-            f"checkpoint: 'cursor' is {size} bytes as JSON; the limit is {MAX_CURSOR}"
-        )
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"finding: 'detail' is not JSON: {exc}") from None
+    if size > MAX_DETAIL:
+        raise ProtocolError(f"finding: 'detail' is {size} bytes as JSON; the limit is {MAX_DETAIL}")
+
+
+def _check_items(_inst: object, _attr: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
+    if not value:
+        raise ProtocolError("finding: 'findings' must list at least one finding")
+    if len(value) > MAX_FINDINGS:
+        raise ProtocolError(f"finding: 'findings' lists more than {MAX_FINDINGS} findings")
+    for item in value:
+        if not isinstance(item, FindingItem):
+            raise ProtocolError(f"finding: not a finding: {_shown(item)}")
 
 
 def _check_aware(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -202,6 +285,10 @@ def _check_aware(_inst: object, attr: attrs.Attribute[Any], value: object) -> No
         return
     if not isinstance(value, datetime) or value.utcoffset() is None:
         raise ProtocolError(f"call: '{attr.name}' must be an aware datetime or null")
+
+
+def _as_items(value: Iterable[FindingItem]) -> tuple[FindingItem, ...]:
+    return tuple(value)
 
 
 def _as_tuple(value: Iterable[str]) -> tuple[str, ...]:
@@ -290,7 +377,8 @@ class Progress:
 
 @attrs.frozen(kw_only=True)
 class Checkpoint:
-    """worker → daemon: a cursor the run could resume from (any JSON, bounded)."""
+    """worker → daemon: a cursor the run could resume from (any JSON, bounded), and how
+    much its counter grew since the last checkpoint."""
 
     TYPE: ClassVar[str] = "checkpoint"
 
@@ -298,9 +386,54 @@ class Checkpoint:
     run: int = attrs.field(validator=_check_positive)
     #: Opaque to the daemon; handed back in ``call.checkpoint`` when the run resumes.
     cursor: Any = attrs.field(validator=_check_cursor)
+    #: Added to the run's counter (recoverable jobs), if given.
+    count: int | None = attrs.field(default=None, validator=_check_delta)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"run": self.run, "cursor": self.cursor}
+        out: dict[str, Any] = {"run": self.run, "cursor": self.cursor}
+        if self.count is not None:
+            out["count"] = self.count
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class FindingItem:
+    """One finding of a ``finding`` message."""
+
+    #: What was found (``missing_blob``), 1 to :data:`MAX_KIND` characters.
+    kind: str = attrs.field(validator=_check_text("finding", MAX_KIND))
+    #: The resource it concerns, 1 to :data:`MAX_RESOURCE_ID` characters.
+    resource_id: str = attrs.field(validator=_check_text("finding", MAX_RESOURCE_ID))
+    #: ``info`` | ``warning`` | ``error`` | ``data_loss``.
+    severity: Severity = attrs.field(validator=_check_severity)
+    #: Anything else worth keeping: a JSON object of at most :data:`MAX_DETAIL` bytes.
+    detail: dict[str, Any] = attrs.field(factory=dict, validator=_check_detail)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "resource_id": self.resource_id,
+            "severity": self.severity,
+        }
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class Finding:
+    """worker → daemon: findings of a run, a batch at a time (recorded once each per
+    run, kind and resource id: a batch sent again records nothing twice)."""
+
+    TYPE: ClassVar[str] = "finding"
+
+    #: The run (as given by ``call``).
+    run: int = attrs.field(validator=_check_positive)
+    #: 1 to :data:`MAX_FINDINGS` findings.
+    findings: tuple[FindingItem, ...] = attrs.field(converter=_as_items, validator=_check_items)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"run": self.run, "findings": [item.to_wire() for item in self.findings]}
 
 
 @attrs.frozen(kw_only=True)
@@ -332,6 +465,15 @@ class Result:
     category: str | None = attrs.field(
         default=None, validator=_check_optional_text("result", MAX_CATEGORY)
     )
+    #: The call stopped at ``cursor`` (or at its last checkpoint) and can be resumed: a
+    #: recoverable run becomes ``paused``. Needs ``ok`` true: a paused call did not fail.
+    paused: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: A last checkpoint's cursor, saved with the result; :data:`NO_CURSOR` when absent.
+    cursor: Any = attrs.field(default=NO_CURSOR, validator=_check_cursor_of("result"))
+
+    def __attrs_post_init__(self) -> None:
+        if self.paused and not self.ok:
+            raise ProtocolError("result: 'paused' needs 'ok': true (a paused call did not fail)")
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"run": self.run, "ok": self.ok}
@@ -345,6 +487,10 @@ class Result:
             out["retryable"] = self.retryable
         if self.category is not None:
             out["category"] = self.category
+        if self.paused:
+            out["paused"] = True
+        if self.cursor is not NO_CURSOR:
+            out["cursor"] = self.cursor
         return out
 
 
@@ -399,6 +545,11 @@ class Call:
     trigger: str | None = None
     #: The deadline this run serves (scheduled runs).
     scheduled_for: datetime | None = attrs.field(default=None, validator=_check_aware)
+    #: The job is recoverable: stopping (pause, stop, timeout) should end the call with a
+    #: paused result at a cursor rather than a failure.
+    recoverable: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: The run's counter so far (a resumed recoverable run), or ``None``.
+    count: int | None = attrs.field(default=None, validator=_check_int64("call"))
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -416,18 +567,23 @@ class Call:
             out["trigger"] = self.trigger
         if self.scheduled_for is not None:
             out["scheduled_for"] = _iso(self.scheduled_for)
+        if self.recoverable:
+            out["recoverable"] = True
+        if self.count is not None:
+            out["count"] = self.count
         return out
 
 
 @attrs.frozen(kw_only=True)
 class Cancel:
-    """daemon → worker: stop this run (its timeout passed, or the daemon is stopping)."""
+    """daemon → worker: stop this run (its timeout passed, the daemon is stopping, or an
+    operator paused it)."""
 
     TYPE: ClassVar[str] = "cancel"
 
     #: The run to stop.
     run: int = attrs.field(validator=_check_positive)
-    #: ``timeout`` or ``stopping``: why.
+    #: ``timeout``, ``stopping`` or ``pause``: why.
     reason: str = attrs.field(validator=attrs.validators.instance_of(str))
 
     def to_wire(self) -> dict[str, Any]:
@@ -447,7 +603,7 @@ class Error:
         return {"message": self.message}
 
 
-WorkerMessage: TypeAlias = Hello | Progress | Checkpoint | Result | Bye
+WorkerMessage: TypeAlias = Hello | Progress | Checkpoint | Finding | Result | Bye
 DaemonMessage: TypeAlias = Welcome | Call | Cancel | Error
 Message: TypeAlias = WorkerMessage | DaemonMessage
 
@@ -484,7 +640,7 @@ def parse(line: bytes | str) -> Message:
 def parse_from_worker(line: bytes | str) -> WorkerMessage:
     """A message a worker may send; a daemon-side type is refused."""
     message = _parse(line, _FROM_WORKER)
-    assert isinstance(message, Hello | Progress | Checkpoint | Result | Bye)
+    assert isinstance(message, Hello | Progress | Checkpoint | Finding | Result | Bye)
     return message
 
 
@@ -619,7 +775,33 @@ def _read_progress(obj: dict[str, Any]) -> Progress:
 def _read_checkpoint(obj: dict[str, Any]) -> Checkpoint:
     if "cursor" not in obj:
         raise ProtocolError("checkpoint: missing 'cursor'")
-    return Checkpoint(run=_field(obj, "checkpoint", "run", int), cursor=obj["cursor"])
+    return Checkpoint(
+        run=_field(obj, "checkpoint", "run", int),
+        cursor=obj["cursor"],
+        count=_optional(obj, "checkpoint", "count", int),
+    )
+
+
+def _read_finding(obj: dict[str, Any]) -> Finding:
+    run = _field(obj, "finding", "run", int)
+    items = _field(obj, "finding", "findings", list)
+    if len(items) > MAX_FINDINGS:
+        raise ProtocolError(f"finding: 'findings' lists more than {MAX_FINDINGS} findings")
+    findings = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ProtocolError(f"finding: findings[{index}] must be a JSON object")
+        where = f"finding: findings[{index}]"
+        detail = item.get("detail")
+        findings.append(
+            FindingItem(
+                kind=_field(item, where, "kind", str),
+                resource_id=_field(item, where, "resource_id", str),
+                severity=_field(item, where, "severity", str),
+                detail={} if detail is None else detail,
+            )
+        )
+    return Finding(run=run, findings=tuple(findings))
 
 
 def _read_result(obj: dict[str, Any]) -> Result:
@@ -631,6 +813,8 @@ def _read_result(obj: dict[str, Any]) -> Result:
         error=_optional(obj, "result", "error", str),
         retryable=_optional(obj, "result", "retryable", bool),
         category=_optional(obj, "result", "category", str),
+        paused=_optional(obj, "result", "paused", bool) or False,
+        cursor=obj.get("cursor", NO_CURSOR),
     )
 
 
@@ -655,6 +839,8 @@ def _read_call(obj: dict[str, Any]) -> Call:
         checkpoint=obj.get("checkpoint"),
         trigger=_optional(obj, "call", "trigger", str),
         scheduled_for=_datetime(obj, "scheduled_for"),
+        recoverable=_optional(obj, "call", "recoverable", bool) or False,
+        count=_optional(obj, "call", "count", int),
     )
 
 
@@ -669,12 +855,13 @@ def _read_error(obj: dict[str, Any]) -> Error:
     return Error(message=_optional(obj, "error", "message", str) or "")
 
 
-_FROM_WORKER: Final = frozenset({"hello", "progress", "checkpoint", "result", "bye"})
+_FROM_WORKER: Final = frozenset({"hello", "progress", "checkpoint", "finding", "result", "bye"})
 _FROM_DAEMON: Final = frozenset({"welcome", "call", "cancel", "error"})
 _READERS: Final[dict[str, Callable[[dict[str, Any]], Message]]] = {
     "hello": _read_hello,
     "progress": _read_progress,
     "checkpoint": _read_checkpoint,
+    "finding": _read_finding,
     "result": _read_result,
     "bye": _read_bye,
     "welcome": _read_welcome,

@@ -39,6 +39,7 @@ JOB_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("retry_max_delay", "j.retry_max_delay"),
     ("misfire", "j.misfire"),
     ("misfire_grace", "j.misfire_grace"),
+    ("recoverable", "j.recoverable"),
 )
 _MISSING: Final = object()
 #: Fields held as JSON objects.
@@ -58,6 +59,17 @@ def json_object(value: Any) -> dict[str, Any]:
         loaded = json.loads(value)
         return loaded if isinstance(loaded, dict) else {}
     return dict(value)
+
+
+def json_value(text: str) -> Any:
+    """A JSON column of any type, selected as text (a jsonb string would be ambiguous if
+    a codec decoded it)."""
+    return json.loads(text)
+
+
+def json_text(value: Any) -> str:
+    """A JSON value as compact text, for a ``$n::text::jsonb`` parameter."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def job_fields(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,8 +116,17 @@ def job_from_row(row: Mapping[str, Any], *, job_id: int | None = None) -> tuple[
         retry_max_delay=fields["retry_max_delay"],
         misfire=fields["misfire"],
         misfire_grace=fields["misfire_grace"],
+        recoverable=fields.get("recoverable", False),
     )
     return job, target_error
 
 
-__all__ = ["JOB_COLUMNS", "job_fields", "job_from_row", "json_object", "select_list"]
+__all__ = [
+    "JOB_COLUMNS",
+    "job_fields",
+    "job_from_row",
+    "json_object",
+    "json_text",
+    "json_value",
+    "select_list",
+]

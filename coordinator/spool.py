@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .errors import CoordinatorError
-from .model import Outcome
+from .model import Cursor, Finding, Outcome
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -67,6 +67,23 @@ class HeldResult:
 
     def to_json(self) -> dict[str, Any]:
         o = self.outcome
+        outcome: dict[str, Any] = {
+            "status": o.status,
+            "started_at": o.started_at.isoformat(),
+            "finished_at": o.finished_at.isoformat(),
+            "count": o.count,
+            "extra": o.extra,
+            "error_cause": o.error_cause,
+            "error_message": o.error_message,
+            "category": o.category,
+            "retryable": o.retryable,
+        }
+        # A recoverable run's cursor ({"value": null} is JSON null, absent: none) and the
+        # findings not yet written, kept exactly like the rest.
+        if o.cursor is not None:
+            outcome["cursor"] = {"value": o.cursor.value}
+        if o.findings:
+            outcome["findings"] = [f.to_json() for f in o.findings]
         return {
             "run_id": self.run_id,
             "job_id": self.job_id,
@@ -74,17 +91,7 @@ class HeldResult:
             "schedule_version": self.schedule_version,
             "next_run_at": self.next_run_at.isoformat() if self.next_run_at else None,
             "retry_jitter": self.retry_jitter,
-            "outcome": {
-                "status": o.status,
-                "started_at": o.started_at.isoformat(),
-                "finished_at": o.finished_at.isoformat(),
-                "count": o.count,
-                "extra": o.extra,
-                "error_cause": o.error_cause,
-                "error_message": o.error_message,
-                "category": o.category,
-                "retryable": o.retryable,
-            },
+            "outcome": outcome,
         }
 
     @classmethod
@@ -92,6 +99,7 @@ class HeldResult:
         o = data["outcome"]
         nxt = data.get("next_run_at")
         job_id = data.get("job_id")
+        cursor = o.get("cursor")
         return cls(
             run_id=int(data["run_id"]),
             job_id=int(job_id) if job_id is not None else None,
@@ -110,6 +118,8 @@ class HeldResult:
                 error_message=o.get("error_message"),
                 category=o.get("category"),
                 retryable=o.get("retryable"),
+                cursor=None if cursor is None else Cursor(value=cursor["value"]),
+                findings=tuple(Finding.from_json(f) for f in o.get("findings") or ()),
             ),
         )
 

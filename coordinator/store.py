@@ -31,8 +31,8 @@ from asyncpg import Connection
 from .core.admission import Ticket
 from .db import APP_DAEMON, aio, close_quietly, connect, one_line
 from .errors import CoordinatorError, DatabaseError, DatabaseUnavailable
-from .model import Claim, Schedule
-from .rows import job_from_row, json_object
+from .model import CheckpointWrite, Claim, Cursor, Schedule
+from .rows import job_from_row, json_object, json_text, json_value
 from .spool import HeldResult
 
 if TYPE_CHECKING:
@@ -111,8 +111,9 @@ class JobEntry:
 
     def armed_at(self) -> datetime | None:
         """The saved time the job's timer is armed on: a queued retry's due time while one
-        waits, else the saved deadline when no run is outstanding, else none."""
-        if self.run_id is not None:
+        waits, else the saved deadline when no run is outstanding or the outstanding run
+        is paused (the tick resumes it), else none."""
+        if self.run_id is not None and self.run_status != "paused":
             return self.run_due_at if self.run_status == "queued" else None
         return self.next_run_at
 
@@ -166,7 +167,7 @@ class LostRun:
 
     run_id: int
     job_id: int
-    #: ``unresolved`` or ``retried``.
+    #: ``unresolved``, ``retried`` or (a recoverable run) ``paused``.
     action: str
 
 
@@ -178,10 +179,12 @@ SELECT j.id, j.namespace, j.name, j.schedule_kind, j.schedule, j.timezone, j.pri
        r.due_at AS run_due_at
   FROM coordinator.jobs j
   LEFT JOIN coordinator.runs r
-         ON r.job_id = j.id AND r.status IN ('queued', 'pending', 'running', 'unresolved')
+         ON r.job_id = j.id
+        AND r.status IN ('queued', 'pending', 'running', 'unresolved', 'cancel_requested',
+                         'paused')
  WHERE NOT j.paused AND j.invalid_reason IS NULL
    AND (j.schedule_kind IN ('cron', 'interval') OR j.next_run_at IS NOT NULL
-        OR r.id IS NOT NULL)
+        OR (r.id IS NOT NULL AND r.status <> 'paused'))
 """
 
 # The same, for the jobs a wake named (an incremental refresh). The ids arrive as text
@@ -231,11 +234,16 @@ _SETTLE_MANY = "SELECT * FROM coordinator._settle_many($1)"
 _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1)"
 
 # A spooled result PostgreSQL refused at start: its outcome is unknown to the database,
-# so the run waits for an operator, with the reason.
+# so the run waits for an operator, with the reason; a recoverable run pauses at its last
+# saved cursor instead (as the crash sweep does).
 _MARK_UNRESOLVED = """
-UPDATE coordinator.runs
-   SET status = 'unresolved', error_cause = 'lost', error_message = $2
- WHERE id = $1 AND status IN ('pending', 'running')
+UPDATE coordinator.runs r
+   SET status = CASE WHEN j.recoverable THEN 'paused' ELSE 'unresolved' END,
+       error_cause = CASE WHEN j.recoverable THEN NULL ELSE 'lost' END,
+       paused_at = CASE WHEN j.recoverable THEN now() END,
+       error_message = $2
+  FROM coordinator.jobs j
+ WHERE r.id = $1 AND j.id = r.job_id AND r.status IN ('pending', 'running', 'cancel_requested')
 """
 
 _SCHEMA_EXISTS = "SELECT to_regclass('coordinator.schema_migrations') IS NOT NULL"
@@ -245,6 +253,13 @@ _APPLIED_MIGRATIONS = "SELECT name FROM coordinator.schema_migrations"
 # few seconds per run, never after the result).
 _SAVE_PROGRESS = """
 UPDATE coordinator.runs SET progress = $2::jsonb WHERE id = $1 AND status = 'running'
+"""
+
+# One coalesced write of a running recoverable call (or of any call's findings): cursor,
+# counter total and a batch of findings, at most one per few seconds per run, never after
+# the result (migrations/0012: coordinator._checkpoint).
+_CHECKPOINT = """
+SELECT coordinator._checkpoint($1, $2::text::jsonb, $3, $4::text::jsonb)
 """
 
 _TRY_LOCK = "SELECT pg_try_advisory_lock($1, $2)"
@@ -661,6 +676,7 @@ class Store:
                 "category": h.outcome.category,
                 "retryable": h.outcome.retryable,
                 "jitter": h.retry_jitter,
+                **_recoverable_item(h),
             }
             for i, h in enumerate(items)
         ]
@@ -723,6 +739,21 @@ class Store:
             "save_progress", "execute", _SAVE_PROGRESS, run_id, json.dumps(snapshot, default=str)
         )
 
+    async def save_checkpoint(self, run_id: int, write: CheckpointWrite) -> bool:
+        """One coalesced write of a running call (cursor, counter total, findings); one
+        statement. ``False`` when the run is no longer running (nothing was written)."""
+        findings = json_text([f.to_json() for f in write.findings]) if write.findings else None
+        saved: bool = await self._call(
+            "save_checkpoint",
+            "fetchval",
+            _CHECKPOINT,
+            run_id,
+            None if write.cursor is None else json_text(write.cursor.value),
+            write.count,
+            findings,
+        )
+        return saved
+
     async def sweep_lost(self) -> list[LostRun]:
         """Mark runs left pending/running by a dead daemon (startup only)."""
         rows = await self._call("sweep_lost", "fetch", _SWEEP_LOST, self.instance)
@@ -731,6 +762,7 @@ class Store:
 
 def _claim_result(row: Record, job_id: int, place: tuple[int, int, int]) -> ClaimResult:
     job, target_error = job_from_row(row, job_id=job_id)
+    cursor = row["cursor"]
     return ClaimResult(
         claim=Claim(
             run_id=row["run_id"],
@@ -740,10 +772,26 @@ def _claim_result(row: Record, job_id: int, place: tuple[int, int, int]) -> Clai
             args=json_object(row["args"]),
             attempt=row["attempt"],
             claimed_at=row["claimed_at"],
+            cursor=None if cursor is None else Cursor(value=json_value(cursor)),
+            count=row["count"],
+            resumes=row["resumes"],
         ),
         target_error=target_error,
         place=place,
     )
+
+
+def _recoverable_item(held: HeldResult) -> dict[str, Any]:
+    """A settlement item's cursor (wrapped: ``{"v": null}`` is the cursor JSON null, an
+    absent key leaves the run's cursor as it is) and its unwritten findings
+    (migrations/0012)."""
+    outcome = held.outcome
+    out: dict[str, Any] = {}
+    if outcome.cursor is not None:
+        out["cursor"] = {"v": outcome.cursor.value}
+    if outcome.findings:
+        out["findings"] = [f.to_json() for f in outcome.findings]
+    return out
 
 
 __all__ = [

@@ -21,6 +21,12 @@ worker connects to the daemon's socket, says which types it serves, runs up to
 exception's message; a handler whose job times out (or whose daemon stops) sees
 ``ctx.cancelled`` set and is then cancelled (trio cancellation).
 
+A recoverable job's handler resumes from ``ctx.cursor``, reports ``await
+ctx.checkpoint(cursor, count=delta)`` between batches and ``await ctx.finding(...)`` as it
+finds things, and when ``ctx.cancelled`` is set (a pause, a stop, its timeout) ends with
+``raise Paused()`` at its last checkpoint; one that ignores it is cancelled after
+``pause_grace`` seconds and the call ends paused at its last checkpoint all the same.
+
 Written on trio only; it needs nothing from the daemon's side (no database driver).
 """
 
@@ -53,12 +59,15 @@ from .protocol import (
     MAX_LABEL,
     MAX_LINE,
     MAX_MESSAGE,
+    NO_CURSOR,
     Bye,
     Call,
     Cancel,
     Category,
     Checkpoint,
     Error,
+    Finding,
+    FindingItem,
     Hello,
     LineBuffer,
     Message,
@@ -79,6 +88,7 @@ __all__ = [
     "Handler",
     "HandlerResult",
     "JobError",
+    "Paused",
     "Worker",
     "amain",
     "build_parser",
@@ -103,6 +113,12 @@ PROGRESS_SPACING: Final = 0.1
 TRACEBACK_LIMIT: Final = 8000
 #: Characters of a failing handler's error message (the daemon keeps no more).
 ERROR_LIMIT: Final = ERROR_MESSAGE_LIMIT
+#: Most findings in one ``finding`` message, and most bytes of their encoding (a line
+#: holds 64 KiB; one finding at most about 21 KiB).
+FINDINGS_BATCH: Final = 200
+FINDINGS_BATCH_BYTES: Final = 40 * 1024
+#: Longest a reported finding waits for others to share its message (seconds).
+FINDINGS_SPACING: Final = 0.5
 _READ_SIZE: Final = 64 * 1024
 _OUTBOX: Final = 64
 _UNSENT: Final = object()
@@ -136,6 +152,17 @@ class JobError(Exception):
 def backoff(attempt: int) -> float:
     """Reconnect delay: 0.5, 1, 2, 4 ... seconds, at most 30."""
     return _backoff(attempt, base=BACKOFF_FIRST, cap=BACKOFF_CAP)
+
+
+class Paused(Exception):  # it means "paused", not an error: no "Error" in its name
+    """Raise (or return) it from a recoverable job's handler: the call stopped at
+    ``cursor`` and its run can be resumed from there. Without a cursor the run pauses at
+    its last checkpoint. ``count`` is a last delta of the run's counter, if any."""
+
+    def __init__(self, cursor: Any = NO_CURSOR, *, count: int | None = None) -> None:
+        super().__init__("paused")
+        self.cursor = cursor
+        self.count = count
 
 
 @attrs.define(eq=False)
@@ -181,12 +208,23 @@ class Context:
     #: Where to resume from: the cursor the daemon handed back (``None`` for a fresh
     #: start); :meth:`checkpoint` updates it.
     cursor: Any
-    #: Set when the daemon cancels the call (timeout or stop); the handler is then
-    #: cancelled too (after the worker's ``cancel_delay``).
+    #: The job is recoverable: its run resumes from ``cursor`` after a pause or a crash.
+    recoverable: bool = False
+    #: The run's counter so far (recoverable jobs; continued across pauses), updated by
+    #: :meth:`checkpoint`; ``None`` until something was counted.
+    count: int | None = None
+    #: Set when the daemon cancels the call (timeout, stop, or an operator's pause); the
+    #: handler is then cancelled too (after the worker's ``cancel_delay``; for a
+    #: recoverable job after ``pause_grace``, so it can end with :class:`Paused`).
     cancelled: trio.Event = attrs.field(factory=trio.Event)
-    #: Why the call was cancelled (``timeout`` or ``stopping``), once it was.
+    #: Why the call was cancelled (``timeout``, ``stopping`` or ``pause``), once it was.
     cancel_reason: str | None = None
     _session: _Session | None = attrs.field(default=None, repr=False)
+    #: Orders findings before the checkpoint and the result that follow them.
+    _send_lock: trio.Lock = attrs.field(factory=trio.Lock, repr=False)
+    _findings: list[FindingItem] = attrs.field(factory=list, repr=False)
+    _findings_bytes: int = attrs.field(default=0, repr=False)
+    _findings_flushing: bool = attrs.field(default=False, repr=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, repr=False)
     _last_label: object = attrs.field(default=_UNSENT, repr=False)
     _next_send_at: float = attrs.field(default=-math.inf, repr=False)
@@ -229,12 +267,55 @@ class Context:
             self._flushing = True
             self._nursery.start_soon(self._flush_later)
 
-    async def checkpoint(self, cursor: Any) -> None:
+    async def checkpoint(self, cursor: Any, *, count: int | None = None) -> None:
         """Report a cursor the run could resume from (any JSON value, at most 16 KiB
-        encoded); it is kept with the run. Raises ``ValueError`` if it is not JSON or
-        too large."""
-        await self._send(Checkpoint(run=self.run_id, cursor=cursor))
+        encoded) and, with ``count``, how much the run's counter grew since the last
+        checkpoint. A recoverable run saves both (at most one write every couple of
+        seconds: a crash replays at most that much); the findings reported before it are
+        sent first. Raises ``ValueError`` if the cursor is not JSON or too large, or the
+        count not an integer."""
+        message = Checkpoint(run=self.run_id, cursor=cursor, count=count)
+        async with self._send_lock:
+            await self._send_findings()
+            await self._send(message)
         self.cursor = cursor
+        if count is not None:
+            self.count = (self.count or 0) + count
+
+    async def finding(
+        self,
+        kind: str,
+        resource_id: str | int,
+        *,
+        severity: str = "info",
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """Record that the run found something: ``kind`` (``missing_blob``), the
+        ``resource_id`` it concerns, a ``severity`` (``info``, ``warning``, ``error``,
+        ``data_loss``) and a ``detail`` object. Recorded once per run, kind and resource
+        id (reporting it again, as a resumed run replaying its last batch does, changes
+        nothing). Batched: sent with others at most :data:`FINDINGS_SPACING` later, and
+        always before the next checkpoint and the result. Raises ``ValueError`` for an
+        unknown severity, an empty or too long kind or resource id, or a detail that is
+        not a JSON object of at most 16 KiB."""
+        item = FindingItem(
+            kind=kind,
+            resource_id=str(resource_id),
+            severity=severity,  # type: ignore[arg-type]  # checked by FindingItem
+            detail={} if detail is None else detail,
+        )
+        size = len(encode(Finding(run=self.run_id, findings=(item,))))
+        if self._findings and (
+            len(self._findings) >= FINDINGS_BATCH
+            or self._findings_bytes + size > FINDINGS_BATCH_BYTES
+        ):
+            async with self._send_lock:
+                await self._send_findings()
+        self._findings.append(item)
+        self._findings_bytes += size
+        if not self._findings_flushing and self._nursery is not None:
+            self._findings_flushing = True
+            self._nursery.start_soon(self._send_findings_later)
 
     async def _send(self, message: Message) -> None:
         if self._session is not None:
@@ -248,10 +329,36 @@ class Context:
             self._flushing = False
 
     async def _flush(self) -> None:
+        """Before the result: the last progress and every finding not sent yet."""
         pending, self._pending = self._pending, None
         if pending is not None:
             self._next_send_at = trio.current_time() + PROGRESS_SPACING
             await self._send(pending)
+        async with self._send_lock:
+            await self._send_findings()
+
+    async def _send_findings(self) -> None:
+        """Send the buffered findings as one message (call with ``_send_lock`` held)."""
+        if not self._findings:
+            return
+        batch, size = self._findings, self._findings_bytes
+        self._findings, self._findings_bytes = [], 0
+        try:
+            await self._send(Finding(run=self.run_id, findings=tuple(batch)))
+        except BaseException:
+            # Cancelled before it was queued (a cancelled send delivers nothing): keep
+            # them for the flush before the result.
+            self._findings[:0] = batch
+            self._findings_bytes += size
+            raise
+
+    async def _send_findings_later(self) -> None:
+        try:
+            await trio.sleep(FINDINGS_SPACING)
+            async with self._send_lock:
+                await self._send_findings()
+        finally:
+            self._findings_flushing = False
 
 
 def _check_capacity(_inst: object, _attr: object, value: object) -> None:
@@ -275,6 +382,9 @@ class Worker:
     capacity: int = attrs.field(default=4, validator=_check_capacity)
     #: Seconds between ``ctx.cancelled`` being set and the handler being cancelled.
     cancel_delay: float = attrs.field(default=0.0, kw_only=True)
+    #: The same for a recoverable job's handler: time to reach a safe boundary and raise
+    #: :class:`Paused` (keep it under the daemon's cancel grace, 10 s by default).
+    pause_grace: float = attrs.field(default=5.0, kw_only=True)
     _handlers: dict[str, Handler] = attrs.field(factory=dict, init=False)
     _stop: trio.Event | None = attrs.field(default=None, init=False)
 
@@ -421,10 +531,13 @@ class Worker:
         if running is None:
             return  # finished meanwhile
         ctx, scope = running
+        if ctx.cancelled.is_set():
+            return  # asked before: its clock runs already
         ctx.cancel_reason = cancel.reason or "cancelled"
         ctx.cancelled.set()
-        if self.cancel_delay > 0:
-            nursery.start_soon(_cancel_after, scope, self.cancel_delay)
+        delay = max(self.cancel_delay, self.pause_grace) if ctx.recoverable else self.cancel_delay
+        if delay > 0:
+            nursery.start_soon(_cancel_after, scope, delay)
         else:
             scope.cancel()
 
@@ -452,6 +565,8 @@ class Worker:
             trigger=call.trigger,
             scheduled_for=call.scheduled_for,
             cursor=call.checkpoint,
+            recoverable=call.recoverable,
+            count=call.count,
             session=session,
         )
         scope = trio.CancelScope()
@@ -475,12 +590,19 @@ class Worker:
             try:
                 with scope:
                     value = await handler(ctx)
-                if scope.cancelled_caught:
+                if scope.cancelled_caught and ctx.recoverable:
+                    # It did not pause by itself in time: paused at its last checkpoint.
+                    result = Result(run=ctx.run_id, ok=True, paused=True)
+                elif scope.cancelled_caught:
                     result = Result(
                         run=ctx.run_id, ok=False, error=f"cancelled ({ctx.cancel_reason})"
                     )
+                elif isinstance(value, Paused):
+                    result = _paused(ctx.run_id, value)
                 else:
                     result = _result(ctx.run_id, value)
+            except Paused as paused:
+                result = _paused(ctx.run_id, paused)
             except Exception as exc:
                 result = _failure(ctx.run_id, exc)
             ctx._nursery = None
@@ -554,6 +676,14 @@ def _result(run_id: int, value: object) -> Result:
             error=f"result of {size} bytes exceeds the {MAX_LINE}-byte limit",
         )
     return result
+
+
+def _paused(run_id: int, paused: Paused) -> Result:
+    """The result of a handler that paused (at its cursor, or at its last checkpoint)."""
+    try:
+        return Result(run=run_id, ok=True, paused=True, cursor=paused.cursor, count=paused.count)
+    except ValueError as exc:  # a cursor that is not JSON or too large, a bad count
+        return Result(run=run_id, ok=False, error=_clip(f"bad pause: {exc}"))
 
 
 def _failure(run_id: int, exc: BaseException) -> Result:

@@ -360,10 +360,20 @@ def _instant(text: str | None, name: str, now: datetime) -> datetime | None:
     return moment
 
 
-def _limit(request: Request) -> int:
-    text = request.query_params.get("limit", "50")
+def _limit(request: Request, default: int = 50) -> int:
+    text = request.query_params.get("limit", str(default))
     if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
         raise InvalidInput("limit", f"must be a whole number from 1 to {MAX_LIMIT}, not {text!r}")
+    return int(text)
+
+
+def _after(request: Request) -> int | None:
+    """``?after=ID``: the last finding id of the previous page."""
+    text = request.query_params.get("after")
+    if text is None or text == "":
+        return None
+    if not _DIGITS.fullmatch(text) or int(text) > _MAX_BIGINT:
+        raise InvalidInput("after", f"must be a finding id (a whole number), not {text!r}")
     return int(text)
 
 
@@ -484,10 +494,24 @@ class _Api:
             run = await aio(client.get_run)(conn, run_id)
         return JSONResponse(run.to_json())
 
+    async def findings(self, request: Request) -> Response:
+        """A page of the run's findings, oldest first: ``?limit=`` (1 to 1000, default
+        100), ``?after=`` (the previous page's ``next``), ``?severity=``."""
+        run_id = _run_id(request)
+        limit = _limit(request, default=100)
+        after = _after(request)
+        severity = request.query_params.get("severity") or None
+        async with self.db() as conn:
+            page = await aio(client.list_findings)(
+                conn, run_id, after=after, limit=limit, severity=severity
+            )
+        return JSONResponse(page.to_json())
+
     # -- writes (audited by _Guard) -----------------------------------------------------
 
     async def trigger(self, request: Request) -> Response:
-        """Idempotent: while the job has an outstanding run, that run is the answer."""
+        """Idempotent: while the job has an outstanding run, that run is the answer (a
+        paused one is resumed)."""
         ns, name = job_key(request)
         _note(request, job=f"{ns}/{name}")
         force = _flag(request, "force")
@@ -498,17 +522,31 @@ class _Api:
                 conn, name, namespace=ns, args={"force": True} if force else None
             )
         created = run_id != job.outstanding_run
-        _note(request, run=run_id, created=created)
+        # A paused run is resumed: queued again, same id, cursor and counter.
+        resumed = not created and job.outstanding_status == "paused"
+        _note(request, run=run_id, created=created, resumed=resumed or None)
         return JSONResponse(
             {
                 "run": run_id,
                 "created": created,
-                "status": "queued" if created else job.outstanding_status,
+                "resumed": resumed,
+                "status": "queued" if created or resumed else job.outstanding_status,
             }
         )
 
+    async def pause(self, request: Request) -> Response:
+        """A running run of a recoverable job becomes ``cancel_requested`` (then
+        ``paused``, once its worker stops at a cursor); a queued one ``paused``. Another
+        job's run, or a finished one, is a conflict."""
+        run_id = _run_id(request)
+        _note(request, run=run_id)
+        async with self.db() as conn:
+            status = await aio(client.pause_run)(conn, run_id)
+        _note(request, run_status=status)
+        return JSONResponse({"run": run_id, "status": status})
+
     async def cancel(self, request: Request) -> Response:
-        """A queued run becomes ``cancelled``; any other state is a conflict."""
+        """A queued or paused run becomes ``cancelled``; any other state is a conflict."""
         run_id = _run_id(request)
         _note(request, run=run_id)
         async with self.db() as conn:
@@ -568,6 +606,8 @@ def make_app(
         Route("/api/jobs/{ns}/{name}/trigger", api.trigger, methods=["POST"]),
         Route("/api/runs", api.runs, methods=["GET"]),
         Route("/api/runs/{id}", api.run, methods=["GET"]),
+        Route("/api/runs/{id}/findings", api.findings, methods=["GET"]),
+        Route("/api/runs/{id}/pause", api.pause, methods=["POST"]),
         Route("/api/runs/{id}/cancel", api.cancel, methods=["POST"]),
         Route("/api/runs/{id}/resolve", api.resolve, methods=["POST"]),
         *web.routes(),

@@ -8,6 +8,10 @@ executor outside any transaction, settle (one statement). Every claim failure go
 through the error policy; a dispatch that ends without a settlement re-arms what it may
 have displaced, so no path drops an armed deadline without arming its successor or
 saying why.
+
+A call in progress can be asked to stop early (:meth:`Dispatcher.request_stop`): an
+operator paused its run, or the daemon is stopping and the call is recoverable (it then
+ends ``paused`` at its cursor instead of running on or being abandoned).
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ from ..events import (
     MisfireSkipped,
     RunFinished,
     RunStarted,
+    RunStopRequested,
     TickSkipped,
     milliseconds,
 )
 from ..executors import Executor
 from ..model import MIN_MISFIRE_GRACE, Claim, Outcome
+from ..rows import json_text
 from ..spool import HeldResult
 from ..store import Store
 from .inventory import Inventory, next_deadline
@@ -106,6 +112,10 @@ class Running:
     job_key: str
     #: Trio time the call started.
     since: float
+    #: The target kind (which executor has the call).
+    kind: str = "exec"
+    #: The job is recoverable (stopping it pauses it).
+    recoverable: bool = False
 
 
 @attrs.define(eq=False)
@@ -153,6 +163,8 @@ class Dispatcher:
     #: run id -> claim and outcome, for results held by the settlement (re-armed and
     #: told once saved).
     _held: dict[int, tuple[Claim, Outcome]] = attrs.field(factory=dict)
+    #: Runs of calls in progress that were asked to stop (asked once each).
+    _stop_asked: set[int] = attrs.field(factory=set)
 
     # -- pools --------------------------------------------------------------------------
 
@@ -176,6 +188,33 @@ class Dispatcher:
         self._pools |= set(capacities)
         for pool in self._pools:
             self.admission.set_capacity(pool, capacities.get(pool, 0))
+
+    # -- stopping calls early -----------------------------------------------------------
+
+    def request_stop(self, run_id: int, reason: str) -> bool:
+        """Ask the call of ``run_id`` to stop (``pause``: an operator paused the run;
+        ``stopping``: the daemon is stopping). ``False`` when no call of that run is in
+        progress here; no SQL either way."""
+        for running in self.running.values():
+            if running.run_id == run_id:
+                if run_id in self._stop_asked:
+                    return True
+                executor = self.executors.get(running.kind)
+                if executor is None or not executor.cancel(run_id, reason):
+                    return False
+                self._stop_asked.add(run_id)
+                self.events.emit(RunStopRequested(job=running.job_key, run=run_id, reason=reason))
+                return True
+        return False
+
+    def stop_recoverable(self) -> int:
+        """At stop: ask every recoverable call in progress to pause (``stopping``) rather
+        than run on until the stop timeout; how many were asked."""
+        asked = 0
+        for running in list(self.running.values()):
+            if running.recoverable and self.request_stop(running.run_id, "stopping"):
+                asked += 1
+        return asked
 
     def _ensure_pool(self, pool: str | None) -> None:
         """Admission learns a worker type's capacity before its first ticket: 0 (wait,
@@ -389,7 +428,11 @@ class Dispatcher:
         # A deadline still armed (a manual run took the slot) stays armed: when it falls
         # during this run it is logged as skipped, and the settlement moves it.
         self.running[job.id] = Running(
-            run_id=claim.run_id, job_key=job.key, since=trio.current_time()
+            run_id=claim.run_id,
+            job_key=job.key,
+            since=trio.current_time(),
+            kind=job.target.kind,
+            recoverable=job.recoverable,
         )
         self.on_change()
         self.events.emit(
@@ -405,6 +448,7 @@ class Dispatcher:
             outcome = await self._call(claim, started)
         finally:
             self.running.pop(job.id, None)
+            self._stop_asked.discard(claim.run_id)
             # The call is over: its slot may start other work while the result is saved
             # (the job itself stays busy until the dispatch ends).
             self.admission.free_slot(job.id)
@@ -420,12 +464,23 @@ class Dispatcher:
         # it first yields, so passing the turn here keeps the order.
         started()
         if executor is None or not executor.available(claim.job.target):
+            problem = f"no executor available for {claim.job.target.describe()}"
+            if claim.job.recoverable:
+                # Nothing ran: the run pauses where it was (a trigger resumes it).
+                return Outcome(
+                    status="paused",
+                    started_at=now,
+                    finished_at=now,
+                    count=claim.count,
+                    error_message=f"paused: {problem}",
+                    cursor=claim.cursor,
+                )
             return Outcome(
                 status="failed",
                 started_at=now,
                 finished_at=now,
                 error_cause="crashed",
-                error_message=f"no executor available for {claim.job.target.describe()}",
+                error_message=problem,
             )
         try:
             return await executor.call(claim, abandon=self.abandon)
@@ -520,6 +575,11 @@ def _finished(claim: Claim, outcome: Outcome, state: JobState | None) -> RunFini
     lateness = None
     if claim.scheduled_for is not None and claim.trigger == "schedule":
         lateness = milliseconds((outcome.started_at - claim.scheduled_for).total_seconds())
+    recoverable = claim.job.recoverable
+    cursor_bytes = None
+    if outcome.status == "paused":
+        cursor = outcome.cursor or claim.cursor
+        cursor_bytes = 0 if cursor is None else len(json_text(cursor.value).encode())
     return RunFinished(
         attempt=claim.attempt,
         category=state.category if state is not None else outcome.category,
@@ -536,6 +596,9 @@ def _finished(claim: Claim, outcome: Outcome, state: JobState | None) -> RunFini
         elapsed_ms=milliseconds(outcome.elapsed.total_seconds()),
         lateness_ms=lateness,
         error=outcome.error_message,
+        completed=True if recoverable and outcome.status == "succeeded" else None,
+        cursor_bytes=cursor_bytes,
+        resumes=claim.resumes or None,
     )
 
 

@@ -66,6 +66,10 @@ def _drop(_entry: JobEntry) -> None:
     return None
 
 
+def _not_here(_run_id: int) -> bool:
+    return False
+
+
 @attrs.define(eq=False)
 class Inventory:
     """Jobs known to the daemon, and which of them have an armed deadline."""
@@ -82,6 +86,9 @@ class Inventory:
     served: Callable[[], frozenset[str]] = _no_types
     #: A refresh found a queued manual run: offer it to admission.
     queued: Callable[[JobEntry], None] = _drop
+    #: A refresh found a run an operator asked to pause (``cancel_requested``): ask its
+    #: call to stop, if it runs here (its NOTIFY may have been missed).
+    pausing: Callable[[int], bool] = _not_here
     jobs: dict[int, JobEntry] = attrs.field(factory=dict)
     refreshes: int = 0
     #: When the last refresh ended (wall time).
@@ -101,7 +108,8 @@ class Inventory:
 
     def arm(self, entry: JobEntry, served: frozenset[str] | None = None) -> None:
         """Arm the job's saved deadline (or its waiting retry's due time) if it can run;
-        disarm it otherwise."""
+        disarm it otherwise. A paused run does not stand in the way: the job's next tick
+        resumes it."""
         at = entry.armed_at()
         if (
             at is None
@@ -283,6 +291,8 @@ class Inventory:
             jobs[entry.id] = entry
             if entry.run_status == "queued" and not entry.retry_waiting and not self.busy(entry.id):
                 self.queued(entry)  # a manual run: at once (a waiting retry is armed below)
+            elif entry.run_status == "cancel_requested" and entry.run_id is not None:
+                self.pausing(entry.run_id)
             if first_at is not None and entry.schedule.kind in ("cron", "interval"):
                 to_init.append((entry.id, first_at, entry.schedule_version))
             self.arm(entry, served)

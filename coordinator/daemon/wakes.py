@@ -34,6 +34,15 @@ class Dispatch:
 
 
 @attrs.frozen(kw_only=True)
+class Pause:
+    """An operator asked a running call to pause (``coordinator.pause_run``): tell its
+    executor. Only ever a request to stop a call this daemon runs; unknown runs are
+    ignored, and the run's state in the database is what a refresh acts on."""
+
+    run_id: int
+
+
+@attrs.frozen(kw_only=True)
 class Changed:
     """Jobs or runs changed: a coalesced refresh. ``job_ids`` names the jobs when the
     payload did (a hint for a refresh of just those), ``None`` when it could be any."""
@@ -41,7 +50,7 @@ class Changed:
     job_ids: tuple[int, ...] | None = None
 
 
-Hint = Dispatch | Changed
+Hint = Dispatch | Pause | Changed
 
 
 def parse(text: str) -> Hint | None:
@@ -61,6 +70,8 @@ def parse(text: str) -> Hint | None:
         return Changed(job_ids=(data["job"],))
     if keys == {"run"} and _is_id(data["run"]):
         return Changed()
+    if keys == {"pause"} and _is_id(data["pause"]):
+        return Pause(run_id=data["pause"])
     if keys in ({"jobs"}, {"runs"}) and data.get("jobs", data.get("runs")) == "many":
         return Changed()
     if keys == {"sync"} and isinstance(data["sync"], str):
@@ -86,4 +97,4 @@ def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= _MAX_ID
 
 
-__all__ = ["Changed", "Dispatch", "Hint", "parse"]
+__all__ = ["Changed", "Dispatch", "Hint", "Pause", "parse"]

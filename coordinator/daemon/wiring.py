@@ -210,6 +210,7 @@ class Daemon:
         self.inventory.busy = self.dispatcher.busy
         self.inventory.served = self.dispatcher.served
         self.inventory.queued = self._offer_queued
+        self.inventory.pausing = lambda run_id: self.dispatcher.request_stop(run_id, "pause")
         self.settlement.on_saved = self.dispatcher.saved_later
         self.leadership = Leadership(
             dsn=self.dsn,
@@ -218,7 +219,11 @@ class Daemon:
             instance=self.instance,
             retry_cap=s.retry_cap,
         )
-        hooks = ExecutorHooks(changed=self.workers_changed, save_progress=self._save_progress)
+        hooks = ExecutorHooks(
+            changed=self.workers_changed,
+            save_progress=self._save_progress,
+            save_checkpoint=self.store.save_checkpoint,
+        )
         for executor in self.executors.values():
             executor.attach(hooks)
 
@@ -463,6 +468,13 @@ class Daemon:
         if hint is None:
             self.log.debug("wake.ignored", payload=payload[:200])
             return
+        if isinstance(hint, wakes.Pause):
+            self.events.emit(NotificationWake(payload={"pause": hint.run_id}))
+            if not self.dispatcher.request_stop(hint.run_id, "pause"):
+                # Not a call of ours right now (or one just claimed, not yet under way):
+                # a refresh reads the run's state and asks again if it is ours.
+                self.loop.wake()
+            return
         if isinstance(hint, wakes.Dispatch):
             if self._dispatch_hint(hint):
                 return
@@ -566,8 +578,13 @@ class Daemon:
         loop_scope.cancel()
         for executor in self.executors.values():
             await executor.detach()  # no new workers, nothing new sent; calls in flight go on
+        # Recoverable calls pause now, at their cursor, instead of running on.
+        pausing = self.dispatcher.stop_recoverable()
         self.log.info(
-            "stopping", running=len(self.dispatcher.running), retained=len(self.settlement)
+            "stopping",
+            running=len(self.dispatcher.running),
+            pausing=pausing or None,
+            retained=len(self.settlement),
         )
         with trio.move_on_at(self._stop_deadline) as waited:
             async with trio.open_nursery() as watch:

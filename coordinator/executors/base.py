@@ -4,8 +4,11 @@ The daemon holds a mapping ``target kind -> Executor`` and uses nothing but this
 protocol: it starts every executor's :meth:`Executor.serve` once it leads (a standby
 must not take the leader's worker socket), asks :meth:`Executor.capacities` which pools
 exist and how many calls each takes, checks :meth:`Executor.available` before a call,
-and at stop calls :meth:`Executor.detach`. An executor reports changes of its pools
-through the :class:`ExecutorHooks` it is attached to.
+and at stop calls :meth:`Executor.detach`. An executor reports changes of its pools,
+and writes what a running call reports (progress, checkpoints, findings), through the
+:class:`ExecutorHooks` it is attached to. :meth:`Executor.cancel` asks one call to stop
+early: an operator paused its run, or the daemon is stopping (a recoverable call then
+ends ``paused`` at its cursor).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
+
+from ..model import CheckpointWrite
 
 if TYPE_CHECKING:
     import trio
@@ -30,6 +35,10 @@ async def _save_nothing(_run_id: int, _snapshot: dict[str, Any]) -> None:
     return None
 
 
+async def _checkpoint_nothing(_run_id: int, _write: CheckpointWrite) -> bool:
+    return False
+
+
 @attrs.frozen(kw_only=True)
 class ExecutorHooks:
     """What an executor may ask of the daemon."""
@@ -38,6 +47,12 @@ class ExecutorHooks:
     changed: Callable[[], None] = _nothing
     #: Save a running call's latest progress snapshot (``runs.progress``).
     save_progress: Callable[[int, dict[str, Any]], Awaitable[None]] = _save_nothing
+    #: Save what a running call reported since the last write: its cursor and counter
+    #: (recoverable runs) and findings; one statement. ``False`` when the run is no
+    #: longer running. An executor coalesces these (at most one write every couple of
+    #: seconds per run) and never calls it once the call's result is handed back: what
+    #: is left goes with the outcome (``Outcome.cursor``, ``Outcome.findings``).
+    save_checkpoint: Callable[[int, CheckpointWrite], Awaitable[bool]] = _checkpoint_nothing
 
 
 class Executor(Protocol):
@@ -74,9 +89,19 @@ class Executor(Protocol):
         """Call the claimed run and report how it ended.
 
         Setting ``abandon`` (the daemon's stop timeout ran out, or a second Ctrl-C) stops
-        the call; it then returns a ``cancelled`` outcome. Never raises for anything the
-        job does.
+        the call; it then returns a ``cancelled`` outcome (``paused`` for a recoverable
+        job). Never raises for anything the job does. A recoverable job's call hands the
+        claim's cursor and counter on, and its outcome carries the cursor and counter
+        total to save (``paused`` whenever it was stopped rather than finished).
         """
+        ...
+
+    def cancel(self, run_id: int, reason: str) -> bool:
+        """Ask the call of ``run_id`` to stop early; ``reason`` is ``pause`` (an operator
+        paused the run) or ``stopping`` (the daemon is stopping). The call then ends as
+        usual, through :meth:`call`'s outcome. Returns whether this executor has that
+        call (or is about to start it). Executors whose targets cannot be recoverable
+        (commands) have none to stop and return ``False``."""
         ...
 
 

@@ -99,6 +99,11 @@ class ExecExecutor:
         """Commands can always be started."""
         return target.kind == "exec"
 
+    def cancel(self, run_id: int, reason: str) -> bool:
+        """Commands cannot be recoverable (a command has no way to hand back a cursor; the
+        database refuses such a job), so there is never a call to pause: ``False``."""
+        return False
+
     async def call(self, claim: Claim, *, abandon: trio.Event) -> Outcome:
         """Run the claim's command and report how it ended; never raises for the command.
 

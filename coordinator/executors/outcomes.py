@@ -13,14 +13,23 @@ from ..model import Outcome
 from ..text import clip, seconds_text
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from datetime import datetime, timedelta
 
     from ..clock import WallClock
-    from ..model import ErrorCause, OutcomeStatus
+    from ..model import Cursor, ErrorCause, Finding, OutcomeStatus
     from ..protocol import Category
 
 #: Message of an outcome whose call was abandoned because the daemon is stopping.
 CANCELLED_MESSAGE: Final = "cancelled: daemon stopping"
+#: Why a recoverable run paused, by what stopped it (``Executor.cancel`` reasons first).
+PAUSE_REASONS: Final = {
+    "pause": "paused by operator",
+    "stopping": "paused: the daemon is stopping",
+    "abandon": "paused: the daemon stopped waiting for it (stop timeout)",
+    "worker": "paused by the worker",
+    "unstarted": "paused by operator before the call started",
+}
 
 
 def ended(
@@ -35,6 +44,8 @@ def ended(
     finished_at: datetime | None = None,
     category: Category | None = None,
     retryable: bool | None = None,
+    cursor: Cursor | None = None,
+    findings: Iterable[Finding] = (),
 ) -> Outcome:
     """An outcome finishing now (or at ``finished_at``), its message bounded.
     ``category`` and ``retryable``: see :class:`~coordinator.model.Outcome`."""
@@ -48,6 +59,8 @@ def ended(
         error_message=None if message is None else clip(message),
         category=category,
         retryable=retryable,
+        cursor=cursor,
+        findings=tuple(findings),
     )
 
 
@@ -63,4 +76,4 @@ def timed_out_message(timeout: timedelta) -> str:
     return f"timed out after {seconds_text(timeout)}s"
 
 
-__all__ = ["CANCELLED_MESSAGE", "cancelled", "ended", "timed_out_message"]
+__all__ = ["CANCELLED_MESSAGE", "PAUSE_REASONS", "cancelled", "ended", "timed_out_message"]

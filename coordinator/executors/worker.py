@@ -4,15 +4,24 @@ in ``docs/worker-protocol.md``).
 
 Workers connect over a Unix socket (or TCP on loopback, with a shared token), say which
 job types they serve and how many calls they take at once, then receive ``call``
-messages and answer with ``result``; ``progress`` and ``checkpoint`` may come in
-between. The daemon sees the connected workers through :meth:`WorkerExecutor.capacities`
+messages and answer with ``result``; ``progress``, ``checkpoint`` and ``finding`` may
+come in between. The daemon sees the connected workers through :meth:`WorkerExecutor.capacities`
 and :meth:`WorkerExecutor.connections`, and hears about every change through the
 ``changed`` hook it attached.
 
 Costs: a connected, quiet worker is one task blocked in ``receive_some`` (and one in the
 writer, blocked on its empty outbox): no heartbeat, no timer, no SQL. Timers exist only
 while something is owed: a connection that has not said ``hello`` yet, a call's timeout,
-a cancel's grace period, and the spacing of progress writes for a running call.
+a cancel's grace period, and the spacing of progress and checkpoint writes for a running
+call.
+
+Recoverable jobs (docs/design.md, "Recoverable runs"): the call carries the run's cursor
+and counter; ``checkpoint`` messages update them and ``finding`` messages add findings,
+written through the ``save_checkpoint`` hook at most once per ``checkpoint_interval`` per
+run (one statement each: cursor, counter total and the findings received since the last
+write). Whatever is not written when the result arrives goes with the outcome. A call
+that is stopped rather than finished (``cancel`` for a pause, a stop or its timeout, a
+lost connection) ends ``paused`` at its last cursor, never ``failed``.
 
 Each connection has one reader task (which handles every message synchronously, so the
 bookkeeping needs no locks) and one writer task draining an unbounded outbox: sending
@@ -44,14 +53,18 @@ import trio
 from ..clock import WallClock
 from ..errors import ConfigError, InvalidInput
 from ..events import EventBus, RunProgress, WorkerConnected, WorkerDisconnected
+from ..model import CheckpointWrite, Cursor
+from ..model import Finding as FindingRecord
 from ..protocol import (
     CATEGORIES,
     MAX_LINE,
+    NO_CURSOR,
     Bye,
     Call,
     Cancel,
     Checkpoint,
     Error,
+    Finding,
     Hello,
     LineBuffer,
     Message,
@@ -66,17 +79,19 @@ from ..protocol import (
 )
 from ..status import WorkerView
 from .base import ExecutorHooks
-from .outcomes import CANCELLED_MESSAGE, cancelled, ended, timed_out_message
+from .outcomes import CANCELLED_MESSAGE, PAUSE_REASONS, cancelled, ended, timed_out_message
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
     from datetime import timedelta
 
-    from ..model import Claim, Outcome, Target
+    from ..model import Claim, ErrorCause, Outcome, OutcomeStatus, Target
     from ..protocol import Category
 
 __all__ = [
     "CANCELLED_MESSAGE",
+    "FINDINGS_BACKLOG",
+    "FINDINGS_PER_WRITE",
     "FINISHED_MEMORY",
     "PROGRESS_LOG_LIMIT",
     "SAVE_LIMIT",
@@ -89,8 +104,14 @@ PROGRESS_LOG_LIMIT: Final = 50
 #: Finished run ids remembered per connection, so late messages about them are ignored
 #: rather than refused as "never given".
 FINISHED_MEMORY: Final = 4096
-#: Longest a single progress write may take before it is abandoned (seconds).
+#: Longest a single progress or checkpoint write may take before it is abandoned (seconds).
 SAVE_LIMIT: Final = 10.0
+#: Most findings one checkpoint write carries (a larger backlog takes several writes; the
+#: cursor goes with the last, so it never gets ahead of the findings before it).
+FINDINGS_PER_WRITE: Final = 1000
+#: Unwritten findings of one call past which its connection is read no further until some
+#: are written (backpressure while the database is slow or away).
+FINDINGS_BACKLOG: Final = 10_000
 #: Seconds a closing connection gets to flush its last lines (an ``error``).
 _FLUSH_LIMIT: Final = 1.0
 _READ_SIZE: Final = 64 * 1024
@@ -135,15 +156,35 @@ class _Call:
     regressed: bool = False
     cursor: Any = None
     has_cursor: bool = False
+    #: The job is recoverable: the cursor and counter are saved; stopping pauses.
+    recoverable: bool = False
+    #: The run's counter total (recoverable runs), continued from the claim's.
+    total: int | None = None
+    #: Why the daemon asked the call to stop early (``pause``, ``stopping``), if it did
+    #: (``wake`` is set with it).
+    stop_reason: str | None = None
     # Progress writes: at most one per interval; never once the call is finished.
     pending: dict[str, Any] | None = None
     next_save_at: float = -math.inf
     saver_idle: trio.Event | None = None
     saver_sleep: trio.CancelScope | None = None
+    # Checkpoint writes (cursor, counter, findings): at most one per interval; never once
+    # the call is finished (the outcome takes what is left).
+    dirty: bool = False
+    findings: list[FindingRecord] = attrs.field(factory=list)
+    next_checkpoint_at: float = -math.inf
+    checkpointer_idle: trio.Event | None = None
+    checkpointer_sleep: trio.CancelScope | None = None
+    #: Set (and replaced) after every checkpoint write attempt (backpressure).
+    written: trio.Event = attrs.field(factory=trio.Event)
+
+    def unwritten(self) -> bool:
+        return self.dirty or bool(self.findings)
 
     def diagnostics(self) -> dict[str, Any]:
         """What the outcome's ``extra`` gets: the final progress snapshot, the bounded
-        log of progress entries, and the last checkpoint cursor."""
+        log of progress entries, and (jobs that are not recoverable, whose cursor has no
+        column of its own) the last checkpoint cursor."""
         out: dict[str, Any] = {}
         if self.snapshot is not None:
             out["progress"] = self.snapshot
@@ -152,7 +193,7 @@ class _Call:
             dropped = self.entries_total - len(self.entries)
             if dropped:
                 out["log_dropped"] = dropped
-        if self.has_cursor:
+        if self.has_cursor and not self.recoverable:
             out["checkpoint"] = self.cursor
         return out
 
@@ -181,6 +222,8 @@ class _Conn:
     #: Said ``bye``: no new calls; closed once the last result is in.
     draining: bool = False
     closing: bool = False
+    #: A call whose unwritten findings passed :data:`FINDINGS_BACKLOG`: reading waits.
+    backlog: _Call | None = None
 
     def send(self, message: Message) -> bool:
         """Queue a line for the writer; ``False`` once the connection is closing."""
@@ -222,6 +265,9 @@ class WorkerExecutor:
     cancel_grace: float = 10.0
     #: Least seconds between two progress writes for one run.
     progress_interval: float = 3.0
+    #: Least seconds between two checkpoint writes (cursor, counter, findings) for one
+    #: run: a crash replays at most about this much of a recoverable run.
+    checkpoint_interval: float = 2.0
     #: Seconds a new connection may take to say ``hello``.
     hello_timeout: float = 10.0
 
@@ -246,6 +292,11 @@ class WorkerExecutor:
     _watched: set[int] = attrs.field(factory=set, init=False)
     #: (st_dev, st_ino) of the socket file we bound, so we only ever unlink our own.
     _socket_id: tuple[int, int] | None = attrs.field(default=None, init=False)
+    #: run id -> call in flight (every connection's), for :meth:`cancel`.
+    _calls: dict[int, _Call] = attrs.field(factory=dict, init=False)
+    #: Runs whose ``call()`` has begun but whose call is not sent yet, and the stop
+    #: requested for them meanwhile (``None``: none).
+    _starting: dict[int, str | None] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.socket_path is None and self.tcp is None:
@@ -295,26 +346,53 @@ class WorkerExecutor:
         """Call the run on a connected worker and report how it ended; never raises for
         anything the worker does. Only ``trio.Cancelled`` propagates (the worker is sent
         ``cancel`` first)."""
+        run_id = claim.run_id
+        self._starting[run_id] = None
+        try:
+            return await self._call(claim, abandon)
+        finally:
+            self._starting.pop(run_id, None)
+            self._calls.pop(run_id, None)
+
+    def cancel(self, run_id: int, reason: str) -> bool:
+        """Ask the call of ``run_id`` to stop (``pause`` or ``stopping``): the worker is
+        sent ``cancel`` with that reason and has ``cancel_grace`` seconds to answer; a
+        recoverable call then ends ``paused``. A call not sent yet is not sent at all.
+        ``False`` when no call of that run is here."""
+        call = self._calls.get(run_id)
+        if call is None:
+            if run_id not in self._starting:
+                return False
+            if self._starting[run_id] is None:
+                self._starting[run_id] = reason
+            return True
+        if call.stop_reason is None and not call.finished:
+            call.stop_reason = reason
+            call.wake.set()
+        return True
+
+    async def _call(self, claim: Claim, abandon: trio.Event) -> Outcome:
         job = claim.job
         worker_type = job.target.worker_type or ""
         if abandon.is_set():
-            return cancelled(self.clock, self.clock.now())
+            return self._unstarted(claim, "abandon")
         conn = await self._reserve(worker_type, abandon)
-        if conn is None:
-            now = self.clock.now()
-            if abandon.is_set():
-                return cancelled(self.clock, now)
-            reason = "the daemon is stopping" if self._detached else "none is connected"
-            return ended(
-                self.clock,
-                now,
-                "failed",
-                "crashed",
-                f"no worker serving {worker_type!r}: {reason}",
-            )
         run_id = claim.run_id
-        call = _Call(run_id=run_id, conn=conn)
+        stop = self._starting.get(run_id)
+        if conn is None or stop is not None:
+            if abandon.is_set():
+                return self._unstarted(claim, "abandon")
+            if stop is not None:
+                return self._unstarted(claim, stop)
+            reason = "the daemon is stopping" if self._detached else "none is connected"
+            return self._unstarted(claim, None, f"no worker serving {worker_type!r}: {reason}")
+        call = _Call(run_id=run_id, conn=conn, recoverable=job.recoverable)
+        if job.recoverable:
+            call.total = claim.count
+            if claim.cursor is not None:
+                call.cursor, call.has_cursor = claim.cursor.value, True
         conn.calls[run_id] = call
+        self._calls[run_id] = call
         started_at = self.clock.now()
         timeout = job.timeout
         problem: str | None = None
@@ -328,9 +406,11 @@ class WorkerExecutor:
                 params=dict(job.params),
                 deadline=_deadline(started_at, timeout),
                 attempt=max(1, claim.attempt),
-                checkpoint=None,
+                checkpoint=call.cursor if call.has_cursor else None,
                 trigger=claim.trigger,
                 scheduled_for=claim.scheduled_for,
+                recoverable=job.recoverable,
+                count=call.total if job.recoverable else None,
             )
             data = encode(message)
         except (TypeError, ValueError) as exc:
@@ -344,17 +424,38 @@ class WorkerExecutor:
         try:
             conn.send_bytes(data)
             ending = await self._wait(call, abandon, timeout)
-            if ending != "done":
-                await self._cancel(call, ending)
+            if ending == "timeout":
+                await self._cancel(call, "timeout")
+            elif ending == "abandon":
+                await self._cancel(call, "stopping")
+            elif ending == "stop":
+                await self._cancel(call, call.stop_reason or "stopping")
         except BaseException:
             if not call.done.is_set():
                 call.orphaned = True
                 if not call.cancel_sent:
                     conn.send(Cancel(run=run_id, reason="stopping"))
             self._finish_progress(call)
+            self._finish_checkpoints(call)
             raise
         await self._settle_progress(call)
+        await self._settle_checkpoints(call)
         return self._outcome(call, started_at, ending, timeout)
+
+    def _unstarted(self, claim: Claim, stop: str | None, problem: str | None = None) -> Outcome:
+        """The outcome of a call never sent: it was abandoned, stopped before it started,
+        or no worker serves it. A recoverable run pauses where it was."""
+        now = self.clock.now()
+        if claim.job.recoverable:
+            reason = PAUSE_REASONS["unstarted" if stop == "pause" else stop or "abandon"]
+            if problem is not None:
+                reason = f"paused: {problem}"
+            return ended(
+                self.clock, now, "paused", None, reason, count=claim.count, cursor=claim.cursor
+            )
+        if problem is None:
+            return cancelled(self.clock, now)
+        return ended(self.clock, now, "failed", "crashed", problem)
 
     # -- serving -------------------------------------------------------------------------
 
@@ -560,6 +661,8 @@ class WorkerExecutor:
                     self._on_message(conn, message)
                     if conn.closing:
                         return "bye"
+                    if conn.backlog is not None:
+                        await self._drain_backlog(conn)
         raise _Reject(f"no hello within {self.hello_timeout:g}s")
 
     def _on_message(self, conn: _Conn, message: Message) -> None:
@@ -573,6 +676,8 @@ class WorkerExecutor:
             self._on_progress(conn, message)
         elif isinstance(message, Checkpoint):
             self._on_checkpoint(conn, message)
+        elif isinstance(message, Finding):
+            self._on_finding(conn, message)
         elif isinstance(message, Bye):
             self._on_bye(conn)
         elif isinstance(message, Hello):
@@ -617,10 +722,20 @@ class WorkerExecutor:
         self._inventory_changed()
 
     def _on_result(self, conn: _Conn, result: Result) -> None:
-        call = conn.calls.pop(result.run, None)
+        call = conn.calls.get(result.run)
         if call is None:
             self._unknown_run(conn, result.run, "result")
             return
+        # A cursor in the result is a last checkpoint; a recoverable run's count is a last
+        # delta of its counter. Both are saved with the result (the outcome carries them).
+        if call.recoverable and result.count is not None:
+            total = (call.total or 0) + result.count
+            if not -(2**63) <= total < 2**63:
+                raise _Reject(f"run {call.run_id}: its counter would leave the 64-bit range")
+            call.total = total
+        if result.cursor is not NO_CURSOR:
+            call.cursor, call.has_cursor = result.cursor, True
+        del conn.calls[result.run]
         conn.remember(result.run)
         call.result = result
         call.finished = True
@@ -674,8 +789,41 @@ class WorkerExecutor:
             return
         if call.finished or call.orphaned:
             return
-        call.cursor = checkpoint.cursor
-        call.has_cursor = True
+        self._advance(call, checkpoint.cursor, checkpoint.count)
+
+    def _advance(self, call: _Call, cursor: Any, delta: int | None) -> None:
+        """A new cursor (and counter delta) for the call; a recoverable one is written
+        (coalesced), a plain one is only kept for the outcome's ``extra``."""
+        call.cursor, call.has_cursor = cursor, True
+        if not call.recoverable:
+            return
+        if delta is not None:
+            total = (call.total or 0) + delta
+            if not -(2**63) <= total < 2**63:
+                raise _Reject(f"run {call.run_id}: its counter would leave the 64-bit range")
+            call.total = total
+        call.dirty = True
+        self._schedule_checkpoint(call)
+
+    def _on_finding(self, conn: _Conn, message: Finding) -> None:
+        call = conn.calls.get(message.run)
+        if call is None:
+            self._unknown_run(conn, message.run, "finding")
+            return
+        if call.finished or call.orphaned:
+            return
+        call.findings.extend(
+            FindingRecord(
+                kind=item.kind,
+                resource_id=item.resource_id,
+                severity=item.severity,
+                detail=item.detail,
+            )
+            for item in message.findings
+        )
+        if len(call.findings) > FINDINGS_BACKLOG:
+            conn.backlog = call
+        self._schedule_checkpoint(call)
 
     def _unknown_run(self, conn: _Conn, run_id: int, what: str) -> None:
         if run_id in conn.finished:
@@ -795,16 +943,18 @@ class WorkerExecutor:
 
     async def _wait(
         self, call: _Call, abandon: trio.Event, time_limit: timedelta | None
-    ) -> Literal["done", "timeout", "abandon"]:
+    ) -> Literal["done", "timeout", "abandon", "stop"]:
         limit = math.inf if time_limit is None else max(time_limit.total_seconds(), 0.0)
-        if not abandon.is_set():
+        if not abandon.is_set() and call.stop_reason is None:
             # One watcher per abandon event for all calls, not a task pair per call.
             self._watch_abandon(abandon)
             with trio.move_on_after(limit):
                 await call.wake.wait()
         if call.done.is_set():
             return "done"
-        return "abandon" if abandon.is_set() else "timeout"
+        if abandon.is_set():
+            return "abandon"
+        return "stop" if call.stop_reason is not None else "timeout"
 
     def _watch_abandon(self, abandon: trio.Event) -> None:
         if id(abandon) in self._watched or self._nursery is None:
@@ -819,11 +969,11 @@ class WorkerExecutor:
 
         self._nursery.start_soon(watch)
 
-    async def _cancel(self, call: _Call, ending: Literal["timeout", "abandon"]) -> None:
+    async def _cancel(self, call: _Call, reason: str) -> None:
         """Send ``cancel``; disconnect the worker if it does not answer within the grace."""
         conn = call.conn
         call.cancel_sent = True
-        conn.send(Cancel(run=call.run_id, reason="timeout" if ending == "timeout" else "stopping"))
+        conn.send(Cancel(run=call.run_id, reason=reason))
         with trio.move_on_after(self.cancel_grace):
             await call.done.wait()
         if call.done.is_set():
@@ -833,6 +983,7 @@ class WorkerExecutor:
             "worker.cancel_ignored",
             worker=conn.worker,
             run=call.run_id,
+            reason=reason,
             grace_s=self.cancel_grace,
         )
         self._disconnect(
@@ -845,43 +996,125 @@ class WorkerExecutor:
         self,
         call: _Call,
         started_at: datetime,
-        ending: Literal["done", "timeout", "abandon"],
+        ending: Literal["done", "timeout", "abandon", "stop"],
         timeout: timedelta | None,
     ) -> Outcome:
         extra = call.diagnostics()
+        result = call.result
+        if call.recoverable:
+            return self._recoverable_outcome(call, started_at, ending, timeout, extra)
+        findings = tuple(call.findings)
         if ending == "timeout":
             assert timeout is not None
             message = timed_out_message(timeout)
             if call.cancel_ignored:
                 message += f"; worker {call.conn.worker} ignored cancel and was disconnected"
-            elif call.result is None and call.lost is not None:
+            elif result is None and call.lost is not None:
                 message += f"; then {call.lost}"
-            return ended(self.clock, started_at, "timed_out", "timeout", message, extra)
-        if ending == "abandon":
-            return cancelled(self.clock, started_at, extra)
-        result = call.result
+            return ended(
+                self.clock, started_at, "timed_out", "timeout", message, extra, findings=findings
+            )
+        if ending in ("abandon", "stop"):
+            message = CANCELLED_MESSAGE if ending == "abandon" else f"cancelled: {call.stop_reason}"
+            return ended(
+                self.clock, started_at, "cancelled", None, message, extra, findings=findings
+            )
         if result is None:
             lost = call.lost or "worker lost"
-            return ended(self.clock, started_at, "failed", "crashed", lost, extra)
+            return ended(
+                self.clock, started_at, "failed", "crashed", lost, extra, findings=findings
+            )
         merged = dict(result.extra or {})
         merged.update(extra)
+        if result.paused:
+            message = (
+                f"the worker paused the call, but {call.conn.label()}'s job is not recoverable "
+                "(define it recoverable to resume from a cursor)"
+            )
+            return ended(
+                self.clock, started_at, "failed", "handler", message, merged,
+                count=result.count, findings=findings,
+            )  # fmt: skip
         if result.ok:
             return ended(
-                self.clock, started_at, "succeeded", None, None, merged, count=result.count
-            )
+                self.clock, started_at, "succeeded", None, None, merged,
+                count=result.count, findings=findings,
+            )  # fmt: skip
         error = (result.error or "").strip() or "the worker reported a failure"
         category = _category(result.category, merged)
         return ended(
-            self.clock,
-            started_at,
-            "failed",
-            "handler",
-            error,
-            merged,
-            count=result.count,
-            category=category,
+            self.clock, started_at, "failed", "handler", error, merged,
+            count=result.count, findings=findings, category=category,
             retryable=result.retryable,
-        )
+        )  # fmt: skip
+
+    def _recoverable_outcome(
+        self,
+        call: _Call,
+        started_at: datetime,
+        ending: Literal["done", "timeout", "abandon", "stop"],
+        timeout: timedelta | None,
+        extra: dict[str, Any],
+    ) -> Outcome:
+        """A recoverable call's ending: ``succeeded`` when the worker finished,
+        ``failed`` when it failed on its own, ``paused`` at the last cursor whenever it
+        was stopped (a pause, a stop, its timeout, a lost connection) or paused itself.
+        The cursor and the counter total go with it, and the findings not written yet."""
+        result = call.result
+        if result is not None:
+            merged = dict(result.extra or {})
+            merged.update(extra)
+            extra = merged
+        cursor = Cursor(value=call.cursor) if call.has_cursor else None
+        findings = tuple(call.findings)
+        status: OutcomeStatus
+        cause: ErrorCause | None = None
+        if result is not None and result.ok and not result.paused:
+            status, message = "succeeded", None
+        elif result is not None and not result.ok and not call.cancel_sent:
+            status, cause = "failed", "handler"
+            message = (result.error or "").strip() or "the worker reported a failure"
+            return ended(
+                self.clock, started_at, status, cause, message, extra,
+                count=call.total, cursor=cursor, findings=findings,
+                category=_category(result.category, extra), retryable=result.retryable,
+            )  # fmt: skip
+        else:
+            status, message = "paused", self._pause_reason(call, ending, timeout)
+        return ended(
+            self.clock, started_at, status, cause, message, extra,
+            count=call.total, cursor=cursor, findings=findings,
+        )  # fmt: skip
+
+    def _pause_reason(
+        self,
+        call: _Call,
+        ending: Literal["done", "timeout", "abandon", "stop"],
+        timeout: timedelta | None,
+    ) -> str:
+        """Why a recoverable call paused, for the run's ``error_message``."""
+        result = call.result
+        if ending == "timeout":
+            assert timeout is not None
+            reason = f"paused: {timed_out_message(timeout)}"
+        elif ending == "abandon":
+            reason = PAUSE_REASONS["abandon"]
+        elif ending == "stop":
+            reason = PAUSE_REASONS.get(call.stop_reason or "stopping", PAUSE_REASONS["stopping"])
+        elif result is None:
+            reason = f"paused: {call.lost or 'worker lost'}"
+        else:
+            reason = PAUSE_REASONS["worker"]
+        if call.cancel_ignored:
+            reason += (
+                f"; worker {call.conn.worker} ignored the cancel for {self.cancel_grace:g}s and "
+                "was disconnected"
+            )
+        elif result is None and call.lost is not None and ending != "done":
+            reason += f"; then {call.lost}"
+        elif result is not None and not result.ok:
+            reason += f"; the worker said: {(result.error or '').strip() or 'failed'}"
+        return reason
 
     # -- progress writes -----------------------------------------------------------------
 
@@ -927,6 +1160,100 @@ class WorkerExecutor:
         idle = call.saver_idle
         if idle is not None:
             await idle.wait()
+
+    # -- checkpoint writes ---------------------------------------------------------------
+
+    def _schedule_checkpoint(self, call: _Call) -> None:
+        """Make sure a writer will save what the call reported (at most one write per
+        ``checkpoint_interval``; the first at once)."""
+        if self.hooks is None or self._nursery is None or call.checkpointer_idle is not None:
+            return
+        call.checkpointer_idle = trio.Event()
+        self._nursery.start_soon(self._checkpoint_loop, call)
+
+    async def _checkpoint_loop(self, call: _Call) -> None:
+        """Write the call's cursor, counter total and findings, at most once per
+        ``checkpoint_interval`` (a full batch of :data:`FINDINGS_PER_WRITE` findings
+        without waiting), until nothing is left unwritten or the call is finished (the
+        outcome then takes what is left). A write that fails is kept: its findings go
+        back in front, the cursor and counter (the latest, as totals) go with the next
+        write, so repeating one changes nothing."""
+        assert self.hooks is not None
+        save = self.hooks.save_checkpoint
+        assert call.checkpointer_idle is not None
+        try:
+            while call.unwritten() and not call.finished:
+                if len(call.findings) < FINDINGS_PER_WRITE:
+                    # Coalesce; a full batch of findings goes at once (the interval
+                    # bounds the writes of cursors, not the rate findings are taken at).
+                    with trio.CancelScope() as call.checkpointer_sleep:
+                        await trio.sleep_until(call.next_checkpoint_at)
+                    call.checkpointer_sleep = None
+                if call.finished:
+                    return
+                batch = call.findings[:FINDINGS_PER_WRITE]
+                del call.findings[: len(batch)]
+                # The cursor never gets ahead of the findings reported before it.
+                with_cursor = call.dirty and not call.findings
+                write = CheckpointWrite(
+                    cursor=Cursor(value=call.cursor) if with_cursor else None,
+                    count=call.total if with_cursor else None,
+                    findings=batch,
+                )
+                if with_cursor:
+                    call.dirty = False
+                call.next_checkpoint_at = trio.current_time() + self.checkpoint_interval
+                error: str | None = None
+                running = True
+                try:
+                    with trio.move_on_after(SAVE_LIMIT) as limit:
+                        running = await save(call.run_id, write)
+                    if limit.cancelled_caught:
+                        error = "timeout"
+                except Exception as exc:  # the store's failure: kept for the next write
+                    error = str(exc)
+                if error is None and not running:
+                    # The run is no longer running (removed meanwhile): nothing to keep.
+                    self.events.log.debug("checkpoint.run_gone", run=call.run_id)
+                    call.findings.clear()
+                    call.dirty = False
+                elif error is not None:
+                    self.events.log.warning("checkpoint.save_failed", run=call.run_id, error=error)
+                    call.findings[:0] = batch
+                    call.dirty = call.dirty or with_cursor
+                call.written.set()
+                call.written = trio.Event()
+        finally:
+            idle, call.checkpointer_idle = call.checkpointer_idle, None
+            idle.set()
+            call.written.set()
+
+    def _finish_checkpoints(self, call: _Call) -> None:
+        call.finished = True
+        if call.checkpointer_sleep is not None:
+            call.checkpointer_sleep.cancel()
+
+    async def _settle_checkpoints(self, call: _Call) -> None:
+        """Stop checkpoint writes for a finished call; wait for one under way (a failed
+        one puts its findings back), so what the outcome carries is exactly what is
+        not written."""
+        self._finish_checkpoints(call)
+        idle = call.checkpointer_idle
+        if idle is not None:
+            await idle.wait()
+
+    async def _drain_backlog(self, conn: _Conn) -> None:
+        """Read no further from ``conn`` while one of its calls has too many unwritten
+        findings: the worker's sends block until the database has taken some."""
+        call = conn.backlog
+        conn.backlog = None
+        while (
+            call is not None
+            and len(call.findings) > FINDINGS_BACKLOG
+            and not call.finished
+            and call.checkpointer_idle is not None
+        ):
+            await call.written.wait()
 
 
 async def _wait_any(*events: trio.Event) -> None:

@@ -331,8 +331,8 @@ async def test_trigger_is_idempotent_and_audited(admin: Admin, conn: asyncpg.Con
     second = await admin.post("/api/jobs/default/held/trigger")
     assert second.status_code == 200
     run_id = first.json()["run"]
-    assert first.json() == {"run": run_id, "created": True, "status": "queued"}
-    assert second.json() == {"run": run_id, "created": False, "status": "queued"}
+    assert first.json() == {"run": run_id, "created": True, "resumed": False, "status": "queued"}
+    assert second.json() == {"run": run_id, "created": False, "resumed": False, "status": "queued"}
     runs = await aio(client.list_runs)(conn, job="held")
     assert [r.id for r in runs] == [run_id]
     assert runs[0].args == {"force": True}
@@ -424,6 +424,91 @@ async def test_cancel_queued_run(admin: Admin, conn: asyncpg.Connection) -> None
     assert_error(await admin.post(f"/api/runs/{run_id}/cancel"), 409, "conflict")
     assert_error(await admin.post("/api/runs/987654/cancel"), 404, "run_not_found")
     assert [a["status"] for a in admin.audits] == [200, 200, 409, 404]
+
+
+async def test_pause_a_run_and_trigger_resumes_it(admin: Admin, conn: asyncpg.Connection) -> None:
+    """POST /api/runs/{id}/pause: a queued run of a recoverable job pauses at once (a
+    running one becomes cancel_requested); the job's trigger resumes it; a run of another
+    job, a finished run and an unknown one are refused with the usual shapes."""
+    job = await define(
+        conn, "scan", target={"kind": "worker", "type": "scan"}, recoverable=True, paused=True
+    )
+    await define(conn, "plain", paused=True)
+    run_id = (await admin.post("/api/jobs/default/scan/trigger")).json()["run"]
+    response = await admin.post(f"/api/runs/{run_id}/pause")
+    assert response.status_code == 200, response.text
+    assert response.json() == {"run": run_id, "status": "paused"}
+    again = await admin.post(f"/api/runs/{run_id}/pause")  # idempotent
+    assert again.json() == {"run": run_id, "status": "paused"}
+    resumed = await admin.post("/api/jobs/default/scan/trigger")
+    assert resumed.json() == {"run": run_id, "created": False, "resumed": True, "status": "queued"}
+    assert (await aio(client.get_run)(conn, run_id)).status == "queued"
+
+    await aio(conn.execute)(
+        "UPDATE coordinator.runs SET status = 'running', started_at = now() WHERE id = $1",
+        run_id,
+    )
+    running = await admin.post(f"/api/runs/{run_id}/pause")
+    assert running.json() == {"run": run_id, "status": "cancel_requested"}
+
+    plain_run = (await admin.post("/api/jobs/default/plain/trigger")).json()["run"]
+    refused = await admin.post(f"/api/runs/{plain_run}/pause")
+    assert_error(refused, 409, "conflict")
+    assert "not recoverable" in refused.json()["message"]
+    await aio(conn.execute)(
+        "UPDATE coordinator.runs SET status = 'succeeded' WHERE id = $1", run_id
+    )
+    finished = await admin.post(f"/api/runs/{run_id}/pause")
+    assert_error(finished, 409, "conflict")
+    assert "is succeeded: only a running or queued run can be paused" in finished.json()["message"]
+    assert_error(await admin.post("/api/runs/987654/pause"), 404, "run_not_found")
+    assert_error(await admin.post("/api/runs/x/pause"), 400, "invalid_input")
+    assert [(a["status"], a.get("run")) for a in admin.audits[-5:]] == [
+        (200, plain_run),  # the trigger
+        (409, plain_run),
+        (409, run_id),
+        (404, 987654),
+        (400, None),
+    ]
+    assert (admin.audits[1]["status"], admin.audits[1]["run_status"]) == (200, "paused")
+    assert (await aio(client.get_job)(conn, "scan")).id == job
+
+
+async def test_findings_of_a_run_paged(admin: Admin, conn: asyncpg.Connection) -> None:
+    job = await define(conn, "scan", target={"kind": "worker", "type": "scan"}, recoverable=True)
+    run_id = await aio(conn.fetchval)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status) VALUES ($1, 'manual', 'paused') "
+        "RETURNING id",
+        job,
+    )
+    await aio(conn.execute)(
+        "INSERT INTO coordinator.findings (run_id, kind, resource_id, severity, detail) "
+        "SELECT $1, 'k', 'r' || g, CASE WHEN g % 3 = 0 THEN 'error' ELSE 'info' END, "
+        "json_build_object('g', g) FROM generate_series(1, 25) g",
+        run_id,
+    )
+    first = await admin.get(f"/api/runs/{run_id}/findings", params={"limit": 10})
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert [f["resource_id"] for f in body["findings"]] == [f"r{g}" for g in range(1, 11)]
+    assert body["findings"][0]["detail"] == {"g": 1}
+    assert body["findings"][0]["run"] == run_id
+    rest = (
+        await admin.get(
+            f"/api/runs/{run_id}/findings", params={"limit": 100, "after": body["next"]}
+        )
+    ).json()
+    assert [f["resource_id"] for f in rest["findings"]] == [f"r{g}" for g in range(11, 26)]
+    assert rest["next"] is None
+    errors = (await admin.get(f"/api/runs/{run_id}/findings", params={"severity": "error"})).json()
+    assert [f["resource_id"] for f in errors["findings"]] == [f"r{g}" for g in range(3, 26, 3)]
+    empty = await admin.get(f"/api/runs/{run_id}/findings", params={"after": 10**9})
+    assert empty.json() == {"findings": [], "next": None}
+    for params in ({"limit": 0}, {"after": "x"}, {"severity": "fatal"}, {"limit": 1001}):
+        assert_error(
+            await admin.get(f"/api/runs/{run_id}/findings", params=params), 400, "invalid_input"
+        )
+    assert_error(await admin.get("/api/runs/987654/findings"), 404, "run_not_found")
 
 
 # -- metrics -----------------------------------------------------------------------------------

@@ -501,3 +501,96 @@ async def test_missing_schema_says_migrate(pg_server: Any, aio_loop: Any) -> Non
             await aio(client.list_jobs)(c)
     finally:
         await aio(c.close)()
+
+
+# --------------------------------------------------------------------------- recoverable
+
+
+async def test_recoverable_is_for_worker_jobs_only(conn: asyncpg.Connection) -> None:
+    job_id = await _define(conn, "scan", target=WORKER, recoverable=True)
+    view = await aio(client.get_job)(conn, "scan")
+    assert (view.id, view.recoverable, view.to_json()["recoverable"]) == (job_id, True, True)
+    with pytest.raises(InvalidInput) as info:
+        await _define(conn, "cmd", recoverable=True)
+    assert str(info.value) == (
+        "recoverable: only a worker job can be recoverable (a command cannot hand back a cursor)"
+    )
+    # The database says the same to any other writer, in one line naming the field.
+    with pytest.raises(asyncpg.InvalidParameterValueError) as raw:
+        await aio(conn.execute)(
+            "SELECT coordinator.define_job(name => 'cmd', schedule_kind => 'manual', "
+            'target => \'{"kind": "exec", "argv": ["true"]}\', recoverable => true)'
+        )
+    assert raw.value.column_name == "recoverable"
+    with pytest.raises(asyncpg.CheckViolationError) as check:
+        await aio(conn.execute)(
+            'UPDATE coordinator.jobs SET target = \'{"kind": "exec", "argv": ["x"]}\' '
+            "WHERE id = $1",
+            job_id,
+        )
+    assert check.value.constraint_name == "jobs_recoverable_check"
+    assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.jobs") == 1
+    # Redefined without it, the job is no longer recoverable.
+    await _define(conn, "scan", target=WORKER)
+    assert (await aio(client.get_job)(conn, "scan")).recoverable is False
+
+
+async def test_pause_and_cancel_of_queued_and_paused_runs(conn: asyncpg.Connection) -> None:
+    job_id = await _define(conn, "scan", target=WORKER, recoverable=True, paused=True)
+    run_id = await aio(client.trigger)(conn, "scan")
+    assert await aio(client.pause_run)(conn, run_id) == "paused"
+    run = await aio(client.get_run)(conn, run_id)
+    assert (run.status, run.error_message) == ("paused", "paused by operator before it started")
+    assert run.paused_at is not None
+    # wait_for_run stops at a paused run: it waits for a trigger, not for time.
+    assert (await aio(client.wait_for_run)(conn, run_id, max_wait=5)).status == "paused"
+    view = await aio(client.get_job)(conn, "scan")
+    assert view.outstanding_status == "paused"
+    assert (await aio(client.summary)(conn))["outstanding"] == {"paused": 1}
+    await aio(client.cancel_run)(conn, run_id)
+    run = await aio(client.get_run)(conn, run_id)
+    assert (run.status, run.paused_at) == ("cancelled", None)
+    # The job is free again: the next trigger starts afresh.
+    fresh = await aio(client.trigger)(conn, "scan")
+    assert fresh != run_id
+    await aio(conn.execute)(
+        "UPDATE coordinator.runs SET status = 'unresolved' WHERE id = $1", fresh
+    )
+    with pytest.raises(Conflict, match="only queued or paused runs can be cancelled"):
+        await aio(client.cancel_run)(conn, fresh)
+    assert (await aio(client.get_job)(conn, "scan")).id == job_id
+
+
+async def test_sync_and_runs_show_the_new_fields(conn: asyncpg.Connection) -> None:
+    manifest = parse(
+        'namespace = "ops"\n[[jobs]]\nname = "scan"\nmanual = true\nworker = "scan"\n'
+        "recoverable = true\n"
+    )
+    await aio(client.sync_manifest)(conn, manifest)
+    view = await aio(client.get_job)(conn, "scan", namespace="ops")
+    assert view.recoverable is True
+    run_id = await _insert_run(
+        conn,
+        view.id,
+        "paused",
+        cursor='{"after": 9}',
+        count=9,
+        resumes=2,
+        finding_counts='{"warning": 3}',
+    )
+    run = await aio(client.get_run)(conn, run_id)
+    assert (run.cursor, run.count, run.resumes, run.finding_counts) == (
+        {"after": 9},
+        9,
+        2,
+        {"warning": 3},
+    )
+    shown = run.to_json()
+    assert (shown["cursor"], shown["finding_counts"]) == ({"after": 9}, {"warning": 3})
+    listed = await aio(client.list_runs)(conn, status="paused")
+    assert [r.id for r in listed] == [run_id]
+    with pytest.raises(InvalidInput, match="severity"):
+        await aio(client.list_findings)(conn, run_id, severity="fatal")
+    with pytest.raises(InvalidInput, match="limit"):
+        await aio(client.list_findings)(conn, run_id, limit=0)
+    assert (await aio(client.list_findings)(conn, run_id)).findings == ()

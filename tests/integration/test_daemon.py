@@ -117,6 +117,55 @@ async def test_idle_silence_manual_paused_invalid_jobs(
     assert all(r["invalid_reason"] for r in invalid)
 
 
+@pytest.mark.slow
+async def test_idle_silence_with_paused_runs(
+    start_daemon: StartDaemon,
+    sql_log: StatementLog,
+    database_name: str,
+    conn: asyncpg.Connection,
+    nursery: trio.Nursery,
+) -> None:
+    """A paused run arms nothing and costs no SQL, with a worker serving its job: a
+    manual recoverable job's paused run waits for a trigger; a recurring one's next tick,
+    an hour away, is the only timer."""
+    from coordinator.worker import Worker
+
+    worker_target = {"kind": "worker", "type": "scan"}
+    manual = await define(conn, "scan-manual", target=worker_target, recoverable=True)
+    hourly = await define(
+        conn, "scan-hourly", target=worker_target, recoverable=True, schedule_kind="interval",
+        schedule="1h",
+    )  # fmt: skip
+    for job_id in (manual, hourly):
+        await aio(conn.execute)(
+            "INSERT INTO coordinator.runs (job_id, trigger, status, cursor, count, started_at, "
+            "paused_at) VALUES ($1, 'manual', 'paused', '{\"after\": 7}', 7, now(), now())",
+            job_id,
+        )
+    harness = await start_daemon(refresh_spacing=1.0)
+    worker = Worker(worker_id="idle")
+
+    @worker.job("scan")
+    async def scan(ctx: Any) -> None:
+        raise AssertionError("nothing may run")
+
+    socket_path = harness.daemon.executors["worker"].socket_path  # type: ignore[attr-defined]
+    await nursery.start(lambda task_status: worker.run(socket_path, task_status=task_status))
+    await harness.wait_event("wake", reason="workers.changed")
+    await harness.wait_event("refresh", count=2)  # the one the worker's arrival asked for
+    await trio.sleep(0.5)
+    sql_log.mark()
+    await trio.sleep(IDLE_WINDOW)
+    assert daemon_sql(sql_log, database_name) == []
+    status = harness.daemon.status()
+    assert status.refreshes == 2
+    assert (status.armed_deadlines, status.next_job) == (1, "default/scan-hourly")
+    assert status.running == ()
+    statuses = await aio(conn.fetch)("SELECT status FROM coordinator.runs")
+    assert [r["status"] for r in statuses] == ["paused", "paused"]
+    worker.stop()
+
+
 # -- coalescing ------------------------------------------------------------------------------
 
 

@@ -57,6 +57,7 @@ def test_full_entry_in_sql_shape() -> None:
         name = "reindex"
         every = "6h"
         worker = "search"
+        recoverable = true
         """
     )
     assert manifest.namespace == "billing"
@@ -83,6 +84,7 @@ def test_full_entry_in_sql_shape() -> None:
         "retry_max_delay": "600000000 microseconds",
         "misfire": "skip",
         "misfire_grace": "300000000 microseconds",
+        "recoverable": False,
     }
     # Without `paused` the key is left out: the job keeps its paused state.
     assert manifest.entries[1] == {
@@ -101,8 +103,36 @@ def test_full_entry_in_sql_shape() -> None:
         "retry_max_delay": "3600000000 microseconds",
         "misfire": "run-once",
         "misfire_grace": None,
+        "recoverable": True,
     }
     json.dumps(manifest.entries)  # what coordinator.sync receives
+
+
+def test_recoverable_needs_a_worker_and_a_boolean() -> None:
+    manifest = _parse(
+        """
+        namespace = "ops"
+
+        [[jobs]]
+        name = "scan"
+        manual = true
+        recoverable = true
+        command = ["scan.sh"]
+
+        [[jobs]]
+        name = "check"
+        manual = true
+        recoverable = "yes"
+        worker = "check"
+        """
+    )
+    assert [(p.job, p.field) for p in manifest.problems] == [
+        ("scan", "recoverable"),
+        ("check", "recoverable"),
+    ]
+    assert "only a worker job can be recoverable" in manifest.problems[0].reason
+    assert manifest.problems[0].line == 7
+    assert all(entry["invalid_reason"] for entry in manifest.entries)
 
 
 @pytest.mark.parametrize(

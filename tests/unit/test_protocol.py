@@ -11,14 +11,18 @@ from coordinator.errors import CoordinatorError
 from coordinator.protocol import (
     MAX_CAPACITY,
     MAX_CURSOR,
+    MAX_FINDINGS,
     MAX_LINE,
     MAX_MESSAGE,
+    NO_CURSOR,
     VERSION,
     Bye,
     Call,
     Cancel,
     Checkpoint,
     Error,
+    Finding,
+    FindingItem,
     Hello,
     LineBuffer,
     Message,
@@ -46,7 +50,21 @@ MESSAGES: list[Message] = [
     Checkpoint(run=7, cursor={"offset": 1200, "ids": [1, 2, 3]}),
     Checkpoint(run=7, cursor=None),
     Checkpoint(run=7, cursor="page-3"),
+    Checkpoint(run=7, cursor={"after": "k-9"}, count=10),
+    Checkpoint(run=7, cursor=None, count=-2),
+    Finding(
+        run=7,
+        findings=(
+            FindingItem(kind="missing_blob", resource_id="ab12", severity="data_loss"),
+            FindingItem(
+                kind="size", resource_id="é/1", severity="warning", detail={"want": 3, "got": 2}
+            ),
+        ),
+    ),
     Result(run=7, ok=True),
+    Result(run=7, ok=True, paused=True),
+    Result(run=7, ok=True, paused=True, cursor={"after": 40}, count=4),
+    Result(run=7, ok=True, cursor=None),
     Result(run=7, ok=True, count=12, extra={"files": ["a", "b"], "nested": {"x": 1.5}}),
     Result(run=7, ok=False, error="boom", count=3),
     Result(run=7, ok=False, error="bad row", retryable=False, category="invalid-input"),
@@ -67,7 +85,17 @@ MESSAGES: list[Message] = [
         scheduled_for=T0,
     ),
     Call(run=8, job="j", namespace="default", job_type="t"),
+    Call(
+        run=9,
+        job="scan",
+        namespace="ops",
+        job_type="scan",
+        checkpoint=[1, "a"],
+        recoverable=True,
+        count=120,
+    ),
     Cancel(run=7, reason="timeout"),
+    Cancel(run=7, reason="pause"),
     Error(message="malformed JSON"),
 ]
 
@@ -182,6 +210,43 @@ REJECTED = [
         b'{"v":1,"type":"result","run":1,"ok":false,"category":"' + b"x" * 65 + b'"}',
         "'category' is longer than 64",
     ),
+    (b'{"v":1,"type":"result","run":1,"ok":false,"paused":true}', "'paused' needs 'ok': true"),
+    (b'{"v":1,"type":"result","run":1,"ok":true,"paused":1}', "true or false"),
+    (b'{"v":1,"type":"checkpoint","run":1,"cursor":1,"count":"2"}', "'count' must be an"),
+    (b'{"v":1,"type":"checkpoint","run":1,"cursor":1,"count":true}', "'count' must be an"),
+    (b'{"v":1,"type":"finding","run":1}', "missing 'findings'"),
+    (b'{"v":1,"type":"finding","run":1,"findings":[]}', "at least one finding"),
+    (b'{"v":1,"type":"finding","run":1,"findings":{}}', "must be a JSON array"),
+    (b'{"v":1,"type":"finding","run":1,"findings":[1]}', r"findings\[0\] must be a JSON object"),
+    (
+        b'{"v":1,"type":"finding","run":1,"findings":[{"kind":"k","severity":"info"}]}',
+        r"findings\[0\]: missing 'resource_id'",
+    ),
+    (
+        b'{"v":1,"type":"finding","run":1,"findings":'
+        b'[{"kind":"k","resource_id":"r","severity":"fatal"}]}',
+        "'severity' must be one of info, warning, error, data_loss, not 'fatal'",
+    ),
+    (
+        b'{"v":1,"type":"finding","run":1,"findings":'
+        b'[{"kind":"","resource_id":"r","severity":"info"}]}',
+        "'kind' must be a non-empty string",
+    ),
+    (
+        b'{"v":1,"type":"finding","run":1,"findings":'
+        b'[{"kind":"k","resource_id":5,"severity":"info"}]}',
+        "'resource_id' must be a string",
+    ),
+    (
+        b'{"v":1,"type":"finding","run":1,"findings":'
+        b'[{"kind":"k","resource_id":"r","severity":"info","detail":[1]}]}',
+        "'detail' must be a JSON object",
+    ),
+    (
+        b'{"v":1,"type":"call","run":1,"job":"j","namespace":"n","job_type":"t",'
+        b'"recoverable":"yes"}',
+        "true or false",
+    ),
     (b'{"v":1,"type":"call","run":1,"job":"j","namespace":"n"}', "missing 'job_type'"),
     (
         b'{"v":1,"type":"call","run":1,"job":"j","namespace":"n","job_type":"t","deadline":"soon"}',
@@ -216,6 +281,58 @@ def test_oversized_line_is_rejected() -> None:
         parse(json.dumps({"v": 1, "type": "bye", "pad": padding}).encode())
     with pytest.raises(ProtocolError, match="longer than"):
         parse(json.dumps({"v": 1, "type": "bye", "pad": padding}))
+
+
+def test_recoverable_wire_shapes() -> None:
+    """What a worker in another language reads and writes for a recoverable job."""
+    call = Call(
+        run=7, job="scan", namespace="ops", job_type="scan", checkpoint={"after": 9},
+        recoverable=True, count=9,
+    )  # fmt: skip
+    body = json.loads(encode(call))
+    assert (body["checkpoint"], body["recoverable"], body["count"]) == ({"after": 9}, True, 9)
+    assert "recoverable" not in json.loads(
+        encode(Call(run=1, job="j", namespace="n", job_type="t"))
+    )
+    assert json.loads(encode(Result(run=7, ok=True, paused=True))) == {
+        "v": 1, "type": "result", "run": 7, "ok": True, "paused": True
+    }  # fmt: skip
+    # A result without a cursor and one whose cursor is JSON null stay apart.
+    assert parse(b'{"v":1,"type":"result","run":7,"ok":true}') == Result(run=7, ok=True)
+    absent = parse(b'{"v":1,"type":"result","run":7,"ok":true}')
+    null = parse(b'{"v":1,"type":"result","run":7,"ok":true,"cursor":null}')
+    assert isinstance(absent, Result)
+    assert isinstance(null, Result)
+    assert absent.cursor is NO_CURSOR
+    assert null.cursor is None
+    finding = parse(
+        b'{"v":1,"type":"finding","run":3,"findings":[{"kind":"k","resource_id":"r",'
+        b'"severity":"error","detail":null}]}'
+    )
+    assert finding == Finding(
+        run=3, findings=(FindingItem(kind="k", resource_id="r", severity="error"),)
+    )
+    assert isinstance(parse_from_worker(encode(finding)), Finding)
+    with pytest.raises(ProtocolError, match="sent by a worker"):
+        parse_from_daemon(encode(finding))
+
+
+def test_finding_limits() -> None:
+    item = FindingItem(kind="k", resource_id="r", severity="info")
+    Finding(run=1, findings=(item,) * MAX_FINDINGS)
+    with pytest.raises(ProtocolError, match=f"more than {MAX_FINDINGS}"):
+        Finding(run=1, findings=(item,) * (MAX_FINDINGS + 1))
+    line = json.dumps(
+        {"v": 1, "type": "finding", "run": 1, "findings": [item.to_wire()] * (MAX_FINDINGS + 1)}
+    )
+    with pytest.raises(ProtocolError, match=f"more than {MAX_FINDINGS}"):
+        parse(line)
+    with pytest.raises(ProtocolError, match="longer than 1000"):
+        FindingItem(kind="k", resource_id="r" * 1001, severity="info")
+    with pytest.raises(ProtocolError, match="16384"):
+        FindingItem(kind="k", resource_id="r", severity="info", detail={"d": "x" * MAX_CURSOR})
+    with pytest.raises(ProtocolError, match="16384"):
+        Result(run=1, ok=True, paused=True, cursor="c" * MAX_CURSOR)
 
 
 def test_limits_on_construction() -> None:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.daemon import wakes
-from coordinator.daemon.wakes import Changed, Dispatch
+from coordinator.daemon.wakes import Changed, Dispatch, Pause
 
 
 def test_the_shapes_the_triggers_send() -> None:
@@ -18,6 +18,7 @@ def test_the_shapes_the_triggers_send() -> None:
     assert wakes.parse('{"run": 5}') == Changed()
     assert wakes.parse('{"runs": "many"}') == Changed()
     assert wakes.parse('{"sync": "billing"}') == Changed()
+    assert wakes.parse('{"pause": 41}') == Pause(run_id=41)
     assert wakes.parse(
         '{"run": 5, "dispatch": true, "job": 12, "priority": "interactive", "worker": "images"}'
     ) == Dispatch(run_id=5, job_id=12, priority="interactive", worker_type="images")
@@ -43,6 +44,10 @@ def test_forged_and_malformed_payloads_are_ignored() -> None:
         '{"job": 1, "extra": 2}',
         '{"jobs": "few"}',
         '{"sync": 3}',
+        '{"pause": "41"}',
+        '{"pause": 0}',
+        '{"pause": true}',
+        '{"pause": 41, "run": 41}',
         '{"dispatch": true, "run": 1, "job": 2}',  # no priority
         '{"dispatch": true, "run": 1, "job": 2, "priority": "urgent", "worker": null}',
         '{"dispatch": true, "run": 1, "job": 2, "priority": "background", "worker": ""}',
@@ -61,13 +66,15 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner),
     max_leaves=12,
 )
-_keys = st.sampled_from(["job", "jobs", "run", "runs", "sync", "dispatch", "priority", "worker"])
+_keys = st.sampled_from(
+    ["job", "jobs", "run", "runs", "sync", "dispatch", "priority", "worker", "pause"]
+)
 
 
 @settings(max_examples=500, deadline=None)
 @given(st.text(max_size=300))
 def test_any_text_parses_or_is_ignored(text: str) -> None:
-    assert wakes.parse(text) is None or isinstance(wakes.parse(text), Changed | Dispatch)
+    assert wakes.parse(text) is None or isinstance(wakes.parse(text), Changed | Dispatch | Pause)
 
 
 @settings(max_examples=1000, deadline=None)
@@ -81,5 +88,9 @@ def test_lookalike_objects_give_only_valid_hints(data: dict[str, object]) -> Non
         assert hint.worker_type is None or (isinstance(hint.worker_type, str) and hint.worker_type)
     elif isinstance(hint, Changed):
         assert hint.job_ids is None or all(isinstance(j, int) and j >= 1 for j in hint.job_ids)
+    elif isinstance(hint, Pause):
+        assert set(data) == {"pause"}
+        assert isinstance(hint.run_id, int)
+        assert hint.run_id >= 1
     else:
         assert hint is None

@@ -35,7 +35,7 @@ from coordinator.executors.worker import (
     WorkerSocketError,
 )
 from coordinator.log import EventLog
-from coordinator.model import Claim, Job, Outcome, Schedule, Target
+from coordinator.model import CheckpointWrite, Claim, Cursor, Job, Outcome, Schedule, Target
 from coordinator.protocol import MAX_LINE
 from coordinator.worker import Context, Worker
 
@@ -61,6 +61,9 @@ def make_claim(
     timeout: float | None = None,
     args: dict[str, Any] | None = None,
     params: dict[str, Any] | None = None,
+    recoverable: bool = False,
+    cursor: Cursor | None = None,
+    count: int | None = None,
 ) -> Claim:
     job = Job(
         id=run_id,
@@ -70,6 +73,7 @@ def make_claim(
         target=Target(kind="worker", worker_type=worker_type),
         params=params or {},
         timeout=None if timeout is None else timedelta(seconds=timeout),
+        recoverable=recoverable,
     )
     return Claim(
         run_id=run_id,
@@ -79,6 +83,8 @@ def make_claim(
         args=args or {},
         attempt=1,
         claimed_at=datetime.now(UTC),
+        cursor=cursor,
+        count=count,
     )
 
 
@@ -135,13 +141,13 @@ async def harness(sock_path: Path, **kwargs: Any) -> AsyncIterator[Harness]:
     async with trio.open_nursery() as nursery:
         h = Harness(executor=None, nursery=nursery, events=events)  # type: ignore[arg-type]
         kwargs.setdefault("socket_path", sock_path)
-        save_progress = kwargs.pop("save_progress", None)
+        hooks: dict[str, Any] = {
+            name: kwargs.pop(name)
+            for name in ("save_progress", "save_checkpoint")
+            if kwargs.get(name) is not None
+        }
         h.executor = WorkerExecutor(clock=SystemWallClock(), events=EventBus(log=log), **kwargs)
-        h.executor.attach(
-            ExecutorHooks(changed=h.on_change, save_progress=save_progress)
-            if save_progress is not None
-            else ExecutorHooks(changed=h.on_change)
-        )
+        h.executor.attach(ExecutorHooks(changed=h.on_change, **hooks))
         await nursery.start(h.executor.serve)
         try:
             yield h
@@ -878,3 +884,356 @@ def test_configuration_is_checked() -> None:
         WorkerExecutor(clock=clock, events=log, tcp=("127.0.0.1", 9000))
     WorkerExecutor(clock=clock, events=log, tcp=("::1", 9000), token="t")
     WorkerExecutor(clock=clock, events=log, tcp=("localhost", 9000), token="t")
+
+
+# -- recoverable calls: cursors, counters, findings, pausing ----------------------------------
+
+
+@attrs.define(eq=False)
+class Checkpoints:
+    """A ``save_checkpoint`` hook that records what it was given (and can fail or wait)."""
+
+    writes: list[tuple[int, CheckpointWrite]] = attrs.field(factory=list)
+    fail_next: int = 0
+    gate: trio.Event | None = None
+    running: bool = True
+
+    async def save(self, run_id: int, write: CheckpointWrite) -> bool:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail_next:
+            self.fail_next -= 1
+            raise RuntimeError("database away")
+        self.writes.append((run_id, write))
+        return self.running
+
+    def cursors(self) -> list[Any]:
+        return [w.cursor.value for _, w in self.writes if w.cursor is not None]
+
+    def findings(self) -> list[str]:
+        return [f.resource_id for _, w in self.writes for f in w.findings]
+
+
+def finding(resource_id: str, severity: str = "warning") -> dict[str, Any]:
+    return {"kind": "k", "resource_id": resource_id, "severity": severity}
+
+
+async def test_a_recoverable_call_carries_the_cursor_and_writes_checkpoints_coalesced(
+    sock_path: Path,
+) -> None:
+    saved = Checkpoints()
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, save_checkpoint=saved.save, checkpoint_interval=0.3) as h:
+            raw = await h.connect()
+            await raw.hello(types=["scan"])
+            outcomes: list[Outcome] = []
+            claim = make_claim(
+                1, "scan", recoverable=True, cursor=Cursor(value={"after": 5}), count=5
+            )
+
+            async def call() -> None:
+                outcomes.append(await h.call(claim))
+
+            h.nursery.start_soon(call)
+            message = await raw.recv()
+            assert message is not None
+            assert (message["checkpoint"], message["recoverable"], message["count"]) == (
+                {"after": 5},
+                True,
+                5,
+            )
+            for i in range(6, 26):
+                if i % 5 == 0:
+                    await raw.send({"type": "finding", "run": 1, "findings": [finding(f"r{i}")]})
+                await raw.send({"type": "checkpoint", "run": 1, "cursor": {"after": i}, "count": 1})
+            await trio.sleep(0.5)  # one interval: the second write
+            await raw.send({"type": "finding", "run": 1, "findings": [finding("late", "error")]})
+            await raw.send({"type": "result", "run": 1, "ok": True, "count": 4})
+            while not outcomes:
+                await trio.sleep(0.01)
+    [outcome] = outcomes
+    assert outcome.status == "succeeded"
+    # Coalesced: the first write at once, then at most one per interval (20 checkpoints,
+    # about 0.5 s). Each write carries the latest cursor with the counter's total for it,
+    # and every finding reported before that cursor (in it, or in an earlier write).
+    assert 1 <= len(saved.writes) <= 3
+    written_before: set[str] = set()
+    for _, write in saved.writes:
+        written_before |= {f.resource_id for f in write.findings}
+        if write.cursor is not None:
+            after = write.cursor.value["after"]
+            assert write.count == after
+            assert {f"r{i}" for i in range(10, after + 1, 5)} <= written_before
+    assert saved.cursors()[-1] == {"after": 25}
+    # What was not written goes with the outcome; the result's count is a last delta.
+    assert outcome.cursor == Cursor(value={"after": 25})
+    assert outcome.count == 29
+    assert written_before | {f.resource_id for f in outcome.findings} == {
+        "r10", "r15", "r20", "r25", "late"
+    }  # fmt: skip
+    assert "late" not in written_before
+    assert "checkpoint" not in outcome.extra
+
+
+async def test_a_pause_request_sends_cancel_pause_and_the_run_pauses(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello(types=["scan"])
+            outcomes: list[Outcome] = []
+            claim = make_claim(2, "scan", recoverable=True, count=3)
+            h.nursery.start_soon(lambda: _collect(h, claim, outcomes))
+            assert (await raw.recv() or {})["type"] == "call"
+            await raw.send({"type": "checkpoint", "run": 2, "cursor": "c1", "count": 1})
+            await trio.sleep(0.05)
+            assert h.executor.cancel(2, "pause") is True
+            assert h.executor.cancel(3, "pause") is False  # not a call of ours
+            assert await raw.recv() == {"v": 1, "type": "cancel", "run": 2, "reason": "pause"}
+            await raw.send({"type": "result", "run": 2, "ok": True, "paused": True})
+            while not outcomes:
+                await trio.sleep(0.01)
+    [outcome] = outcomes
+    assert (outcome.status, outcome.error_message) == ("paused", "paused by operator")
+    assert (outcome.cursor, outcome.count, outcome.error_cause) == (Cursor(value="c1"), 4, None)
+
+
+async def _collect(h: Harness, claim: Claim, outcomes: list[Outcome], **kw: Any) -> None:
+    outcomes.append(await h.call(claim, **kw))
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "message"),
+    [
+        ({"ok": False, "error": "cancelled"}, "paused", "paused: the daemon is stopping; the "
+         "worker said: cancelled"),
+        ({"ok": True, "count": 1}, "succeeded", None),
+        (None, "paused", "paused: the daemon is stopping; worker raw ignored the cancel for "
+         "0.2s and was disconnected"),
+    ],
+)  # fmt: skip
+async def test_a_stopped_recoverable_call_pauses_whatever_the_worker_answers(
+    sock_path: Path, answer: dict[str, Any] | None, status: str, message: str | None
+) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, cancel_grace=0.2) as h:
+            raw = await h.connect()
+            await raw.hello(types=["scan"])
+            outcomes: list[Outcome] = []
+            claim = make_claim(4, "scan", recoverable=True, cursor=Cursor(value=None))
+            h.nursery.start_soon(lambda: _collect(h, claim, outcomes))
+            assert (await raw.recv() or {})["type"] == "call"
+            assert h.executor.cancel(4, "stopping")
+            assert (await raw.recv() or {})["reason"] == "stopping"
+            if answer is not None:
+                await raw.send({"type": "result", "run": 4, **answer})
+            while not outcomes:
+                await trio.sleep(0.01)
+    [outcome] = outcomes
+    assert (outcome.status, outcome.error_message) == (status, message)
+    assert outcome.cursor == Cursor(value=None)  # JSON null, handed on as it came
+
+
+async def test_a_failure_the_worker_reports_by_itself_fails_a_recoverable_run(
+    sock_path: Path,
+) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello(types=["scan"])
+            outcomes: list[Outcome] = []
+            h.nursery.start_soon(
+                lambda: _collect(h, make_claim(5, "scan", recoverable=True), outcomes)
+            )
+            assert (await raw.recv() or {})["type"] == "call"
+            await raw.send({"type": "checkpoint", "run": 5, "cursor": 17})
+            await raw.send({"type": "result", "run": 5, "ok": False, "error": "disk full"})
+            while not outcomes:
+                await trio.sleep(0.01)
+    [outcome] = outcomes
+    assert (outcome.status, outcome.error_cause, outcome.error_message) == (
+        "failed",
+        "handler",
+        "disk full",
+    )
+    assert outcome.cursor == Cursor(value=17)
+
+
+async def test_a_lost_worker_and_a_timeout_pause_a_recoverable_run(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, cancel_grace=0.2) as h:
+            raw = await h.connect()
+            await raw.hello(types=["scan"])
+            lost: list[Outcome] = []
+            h.nursery.start_soon(lambda: _collect(h, make_claim(6, "scan", recoverable=True), lost))
+            assert (await raw.recv() or {})["type"] == "call"
+            await raw.send({"type": "checkpoint", "run": 6, "cursor": [1], "count": 1})
+            await trio.sleep(0.05)
+            await raw.aclose()
+            h.raws.remove(raw)
+            while not lost:
+                await trio.sleep(0.01)
+
+            raw = await h.connect()
+            await raw.hello(worker="raw2", types=["scan"])
+            timed: list[Outcome] = []
+            claim = make_claim(7, "scan", recoverable=True, timeout=0.2)
+            h.nursery.start_soon(lambda: _collect(h, claim, timed))
+            assert (await raw.recv() or {})["type"] == "call"
+            await raw.send({"type": "checkpoint", "run": 7, "cursor": "t", "count": 2})
+            assert await raw.recv() == {"v": 1, "type": "cancel", "run": 7, "reason": "timeout"}
+            await raw.send({"type": "result", "run": 7, "ok": True, "paused": True})
+            while not timed:
+                await trio.sleep(0.01)
+    assert (lost[0].status, lost[0].error_message) == ("paused", "paused: worker raw disconnected")
+    assert (lost[0].cursor, lost[0].count) == (Cursor(value=[1]), 1)
+    assert (timed[0].status, timed[0].error_message) == ("paused", "paused: timed out after 0.2s")
+    assert (timed[0].cursor, timed[0].count) == (Cursor(value="t"), 2)
+
+
+async def test_a_pause_before_the_call_is_sent_pauses_without_calling(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.send({"type": "hello", "worker": "one", "types": ["scan"], "capacity": 1})
+            assert (await raw.recv() or {})["type"] == "welcome"
+            first: list[Outcome] = []
+            h.nursery.start_soon(lambda: _collect(h, make_claim(8, "scan"), first))
+            assert (await raw.recv() or {})["run"] == 8
+            second: list[Outcome] = []
+            claim = make_claim(9, "scan", recoverable=True, cursor=Cursor(value="c9"), count=9)
+            h.nursery.start_soon(lambda: _collect(h, claim, second))
+            await trio.sleep(0.05)  # waiting for the one slot
+            assert h.executor.cancel(9, "pause") is True
+            await raw.send({"type": "result", "run": 8, "ok": True})
+            while not second:
+                await trio.sleep(0.01)
+            with trio.move_on_after(0.2):
+                assert await raw.recv() is None  # no call for run 9
+    assert (second[0].status, second[0].error_message) == (
+        "paused",
+        "paused by operator before the call started",
+    )
+    assert (second[0].cursor, second[0].count) == (Cursor(value="c9"), 9)
+
+
+async def test_a_paused_result_for_a_plain_job_is_a_failure(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello(types=["echo"])
+            outcomes: list[Outcome] = []
+            h.nursery.start_soon(lambda: _collect(h, make_claim(10), outcomes))
+            assert (await raw.recv() or {})["type"] == "call"
+            await raw.send({"type": "checkpoint", "run": 10, "cursor": "p", "count": 5})
+            await raw.send({"type": "result", "run": 10, "ok": True, "paused": True})
+            while not outcomes:
+                await trio.sleep(0.01)
+    [outcome] = outcomes
+    assert (outcome.status, outcome.error_cause) == ("failed", "handler")
+    assert "not recoverable" in (outcome.error_message or "")
+    assert outcome.cursor is None  # a plain job's cursor stays in extra, as before
+    assert outcome.extra["checkpoint"] == "p"
+
+
+async def test_a_failed_checkpoint_write_keeps_its_findings_for_the_next(sock_path: Path) -> None:
+    saved = Checkpoints(fail_next=1)
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, save_checkpoint=saved.save, checkpoint_interval=0.1) as h:
+            raw = await h.connect()
+            await raw.hello(types=["scan"])
+            outcomes: list[Outcome] = []
+            h.nursery.start_soon(
+                lambda: _collect(h, make_claim(11, "scan", recoverable=True), outcomes)
+            )
+            assert (await raw.recv() or {})["type"] == "call"
+            await raw.send({"type": "finding", "run": 11, "findings": [finding("a"), finding("b")]})
+            await raw.send({"type": "checkpoint", "run": 11, "cursor": 2, "count": 2})
+            while not saved.writes:
+                await trio.sleep(0.01)
+            await raw.send({"type": "result", "run": 11, "ok": True})
+            while not outcomes:
+                await trio.sleep(0.01)
+    assert sorted(saved.findings()) == ["a", "b"]
+    assert saved.cursors() == [2]
+    assert h.named("checkpoint.save_failed")
+    assert outcomes[0].findings == ()
+
+
+async def test_too_many_unwritten_findings_stop_reading_until_written(
+    sock_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coordinator.executors import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "FINDINGS_BACKLOG", 5)
+    saved = Checkpoints(gate=trio.Event())
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, save_checkpoint=saved.save, checkpoint_interval=0.05) as h:
+            raw = await h.connect()
+            await raw.hello(types=["scan"])
+            outcomes: list[Outcome] = []
+            h.nursery.start_soon(
+                lambda: _collect(h, make_claim(12, "scan", recoverable=True), outcomes)
+            )
+            assert (await raw.recv() or {})["type"] == "call"
+            batch = [finding(f"f{i}") for i in range(8)]
+            await raw.send({"type": "finding", "run": 12, "findings": batch})
+            await raw.send({"type": "checkpoint", "run": 12, "cursor": 8, "count": 8})
+            await trio.sleep(0.3)
+            # The checkpoint behind the backlog was not read yet.
+            assert h.executor._calls[12].cursor is None
+            assert saved.gate is not None
+            saved.gate.set()
+            await raw.send({"type": "result", "run": 12, "ok": True})
+            while not outcomes:
+                await trio.sleep(0.01)
+    assert sorted(saved.findings() + [f.resource_id for f in outcomes[0].findings]) == sorted(
+        f"f{i}" for i in range(8)
+    )
+    assert outcomes[0].cursor == Cursor(value=8)
+
+
+async def test_an_oversized_cursor_is_a_protocol_error_and_the_run_pauses(sock_path: Path) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello(types=["scan"])
+            outcomes: list[Outcome] = []
+            h.nursery.start_soon(
+                lambda: _collect(h, make_claim(13, "scan", recoverable=True), outcomes)
+            )
+            assert (await raw.recv() or {})["type"] == "call"
+            await raw.send({"type": "checkpoint", "run": 13, "cursor": "ok", "count": 1})
+            await raw.send({"type": "checkpoint", "run": 13, "cursor": "x" * 17000})
+            await raw.expect_error_and_close("checkpoint: 'cursor' is 17002 bytes as JSON")
+            while not outcomes:
+                await trio.sleep(0.01)
+    assert (outcomes[0].status, outcomes[0].cursor) == ("paused", Cursor(value="ok"))
+
+
+async def test_full_batches_of_findings_are_written_without_waiting(sock_path: Path) -> None:
+    """The interval coalesces cursors; it does not throttle findings: a full batch
+    (FINDINGS_PER_WRITE) is written at once, one statement each."""
+    from coordinator.executors.worker import FINDINGS_PER_WRITE
+
+    saved = Checkpoints()
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, save_checkpoint=saved.save, checkpoint_interval=30) as h:
+            raw = await h.connect()
+            await raw.hello(types=["scan"])
+            outcomes: list[Outcome] = []
+            h.nursery.start_soon(
+                lambda: _collect(h, make_claim(14, "scan", recoverable=True), outcomes)
+            )
+            assert (await raw.recv() or {})["type"] == "call"
+            for start in range(0, 3 * FINDINGS_PER_WRITE, FINDINGS_PER_WRITE):
+                batch = [finding(f"f{i}") for i in range(start, start + FINDINGS_PER_WRITE)]
+                await raw.send({"type": "finding", "run": 14, "findings": batch})
+            with trio.fail_after(5):  # far less than the 30 s interval
+                while len(saved.findings()) < 2 * FINDINGS_PER_WRITE:
+                    await trio.sleep(0.01)
+            await raw.send({"type": "result", "run": 14, "ok": True})
+            while not outcomes:
+                await trio.sleep(0.01)
+    assert all(len(w.findings) <= FINDINGS_PER_WRITE for _, w in saved.writes)
+    written = saved.findings() + [f.resource_id for f in outcomes[0].findings]
+    assert sorted(written) == sorted(f"f{i}" for i in range(3 * FINDINGS_PER_WRITE))

@@ -735,3 +735,211 @@ async def test_command_serves_and_stops_cleanly_on_sigterm(sock_path: Path, tmp_
             assert b"leaving cleanly" in stderr
             assert [e["reason"] for e in events if e["event"] == "worker.disconnected"] == ["bye"]
             nursery.cancel_scope.cancel()
+
+
+# -- recoverable jobs: cursor, counter, findings, pausing -------------------------------------
+
+
+async def test_a_recoverable_call_resumes_from_its_cursor_and_counter(sock_path: Path) -> None:
+    seen: list[Any] = []
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> None:
+        seen.append((ctx.recoverable, ctx.cursor, ctx.count))
+        await ctx.checkpoint({"after": 12}, count=2)
+        seen.append((ctx.cursor, ctx.count))
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(3, checkpoint={"after": 10}, recoverable=True, count=10)
+            assert await peer.recv() == {
+                "type": "checkpoint",
+                "run": 3,
+                "cursor": {"after": 12},
+                "count": 2,
+            }
+            assert await peer.recv() == {"type": "result", "run": 3, "ok": True}
+            assert seen == [(True, {"after": 10}, 10), ({"after": 12}, 12)]
+            nursery.cancel_scope.cancel()
+
+
+async def test_findings_are_batched_and_sent_before_the_checkpoint_after_them(
+    sock_path: Path,
+) -> None:
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> None:
+        for i in range(450):
+            await ctx.finding("dup", i, severity="warning", detail={"i": i})
+        await ctx.checkpoint(450, count=450)
+        await ctx.finding("tail", "last", severity="data_loss")
+        await trio.sleep(0.8)  # longer than the batching: the flusher sends it
+        await ctx.finding("end", "x")  # sent with the result
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(4, recoverable=True)
+            messages = []
+            while (message := await peer.recv()) is not None:
+                messages.append(message)
+                if message["type"] == "result":
+                    break
+            kinds = [m["type"] for m in messages]
+            assert kinds == ["finding", "finding", "finding", "checkpoint", "finding", "finding",
+                             "result"]  # fmt: skip
+            first = [f for m in messages[:3] for f in m["findings"]]
+            assert [f["resource_id"] for f in first] == [str(i) for i in range(450)]
+            assert first[7] == {
+                "kind": "dup", "resource_id": "7", "severity": "warning", "detail": {"i": 7}
+            }  # fmt: skip
+            assert all(len(m["findings"]) <= 200 for m in messages[:3])
+            assert messages[4]["findings"] == [
+                {"kind": "tail", "resource_id": "last", "severity": "data_loss"}
+            ]
+            assert messages[5]["findings"] == [
+                {"kind": "end", "resource_id": "x", "severity": "info"}
+            ]
+            nursery.cancel_scope.cancel()
+
+
+async def test_bad_findings_and_checkpoints_raise_value_errors(sock_path: Path) -> None:
+    errors: list[str] = []
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        for bad in (
+            lambda: ctx.finding("k", "r", severity="fatal"),
+            lambda: ctx.finding("k" * 201, "r"),
+            lambda: ctx.finding("k", "r" * 1001),
+            lambda: ctx.finding("k", "r", detail={"x": "y" * 17000}),
+            lambda: ctx.finding("k", "r", detail=[1]),  # type: ignore[arg-type]
+            lambda: ctx.checkpoint({"big": "z" * 16384}),
+            lambda: ctx.checkpoint(1, count=2**63),
+        ):
+            try:
+                await bad()
+            except ValueError as exc:
+                errors.append(str(exc))
+        return len(errors)
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(5, recoverable=True)
+            assert await peer.recv() == {"type": "result", "run": 5, "ok": True, "count": 7}
+            assert errors == [
+                "finding: 'severity' must be one of info, warning, error, data_loss, not 'fatal'",
+                "finding: 'kind' is longer than 200 characters",
+                "finding: 'resource_id' is longer than 1000 characters",
+                "finding: 'detail' is 17008 bytes as JSON; the limit is 16384",
+                "finding: 'detail' must be a JSON object, not [1]",
+                "checkpoint: 'cursor' is 16394 bytes as JSON; the limit is 16384",
+                "checkpoint: 'count' must be a 64-bit integer, not 9223372036854775808",
+            ]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_handler_pauses_by_raising_or_returning_paused(sock_path: Path) -> None:
+    from coordinator.worker import Paused
+
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> Any:
+        await ctx.checkpoint("c1", count=1)
+        await ctx.cancelled.wait()
+        assert ctx.cancel_reason == "pause"
+        if ctx.run_id == 1:
+            raise Paused()  # at its last checkpoint
+        return Paused({"exact": "c2"}, count=3)
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            results = []
+            for run in (1, 2):
+                await peer.call(run, recoverable=True)
+                assert (await peer.recv())["type"] == "checkpoint"
+                await peer.send({"type": "cancel", "run": run, "reason": "pause"})
+                results.append(await peer.recv_type("result"))
+            first, second = results
+            assert first == {"type": "result", "run": 1, "ok": True, "paused": True}
+            assert second == {
+                "type": "result",
+                "run": 2,
+                "ok": True,
+                "count": 3,
+                "paused": True,
+                "cursor": {"exact": "c2"},
+            }
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_recoverable_handler_that_ignores_the_cancel_is_paused_after_the_grace(
+    sock_path: Path,
+) -> None:
+    ended: list[float] = []
+    worker = Worker("w", pause_grace=0.3)
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        await ctx.checkpoint({"page": 9}, count=9)
+        await ctx.finding("slow", "s1")
+        try:
+            await trio.sleep_forever()  # never looks at ctx.cancelled
+        finally:
+            ended.append(trio.current_time())
+        return 1  # pragma: no cover
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(6, recoverable=True)
+            assert (await peer.recv())["type"] == "checkpoint"
+            asked = trio.current_time()
+            await peer.send({"type": "cancel", "run": 6, "reason": "stopping"})
+            assert (await peer.recv())["type"] == "finding"  # flushed before the result
+            assert await peer.recv() == {"type": "result", "run": 6, "ok": True, "paused": True}
+            assert ended[0] - asked >= 0.3
+            nursery.cancel_scope.cancel()
+
+
+async def test_findings_buffered_when_a_handler_is_cancelled_still_precede_the_result(
+    sock_path: Path,
+) -> None:
+    worker = Worker("w", pause_grace=0.1)
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> None:
+        await ctx.finding("late", "l1", severity="error")
+        await trio.sleep_forever()
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(7, recoverable=True)
+            await peer.send({"type": "cancel", "run": 7, "reason": "pause"})
+            message = await peer.recv()
+            assert message is not None
+            assert message["findings"] == [
+                {"kind": "late", "resource_id": "l1", "severity": "error"}
+            ]
+            assert await peer.recv() == {"type": "result", "run": 7, "ok": True, "paused": True}
+            nursery.cancel_scope.cancel()
