@@ -80,7 +80,10 @@ class Listener:
                     conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                     self.on_statement()
                     await aio(conn.add_listener)(CHANNEL, self._on_notification)
-                except Exception as exc:  # unreachable or refused: retry with backoff
+                except BaseException as exc:  # unreachable or refused: retry with backoff
+                    if not isinstance(exc, Exception):  # cancelled: close what we opened
+                        await close_quietly(conn, within=1.0)
+                        raise
                     await close_quietly(conn, within=1.0)
                     attempt += 1
                     delay = backoff(attempt, cap=self.max_backoff)

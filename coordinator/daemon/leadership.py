@@ -119,6 +119,9 @@ class Leadership:
                 except CoordinatorError:
                     await close_quietly(new_conn, within=1.0)
                     continue
+                except BaseException:  # cancelled (a stop) mid-way: close what we opened
+                    await close_quietly(new_conn, within=1.0)
+                    raise
                 if not led:
                     await close_quietly(new_conn, within=1.0)
                     self.log.error("leadership.lost", instance=self.instance)
