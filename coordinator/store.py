@@ -133,8 +133,9 @@ class ClaimResult:
     #: Set when the claim was granted but the stored target cannot be called (the run
     #: must then fail without calling anything).
     target_error: str | None = None
-    #: (batch number, rank in the batch, batch size): claims granted together start
-    #: their calls in rank order (the dispatcher's turnstile).
+    #: A granted claim's (batch number, rank among the claims its batch granted, how
+    #: many it granted): claims granted together start their calls in rank order (the
+    #: dispatcher's turnstile). Refusals take no place.
     place: tuple[int, int, int] = (0, 0, 1)
     #: With reason ``misfire``: the deadline skipped, and the one saved in its place.
     skipped: datetime | None = None
@@ -632,22 +633,25 @@ class Store:
         out: list[ClaimResult | BaseException] = [
             StoreUnavailable("claim: no answer for this item")
         ] * len(items)
-        batch_no, size = self.claims.batches, len(items)
+        # Only granted claims take a place in the batch's turnstile (their calls start in
+        # the batch's order); a refusal or an error has nothing to start.
+        batch_no = self.claims.batches
+        granted = sorted(
+            row["i"] for row in rows if row["err_state"] is None and row["reason"] is None
+        )
+        rank = {index: position for position, index in enumerate(granted)}
         for row in rows:
             index = row["i"]
-            place = (batch_no, index, size)
             if row["err_state"] is not None:
                 out[index] = _item_error("claim", row["err_state"], row["err_message"])
             elif row["reason"] == "misfire":
                 out[index] = ClaimResult(
-                    reason="misfire",
-                    place=place,
-                    skipped=row["scheduled_for"],
-                    next_run_at=row["next_run_at"],
+                    reason="misfire", skipped=row["scheduled_for"], next_run_at=row["next_run_at"]
                 )
             elif row["reason"] is not None:
-                out[index] = ClaimResult(reason=row["reason"], place=place)
+                out[index] = ClaimResult(reason=row["reason"])
             else:
+                place = (batch_no, rank[index], len(granted))
                 out[index] = _claim_result(row, items[index][0].job_id, place)
         return out
 

@@ -346,8 +346,8 @@ class Dispatcher:
         if self._claim_failures:
             self._claim_failures = 0
             self.policy.recovered("claim")
-        if result.claim is None or result.target_error is not None:
-            self._turns.passed(result.place)  # nothing to start: let the next one go
+        if result.claim is not None and result.target_error is not None:
+            self._turns.passed(result.place)  # granted, but nothing to start: next one
         if result.claim is None:
             reason = result.reason or "unknown"
             if reason == "misfire":

@@ -243,3 +243,47 @@ async def test_one_refused_settlement_does_not_cost_the_others_theirs(
     assert set(statuses.values()) == {"succeeded"}
     await aio(conn.execute)("UPDATE public.faults SET active = false")
     await harness.wait_event("settle.saved", job="default/bad")
+
+
+async def test_a_claim_refused_inside_a_batch_holds_no_one_back(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """One item of a claim batch fails (a trigger refuses to start its run); the other
+    claims of the same batch start their calls, in order, without waiting for it."""
+    await aio(conn.execute)(
+        """
+        CREATE FUNCTION public.refuse_start() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.status = 'running'
+               AND (SELECT name FROM coordinator.jobs WHERE id = NEW.job_id) = 'bad' THEN
+                RAISE EXCEPTION 'injected claim fault';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_start BEFORE UPDATE ON coordinator.runs
+            FOR EACH ROW EXECUTE FUNCTION public.refuse_start();
+        """
+    )
+    target = {"kind": "worker", "type": "gated"}
+    await define(conn, "bad", priority="interactive", target=target)  # first in the batch
+    names = [f"good{i}" for i in range(5)]
+    for name in names:
+        await define(conn, name, target=target)
+    harness = await start_daemon(concurrency=64, refresh_spacing=0.1, retry_cap=0.5)
+    for name in ["bad", *names]:
+        await aio(conn.fetchval)("SELECT coordinator.trigger('default', $1)", name)
+    with trio.fail_after(20):
+        while harness.daemon.admission.waiting_count < 1 + len(names):
+            await harness.wait_event("refresh", count=len(harness.named("refresh")) + 1)
+    worker = Worker(worker_id="w", capacity=8)
+
+    @worker.job("gated")
+    async def handle(ctx: Context) -> None:
+        return None
+
+    path = harness.daemon.executors["worker"].socket_path  # type: ignore[attr-defined]
+    await nursery.start(lambda task_status: worker.run(path, task_status=task_status))
+    runs = await harness.wait_event("job.run", count=len(names))
+    assert {e["job"] for e in runs} == {f"default/{n}" for n in names}
+    failed = await harness.wait_event("claim.failed")
+    assert "injected claim fault" in failed[0]["error"]
