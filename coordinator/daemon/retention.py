@@ -28,12 +28,10 @@ import trio
 from .. import schedule as schedules
 from ..clock import WallClock
 from ..events import EventBus, RetentionPruned, milliseconds
-from ..model import Schedule
+from ..model import DEFAULT_KEEP_LAST, Schedule
 from ..store import Store
 from .policy import ErrorPolicy
 
-#: A job's newest runs kept whatever their age, unless the job says otherwise.
-DEFAULT_KEEP_LAST: Final = 100
 #: Most runs one batch deletes (one transaction).
 DEFAULT_BATCH: Final = 2000
 #: Most jobs one batch looks at (a batch over many jobs with nothing to delete).
