@@ -153,6 +153,7 @@ class WebhookSink:
             with opener.open(request, timeout=self.timeout) as response:
                 response.read(65536)
         except urllib.error.HTTPError as exc:
+            exc.close()  # it holds the response
             raise DeliveryFailed(f"webhook answered {exc.code} {exc.reason}") from None
 
     async def send(self, message: Message, *, headers: dict[str, str]) -> None:
