@@ -424,7 +424,7 @@ def _add_jobs(groups: _Subparsers) -> None:
         "--keep-last",
         type=_positive_int,
         metavar="N",
-        help="retention keeps the newest N runs whatever their age (default 100)",
+        help="retention keeps at most the newest N runs (default 100)",
     )
     define.add_argument(
         "--retention",
@@ -1262,8 +1262,8 @@ async def _jobs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
         ("alerts", "yes" if job.alert else "no (--no-alert)"),
         (
             "retention",
-            f"newest {job.keep_last or DEFAULT_KEEP_LAST} runs, and finished runs younger "
-            f"than {_duration(job.retention) if job.retention else 'the retention setting'}",
+            f"at most the newest {job.keep_last or DEFAULT_KEEP_LAST} runs, none finished more "
+            f"than {_duration(job.retention) if job.retention else 'retention (setting)'} ago",
         ),
         ("invalid", job.invalid_reason or "-"),
         ("next run", why.next_run(job, facts)),
@@ -1419,7 +1419,7 @@ async def _prune(args: argparse.Namespace, ctx: CommandContext) -> int:
                 str(v.runs),
                 str(v.prunable),
                 str(v.runs - v.prunable),
-                f"newest {v.keep_last}, younger than {_duration(v.retention)}"
+                f"at most {v.keep_last}, younger than {_duration(v.retention)}"
                 if not v.removed
                 else f"younger than {_duration(v.retention)}",
             )

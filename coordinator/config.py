@@ -416,8 +416,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         convert=_seconds,
         default=30 * 86400.0,
         unit="duration",
-        help="finished runs older than this are pruned (a job's own retention wins; "
-        "each job keeps its keep_last newest runs, 100 by default, and its latest)",
+        help="finished runs older than this are pruned, and those beyond a job's keep_last "
+        "newest (100 by default); a job's own retention wins; its latest run stays",
     ),
     Setting(
         name="prune_at",

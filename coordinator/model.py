@@ -41,8 +41,8 @@ OUTSTANDING: frozenset[str] = frozenset(
 )
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 
-#: Retention keeps each job's newest runs whatever their age, this many unless the job
-#: says otherwise (``jobs.keep_last``).
+#: Retention keeps at most this many of a job's newest runs, unless the job says otherwise
+#: (``jobs.keep_last``).
 DEFAULT_KEEP_LAST = 100
 
 #: How a call ended (the statuses an :class:`Outcome` may carry). ``paused``: a

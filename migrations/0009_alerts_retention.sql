@@ -2,7 +2,7 @@
 --
 -- Jobs gain four columns:
 --   alert       false: no failure alert is ever sent for the job (--no-alert, alert = false)
---   keep_last   the job's newest runs retention keeps whatever their age (NULL: the
+--   keep_last   retention keeps at most this many of the job's newest runs (NULL: the
 --               daemon's default, 100)
 --   retention   how long the job's finished runs are kept (NULL: the daemon's `retention`
 --               setting, 30 days by default)

@@ -54,7 +54,7 @@ class Pruner:
     timezone: str
     #: Finished runs older than this go (a job's own ``retention`` wins).
     retention: timedelta
-    #: A job's newest runs kept whatever their age (a job's own ``keep_last`` wins).
+    #: At most this many of a job's newest runs are kept (a job's own ``keep_last`` wins).
     keep_last: int = DEFAULT_KEEP_LAST
     batch: int = DEFAULT_BATCH
     max_jobs: int = DEFAULT_MAX_JOBS
