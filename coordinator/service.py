@@ -111,7 +111,7 @@ def alert_sinks(config: Config) -> list[Sink]:
             EmailSink(
                 host=config.alert_smtp_host,
                 port=config.smtp_port(),
-                sender=config.alert_email_from or f"coordinator@{socket.getfqdn()}",
+                sender=config.alert_email_from or f"coordinator@{socket.gethostname()}",
                 recipients=config.alert_email_to,
                 starttls=config.alert_smtp_starttls,
                 tls=config.alert_smtp_tls,
