@@ -185,10 +185,6 @@ class JobView:
     next_run_at: datetime | None
     #: Bumped whenever the schedule changes.
     schedule_version: int
-    #: Failures are alerted; retention's per-job overrides (``None``: the defaults).
-    alert: bool
-    keep_last: int | None
-    retention: timedelta | None
     #: Row timestamps.
     created_at: datetime
     updated_at: datetime
@@ -215,6 +211,10 @@ class JobView:
     outstanding_due_at: datetime | None = None
     #: The unresolved run that blocks the job until an operator resolves it, if any.
     blocked_by: int | None = None
+    #: Failures are alerted; retention's per-job overrides (``None``: the defaults).
+    alert: bool = True
+    keep_last: int | None = None
+    retention: timedelta | None = None
 
     @property
     def key(self) -> str:
