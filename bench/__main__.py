@@ -1,4 +1,5 @@
 """``python -m bench [BENCHMARK] [--quick]``: ``all`` (default), ``idle``, ``latency``,
+"""``python -m bench [BENCHMARK] [--quick]``: ``all`` (default), ``idle``, ``latency``,
 ``lateness``, ``throughput``, ``scale``, ``peers``, ``durability``, ``stats``,
 ``recoverable``, ``prune``.
 
