@@ -23,9 +23,10 @@
 -- _alert_open writes only when an alert is due, and counts the ones suppressed since the
 -- last alert from the runs themselves (nothing is written for a suppressed alert).
 --
--- Redefined here: define_job (three new parameters: dropped and re-created), sync (reads
--- the new keys; removed jobs are not counted as existing), _job_id (removed jobs are
--- unknown), remove (a third parameter, keep_history: dropped and re-created).
+-- Redefined here, each from its latest definition: define_job (0007: three new parameters,
+-- dropped and re-created), sync (0007: reads the new keys; removed jobs are not counted
+-- as existing), _job_id (0005: removed jobs are unknown), remove (0001: a third parameter,
+-- keep_history; dropped and re-created).
 -- New: _alert_open, _prunable, _prune, _prune_preview.
 -- Every function runs with enable_seqscan = off (0004).
 
@@ -44,7 +45,8 @@ CREATE UNIQUE INDEX jobs_namespace_name_key ON coordinator.jobs (namespace, name
 
 CREATE TABLE coordinator.alert_windows (
     job_id  bigint NOT NULL REFERENCES coordinator.jobs (id) ON DELETE CASCADE,
-    -- failed: a run ended failed or timed out with no retry left; unresolved: a run was
+    -- failed: a run ended failed or timed out with no retry left (its retries exhausted,
+    -- or none allowed); unresolved: a run was
     -- left unresolved by a crash; findings: a run recorded findings of severity error or
     -- data_loss.
     kind    text NOT NULL CHECK (kind IN ('failed', 'unresolved', 'findings')),
@@ -86,25 +88,31 @@ BEGIN
 END
 $$;
 
--- As in 0005, plus alert, keep_last and retention (replaced like every other field).
+-- As in 0007, plus alert, keep_last and retention (replaced like every other field).
 DROP FUNCTION coordinator.define_job(text, text, jsonb, text, text, text, jsonb, interval,
-                                     text, boolean, boolean, text);
+                                     text, boolean, boolean, text, integer, interval, interval,
+                                     text, interval);
 CREATE FUNCTION coordinator.define_job(
-    name           text,
-    schedule_kind  text,
-    target         jsonb,
-    schedule       text DEFAULT NULL,
-    namespace      text DEFAULT 'default',
-    timezone       text DEFAULT 'UTC',
-    params         jsonb DEFAULT '{}',
-    timeout        interval DEFAULT NULL,
-    priority       text DEFAULT 'background',
-    idempotent     boolean DEFAULT false,
-    paused         boolean DEFAULT false,
-    invalid_reason text DEFAULT NULL,
-    alert          boolean DEFAULT true,
-    keep_last      integer DEFAULT NULL,
-    retention      interval DEFAULT NULL
+    name            text,
+    schedule_kind   text,
+    target          jsonb,
+    schedule        text DEFAULT NULL,
+    namespace       text DEFAULT 'default',
+    timezone        text DEFAULT 'UTC',
+    params          jsonb DEFAULT '{}',
+    timeout         interval DEFAULT NULL,
+    priority        text DEFAULT 'background',
+    idempotent      boolean DEFAULT false,
+    paused          boolean DEFAULT NULL,
+    invalid_reason  text DEFAULT NULL,
+    retries         integer DEFAULT 0,
+    retry_backoff   interval DEFAULT '30 seconds',
+    retry_max_delay interval DEFAULT '1 hour',
+    misfire         text DEFAULT 'run-once',
+    misfire_grace   interval DEFAULT NULL,
+    alert           boolean DEFAULT true,
+    keep_last       integer DEFAULT NULL,
+    retention       interval DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_variable
@@ -113,6 +121,11 @@ DECLARE
     once_at      timestamptz;
     reason       text := invalid_reason;
     problem      text;
+    want_paused  boolean := paused;
+    n_retries    integer := coalesce(retries, 0);
+    backoff      interval := coalesce(retry_backoff, interval '30 seconds');
+    max_delay    interval := coalesce(retry_max_delay, interval '1 hour');
+    policy       text := coalesce(misfire, 'run-once');
 BEGIN
     PERFORM coordinator._require(name, 'name');
     PERFORM coordinator._require(schedule_kind, 'schedule_kind');
@@ -125,6 +138,35 @@ BEGIN
     IF reason IS NULL AND timeout > interval '3650 days' THEN
         RAISE EXCEPTION 'timeout: at most 3650d, not %', timeout
             USING ERRCODE = 'invalid_parameter_value', COLUMN = 'timeout';
+    END IF;
+    IF n_retries NOT BETWEEN 0 AND 100 THEN
+        RAISE EXCEPTION 'retries: must be 0 to 100, not %', n_retries
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'retries';
+    END IF;
+    IF backoff <= interval '0' OR backoff > interval '3650 days' THEN
+        RAISE EXCEPTION 'retry_backoff: must be greater than zero and at most 3650d, not %',
+                        backoff
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'retry_backoff';
+    END IF;
+    IF max_delay <= interval '0' OR max_delay > interval '3650 days' THEN
+        RAISE EXCEPTION 'retry_max_delay: must be greater than zero and at most 3650d, not %',
+                        max_delay
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'retry_max_delay';
+    END IF;
+    IF policy NOT IN ('run-once', 'skip') THEN
+        RAISE EXCEPTION 'misfire: must be run-once or skip, not %', policy
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'misfire';
+    ELSIF policy = 'skip' AND misfire_grace IS NULL THEN
+        RAISE EXCEPTION 'misfire_grace: required with misfire skip (how late a deadline may '
+                        'still run, e.g. 5m)'
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'misfire_grace';
+    ELSIF policy = 'run-once' AND misfire_grace IS NOT NULL THEN
+        RAISE EXCEPTION 'misfire_grace: only applies with misfire skip'
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'misfire_grace';
+    ELSIF misfire_grace < interval '1 second' OR misfire_grace > interval '3650 days' THEN
+        RAISE EXCEPTION 'misfire_grace: must be at least 1s and at most 3650d, not %',
+                        misfire_grace
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'misfire_grace';
     END IF;
     IF keep_last < 1 OR keep_last > 1000000000 THEN
         RAISE EXCEPTION 'keep_last: must be between 1 and 1000000000, not %', keep_last
@@ -163,11 +205,12 @@ BEGIN
     EXECUTE $sql$
     INSERT INTO coordinator.jobs AS j (namespace, name, schedule_kind, schedule, timezone,
                                        target, params, timeout, priority, idempotent, paused,
-                                       invalid_reason, next_run_at, alert, keep_last,
-                                       retention)
+                                       invalid_reason, next_run_at, retries, retry_backoff,
+                                       retry_max_delay, misfire, misfire_grace, alert,
+                                       keep_last, retention)
     VALUES ($1, $2, $3, $4, coalesce($5, 'UTC'), $6, coalesce($7, '{}'), $8,
             coalesce($9, 'background'), coalesce($10, false), coalesce($11, false), $12, $13,
-            coalesce($14, true), $15, $16)
+            $14, $15, $16, $17, $18, coalesce($19, true), $20, $21)
     ON CONFLICT (namespace, name) WHERE removed_at IS NULL DO UPDATE SET
         schedule_kind    = excluded.schedule_kind,
         schedule         = excluded.schedule,
@@ -177,8 +220,13 @@ BEGIN
         timeout          = excluded.timeout,
         priority         = excluded.priority,
         idempotent       = excluded.idempotent,
-        paused           = excluded.paused,
+        paused           = coalesce($11, j.paused),
         invalid_reason   = excluded.invalid_reason,
+        retries          = excluded.retries,
+        retry_backoff    = excluded.retry_backoff,
+        retry_max_delay  = excluded.retry_max_delay,
+        misfire          = excluded.misfire,
+        misfire_grace    = excluded.misfire_grace,
         alert            = excluded.alert,
         keep_last        = excluded.keep_last,
         retention        = excluded.retention,
@@ -194,12 +242,13 @@ BEGIN
     RETURNING j.id
     $sql$ INTO job_id
     USING namespace, name, schedule_kind, schedule, timezone, target, params, timeout,
-          priority, idempotent, paused, reason, once_at, alert, keep_last, retention;
+          priority, idempotent, want_paused, reason, once_at, n_retries, backoff, max_delay,
+          policy, misfire_grace, alert, keep_last, retention;
     RETURN job_id;
 END
 $$;
 
--- As in 0005, plus the keys alert, keep_last and retention; a removed job of the same
+-- As in 0007, plus the keys alert, keep_last and retention; a removed job of the same
 -- name does not count as existing.
 CREATE OR REPLACE FUNCTION coordinator.sync(namespace text, jobs jsonb)
 RETURNS TABLE (created integer, updated integer, paused integer)
@@ -211,6 +260,7 @@ DECLARE
     entry_index     integer := 0;
     problem         text := coordinator._namespace_problem(namespace);
     names           text[] := '{}';
+    was_sync_paused boolean;
     n_created       integer := 0;
     n_updated       integer := 0;
     n_paused        integer := 0;
@@ -233,32 +283,38 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value', COLUMN = 'jobs';
         END IF;
         entry_index := entry_index + 1;
-        IF EXISTS (SELECT 1 FROM coordinator.jobs j
-                    WHERE j.namespace = namespace AND j.name = entry->>'name'
-                      AND j.removed_at IS NULL) THEN
+        SELECT j.sync_paused INTO was_sync_paused FROM coordinator.jobs j
+         WHERE j.namespace = namespace AND j.name = entry->>'name' AND j.removed_at IS NULL;
+        IF FOUND THEN
             n_updated := n_updated + 1;
         ELSE
             n_created := n_created + 1;
         END IF;
         PERFORM coordinator.define_job(
-            name           => entry->>'name',
-            schedule_kind  => entry->>'schedule_kind',
-            target         => entry->'target',
-            schedule       => entry->>'schedule',
-            namespace      => namespace,
-            timezone       => coalesce(entry->>'timezone', 'UTC'),
-            params         => coalesce(entry->'params', '{}'),
-            timeout        => (entry->>'timeout')::interval,
-            priority       => coalesce(entry->>'priority', 'background'),
-            idempotent     => coalesce((entry->>'idempotent')::boolean, false),
-            paused         => coalesce((entry->>'paused')::boolean, false),
-            invalid_reason => entry->>'invalid_reason',
-            alert          => coalesce((entry->>'alert')::boolean, true),
-            keep_last      => (entry->>'keep_last')::integer,
-            retention      => (entry->>'retention')::interval);
+            name            => entry->>'name',
+            schedule_kind   => entry->>'schedule_kind',
+            target          => entry->'target',
+            schedule        => entry->>'schedule',
+            namespace       => namespace,
+            timezone        => coalesce(entry->>'timezone', 'UTC'),
+            params          => coalesce(entry->'params', '{}'),
+            timeout         => (entry->>'timeout')::interval,
+            priority        => coalesce(entry->>'priority', 'background'),
+            idempotent      => coalesce((entry->>'idempotent')::boolean, false),
+            paused          => coalesce((entry->>'paused')::boolean,
+                                        CASE WHEN was_sync_paused THEN false END),
+            invalid_reason  => entry->>'invalid_reason',
+            retries         => (entry->>'retries')::integer,
+            retry_backoff   => (entry->>'retry_backoff')::interval,
+            retry_max_delay => (entry->>'retry_max_delay')::interval,
+            misfire         => entry->>'misfire',
+            misfire_grace   => (entry->>'misfire_grace')::interval,
+            alert           => coalesce((entry->>'alert')::boolean, true),
+            keep_last       => (entry->>'keep_last')::integer,
+            retention       => (entry->>'retention')::interval);
         names := names || (entry->>'name');
     END LOOP;
-    UPDATE coordinator.jobs j SET paused = true, updated_at = now()
+    UPDATE coordinator.jobs j SET paused = true, sync_paused = true, updated_at = now()
      WHERE j.namespace = namespace AND j.removed_at IS NULL AND NOT j.paused
        AND NOT (j.name = ANY (names));
     GET DIAGNOSTICS n_paused = ROW_COUNT;
@@ -356,11 +412,13 @@ BEGIN
         -- Runs after the one the last alert was about (ids grow with time), through the
         -- job's index.
         IF p_kind = 'failed' THEN
+            -- Failed attempts that a retry followed were never alerts (0007: retry_of).
             SELECT count(*) INTO suppressed FROM coordinator.runs r
              WHERE r.job_id = p_job_id AND r.id > w.run_id AND r.id <> p_run_id
                AND r.status IN ('failed', 'timed_out')
                AND r.error_cause IS DISTINCT FROM 'lost'
-               AND r.finished_at > w.sent_at AND r.finished_at <= p_now;
+               AND r.finished_at > w.sent_at AND r.finished_at <= p_now
+               AND NOT EXISTS (SELECT 1 FROM coordinator.runs n WHERE n.retry_of = r.id);
         ELSIF p_kind = 'unresolved' THEN
             SELECT count(*) INTO suppressed FROM coordinator.runs r
              WHERE r.job_id = p_job_id AND r.id > w.run_id AND r.id <> p_run_id

@@ -4,8 +4,9 @@ failures, at most once per (job, kind) per window, without ever holding the daem
 :meth:`Alerter.observe` runs inside :meth:`~coordinator.events.EventBus.emit`, so it only
 decides what it can from memory and queues the rest:
 
-- a run that ended ``failed`` or ``timed_out`` (no retry left) is a ``failed`` alert; a
-  run the crash sweep left ``unresolved`` an ``unresolved`` one;
+- a run that ended ``failed`` or ``timed_out`` with no retry to follow (its job's retries
+  exhausted, or none allowed) is a ``failed`` alert; a failed attempt a retry follows is
+  none; a run the crash sweep left ``unresolved`` is an ``unresolved`` one;
 - a (job, kind) whose window is known to be open is suppressed at once (no SQL: the next
   alert counts it from the runs table); a job known to say ``alert = false`` is ignored
   (until a wake says the job changed);
@@ -87,6 +88,7 @@ class _Candidate:
     category: str | None = None
     error: str | None = None
     attempt: int | None = None
+    exhausted: bool | None = None
     elapsed_s: float | None = None
     at: datetime
     event: str
@@ -140,7 +142,7 @@ class Alerter:
     def observe(self, event: Event) -> None:
         """An :class:`~coordinator.events.EventBus` subscriber."""
         if isinstance(event, RunFinished):
-            if event.outcome not in _FAILED or event.cause == "lost":
+            if event.outcome not in _FAILED or event.cause == "lost" or event.retry is not None:
                 return
             self._keys[event.job_id] = event.job
             self._offer(
@@ -151,8 +153,10 @@ class Alerter:
                     run=event.run,
                     outcome=event.outcome,
                     cause=event.cause,
+                    category=event.category,
                     error=event.error,
                     attempt=event.attempt,
+                    exhausted=event.exhausted,
                     elapsed_s=event.elapsed_s,
                     at=self.clock.now(),
                     event=event.NAME,
@@ -281,6 +285,7 @@ class Alerter:
             cause=candidate.cause,
             category=candidate.category,
             error=candidate.error,
+            exhausted=candidate.exhausted,
             elapsed_s=candidate.elapsed_s,
             at=candidate.at,
             event=candidate.event,

@@ -55,6 +55,8 @@ class Alert:
     category: str | None = None
     #: The run's error text (redacted by :func:`render`).
     error: str | None = None
+    #: The job's retries were used up by this run (``None``: it allowed none, or unknown).
+    exhausted: bool | None = None
     #: How long the call took, seconds (``None``: not known, e.g. a lost run).
     elapsed_s: float | None = None
     #: When it happened: the time of the log line that told it (``event``).
@@ -87,7 +89,18 @@ def _what(alert: Alert) -> str:
     if alert.kind == "findings":
         return f"run {alert.run} recorded findings"
     word = "timed out" if alert.outcome == "timed_out" else "failed"
-    return f"{word} ({alert.category or alert.cause or alert.outcome})"
+    why = [w for w in (alert.cause, alert.category) if w]
+    if len(why) == 2 and why[0] == why[1]:
+        why.pop()
+    return f"{word} ({', '.join(why) or alert.outcome})"
+
+
+def _attempt(alert: Alert) -> str | None:
+    if alert.attempt is None:
+        return None
+    if alert.exhausted:
+        return f"{alert.attempt} (the last one the job's retries allowed)"
+    return str(alert.attempt)
 
 
 def render(alert: Alert, *, redact: Callable[[str], str] = _same) -> Message:
@@ -105,7 +118,7 @@ def render(alert: Alert, *, redact: Callable[[str], str] = _same) -> Message:
         ("category", alert.category),
         ("error", error),
         ("run", str(alert.run)),
-        ("attempt", str(alert.attempt) if alert.attempt is not None else None),
+        ("attempt", _attempt(alert)),
         ("elapsed", f"{alert.elapsed_s:.3f}s" if alert.elapsed_s is not None else None),
         ("logged at", f"{iso(alert.at)} (event={alert.event} run={alert.run})"),
         ("run page", alert.url),
@@ -136,6 +149,7 @@ def render(alert: Alert, *, redact: Callable[[str], str] = _same) -> Message:
         "run": {
             "id": alert.run,
             "attempt": alert.attempt,
+            "exhausted": alert.exhausted,
             "outcome": alert.outcome,
             "cause": alert.cause,
             "category": alert.category,

@@ -97,7 +97,7 @@ async def test_five_failures_one_email_one_webhook_then_a_summary(
     assert len(harness.named("alert.suppressed")) == 4
 
     mail = smtp.messages[0]
-    assert mail["Subject"] == "[coordinator] default/flaky failed (handler)"
+    assert mail["Subject"] == "[coordinator] default/flaky failed (handler, unknown)"
     assert mail["To"] == "ops@test.invalid, oncall@test.invalid"
     assert mail["X-Coordinator-Run"] == str(runs[0])
     body = mail.get_content()
@@ -286,3 +286,29 @@ async def test_idle_silence_with_alerts_and_retention_armed(
     sql_log.mark()
     await trio.sleep(21.0)
     assert sql_log.statements(app="coordinator", db=database_name) == []
+
+
+async def test_retries_alert_once_when_exhausted(
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    smtp: SmtpServer,
+    receiver: HttpReceiver,
+) -> None:
+    """A job with two retries fails three times: one alert, about the last attempt."""
+    await define(conn, "flaky", target=FAIL, retries=2, retry_backoff=timedelta(seconds=1))
+    harness = await start_daemon(alert_sinks=sinks(smtp, receiver), alert_window=WINDOW)
+    first: int = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'flaky')")
+    await harness.wait_event("job.run", attempt=3, timeout=30)
+    await settled(harness)
+    attempts = await aio(conn.fetch)(
+        "SELECT id, attempt, exhausted FROM coordinator.runs ORDER BY id"
+    )
+    assert [(r["attempt"], r["exhausted"]) for r in attempts] == [(1, False), (2, False), (3, True)]
+    assert attempts[0]["id"] == first
+    assert len(smtp.messages) == 1
+    (request,) = receiver.requests
+    payload = json.loads(request.body)
+    assert payload["run"]["id"] == attempts[2]["id"]
+    assert (payload["run"]["attempt"], payload["run"]["exhausted"]) == (3, True)
+    assert payload["run"]["category"] == "unknown"
+    assert "the last one the job's retries allowed" in smtp.messages[0].get_content()

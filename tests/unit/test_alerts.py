@@ -329,3 +329,26 @@ def test_no_sink_means_no_alerter_at_all(tmp_path: Any) -> None:
         alert_sinks=[Recorder()],
     )
     assert [type(c).__name__ for c in with_sink.companions] == ["Alerter"]
+
+
+async def test_a_failed_attempt_a_retry_follows_is_no_alert_the_exhausted_one_is(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sink = Recorder()
+    alerter, windows, _events = make([sink])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(alerter.run)
+        alerter.events.emit(attrs.evolve(failed(1), retry=2, category="timeout"))
+        alerter.events.emit(attrs.evolve(failed(2), attempt=2, retry=3))
+        await trio.sleep(1)
+        assert windows.calls == []
+        alerter.events.emit(
+            attrs.evolve(failed(3), attempt=3, exhausted=True, category="external-dependency")
+        )
+        await trio.sleep(1)
+        (message,) = [m for _, m in sink.got]
+        assert message.subject == "[coordinator] ops/backup failed (handler, external-dependency)"
+        assert "attempt:   3 (the last one the job's retries allowed)" in message.text
+        assert message.payload["run"]["exhausted"] is True
+        assert message.payload["run"]["category"] == "external-dependency"
+        nursery.cancel_scope.cancel()
