@@ -1,5 +1,4 @@
 """``python -m bench [BENCHMARK] [--quick]``: ``all`` (default), ``idle``, ``latency``,
-"""``python -m bench [BENCHMARK] [--quick]``: ``all`` (default), ``idle``, ``latency``,
 ``lateness``, ``throughput``, ``scale``, ``peers``, ``durability``, ``stats``,
 ``recoverable``, ``prune``.
 

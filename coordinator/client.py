@@ -565,6 +565,7 @@ class _Prepared:
     retry_max_delay: timedelta
     misfire: str
     misfire_grace: timedelta | None
+    recoverable: bool
     alert: bool
     keep_last: int | None
     retention: timedelta | None

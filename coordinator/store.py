@@ -292,10 +292,10 @@ _CHECKPOINT = """
 SELECT coordinator._checkpoint($1, $2::text::jsonb, $3, $4::text::jsonb)
 """
 
-# Alerts: open the (job, kind) window if it is closed (writes only then); see 0009.
+# Alerts: open the (job, kind) window if it is closed (writes only then); see 0013.
 _ALERT_OPEN = "SELECT * FROM coordinator._alert_open($1, $2, $3, $4, $5)"
 
-# Retention: one bounded batch of deletions, one short transaction (0009).
+# Retention: one bounded batch of deletions, one short transaction (0013).
 _PRUNE = "SELECT * FROM coordinator._prune($1, $2, $3, $4, $5, $6, $7)"
 
 _TRY_LOCK = "SELECT pg_try_advisory_lock($1, $2)"

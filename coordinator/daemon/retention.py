@@ -10,7 +10,7 @@ the batch took times :attr:`Pruner.yield_ratio`, so claims and settlements keep 
 share of the database and of the machine however large the backlog. A failing batch goes
 through the error policy and is retried; a stop ends the prune between two batches.
 
-What goes (``migrations/0009``): finished runs beyond their job's ``keep_last`` newest or
+What goes (``migrations/0013``): finished runs beyond their job's ``keep_last`` newest or
 finished before now minus the job's ``retention``; never an outstanding, unresolved or
 paused run, nor a job's latest run (unless the job was removed: then its runs go by age
 and the job's row goes with its last run).

@@ -1,4 +1,4 @@
--- Alerts and retention, version 9 (issue #16): be told, stay tidy.
+-- Alerts and retention, version 13 (issue #16): be told, stay tidy.
 --
 -- Jobs gain four columns:
 --   alert       false: no failure alert is ever sent for the job (--no-alert, alert = false)
@@ -23,8 +23,8 @@
 -- _alert_open writes only when an alert is due, and counts the ones suppressed since the
 -- last alert from the runs themselves (nothing is written for a suppressed alert).
 --
--- Redefined here, each from its latest definition: define_job (0007: three new parameters,
--- dropped and re-created), sync (0007: reads the new keys; removed jobs are not counted
+-- Redefined here, each from its latest definition: define_job (0012: three new parameters,
+-- dropped and re-created), sync (0012: reads the new keys; removed jobs are not counted
 -- as existing), _job_id (0005: removed jobs are unknown), remove (0001: a third parameter,
 -- keep_history; dropped and re-created).
 -- New: _alert_open, _prunable, _prune, _prune_preview.
@@ -88,10 +88,10 @@ BEGIN
 END
 $$;
 
--- As in 0007, plus alert, keep_last and retention (replaced like every other field).
+-- As in 0012, plus alert, keep_last and retention (replaced like every other field).
 DROP FUNCTION coordinator.define_job(text, text, jsonb, text, text, text, jsonb, interval,
                                      text, boolean, boolean, text, integer, interval, interval,
-                                     text, interval);
+                                     text, interval, boolean);
 CREATE FUNCTION coordinator.define_job(
     name            text,
     schedule_kind   text,
@@ -110,6 +110,7 @@ CREATE FUNCTION coordinator.define_job(
     retry_max_delay interval DEFAULT '1 hour',
     misfire         text DEFAULT 'run-once',
     misfire_grace   interval DEFAULT NULL,
+    recoverable     boolean DEFAULT false,
     alert           boolean DEFAULT true,
     keep_last       integer DEFAULT NULL,
     retention       interval DEFAULT NULL
@@ -138,6 +139,12 @@ BEGIN
     IF reason IS NULL AND timeout > interval '3650 days' THEN
         RAISE EXCEPTION 'timeout: at most 3650d, not %', timeout
             USING ERRCODE = 'invalid_parameter_value', COLUMN = 'timeout';
+    END IF;
+    IF reason IS NULL AND coalesce(recoverable, false)
+       AND target->>'kind' IS DISTINCT FROM 'worker' THEN
+        RAISE EXCEPTION 'recoverable: only a worker job can be recoverable (a command cannot '
+                        'hand back a cursor)'
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'recoverable';
     END IF;
     IF n_retries NOT BETWEEN 0 AND 100 THEN
         RAISE EXCEPTION 'retries: must be 0 to 100, not %', n_retries
@@ -206,11 +213,11 @@ BEGIN
     INSERT INTO coordinator.jobs AS j (namespace, name, schedule_kind, schedule, timezone,
                                        target, params, timeout, priority, idempotent, paused,
                                        invalid_reason, next_run_at, retries, retry_backoff,
-                                       retry_max_delay, misfire, misfire_grace, alert,
-                                       keep_last, retention)
+                                       retry_max_delay, misfire, misfire_grace, recoverable,
+                                       alert, keep_last, retention)
     VALUES ($1, $2, $3, $4, coalesce($5, 'UTC'), $6, coalesce($7, '{}'), $8,
             coalesce($9, 'background'), coalesce($10, false), coalesce($11, false), $12, $13,
-            $14, $15, $16, $17, $18, coalesce($19, true), $20, $21)
+            $14, $15, $16, $17, $18, coalesce($19, false), coalesce($20, true), $21, $22)
     ON CONFLICT (namespace, name) WHERE removed_at IS NULL DO UPDATE SET
         schedule_kind    = excluded.schedule_kind,
         schedule         = excluded.schedule,
@@ -227,6 +234,7 @@ BEGIN
         retry_max_delay  = excluded.retry_max_delay,
         misfire          = excluded.misfire,
         misfire_grace    = excluded.misfire_grace,
+        recoverable      = excluded.recoverable,
         alert            = excluded.alert,
         keep_last        = excluded.keep_last,
         retention        = excluded.retention,
@@ -243,12 +251,12 @@ BEGIN
     $sql$ INTO job_id
     USING namespace, name, schedule_kind, schedule, timezone, target, params, timeout,
           priority, idempotent, want_paused, reason, once_at, n_retries, backoff, max_delay,
-          policy, misfire_grace, alert, keep_last, retention;
+          policy, misfire_grace, recoverable, alert, keep_last, retention;
     RETURN job_id;
 END
 $$;
 
--- As in 0007, plus the keys alert, keep_last and retention; a removed job of the same
+-- As in 0012, plus the keys alert, keep_last and retention; a removed job of the same
 -- name does not count as existing.
 CREATE OR REPLACE FUNCTION coordinator.sync(namespace text, jobs jsonb)
 RETURNS TABLE (created integer, updated integer, paused integer)
@@ -309,6 +317,7 @@ BEGIN
             retry_max_delay => (entry->>'retry_max_delay')::interval,
             misfire         => entry->>'misfire',
             misfire_grace   => (entry->>'misfire_grace')::interval,
+            recoverable     => coalesce((entry->>'recoverable')::boolean, false),
             alert           => coalesce((entry->>'alert')::boolean, true),
             keep_last       => (entry->>'keep_last')::integer,
             retention       => (entry->>'retention')::interval);
@@ -328,7 +337,7 @@ $$;
 
 -- Remove a job. By default with its run history (a call still running settles into
 -- nothing). With keep_history: the job is hidden (unknown to every function and read),
--- disarmed and paused, its queued run cancelled; its runs stay until retention takes
+-- disarmed and paused, its queued or paused run cancelled; its runs stay until retention takes
 -- them, and a call still running settles into that history. The schedule version is
 -- bumped so that no deadline claim or settlement of the old schedule can re-arm it.
 DROP FUNCTION coordinator.remove(text, text);
@@ -347,7 +356,7 @@ BEGIN
     UPDATE coordinator.runs
        SET status = 'cancelled', finished_at = now(),
            error_message = 'cancelled: the job was removed (history kept)'
-     WHERE job_id = jid AND status = 'queued';
+     WHERE job_id = jid AND status IN ('queued', 'paused');
     UPDATE coordinator.jobs
        SET removed_at = now(), paused = true, next_run_at = NULL,
            schedule_version = schedule_version + 1, updated_at = now()
