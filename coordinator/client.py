@@ -591,8 +591,6 @@ def check_retention(keep_last: int | None, retention: timedelta | None) -> None:
             raise InvalidInput("retention", "must be greater than zero")
         schedules.check_duration(retention, "retention")
 
-    recoverable: bool = False
-
 
 def _positive_duration(value: object, field: str) -> timedelta:
     if not isinstance(value, timedelta):

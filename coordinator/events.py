@@ -266,6 +266,27 @@ class ResultSpooled(Event):
 
 
 @attrs.frozen(kw_only=True)
+class FindingsReported(Event):
+    """A running call reported findings of severity ``error`` or ``data_loss`` (the
+    others are not told here: they are many and alert no one)."""
+
+    NAME: ClassVar[str] = "run.findings"
+    LEVEL: ClassVar[Level] = "debug"
+    run: int
+    #: (kind, severity, how many) in this report.
+    counts: tuple[tuple[str, str, int], ...]
+    #: One of them, the worst: (kind, severity, resource id).
+    example: tuple[str, str, str]
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "findings": ", ".join(f"{k}/{s}:{n}" for k, s, n in self.counts),
+            "example": "/".join(self.example),
+        }
+
+
+@attrs.frozen(kw_only=True)
 class RunLost(Event):
     """At start, a run left pending or running by a daemon that died was found: it is
     ``unresolved`` (waits for an operator) or, for an idempotent job, ``retried``."""
@@ -506,6 +527,7 @@ __all__ = [
     "Event",
     "EventBus",
     "EventStream",
+    "FindingsReported",
     "LifecycleWake",
     "Missed",
     "NotificationWake",

@@ -428,6 +428,10 @@ BEGIN
                AND r.error_cause IS DISTINCT FROM 'lost'
                AND r.finished_at > w.sent_at AND r.finished_at <= p_now
                AND NOT EXISTS (SELECT 1 FROM coordinator.runs n WHERE n.retry_of = r.id);
+        ELSIF p_kind = 'findings' THEN
+            SELECT count(*) INTO suppressed FROM coordinator.runs r
+             WHERE r.job_id = p_job_id AND r.id > w.run_id AND r.id <> p_run_id
+               AND (r.finding_counts ? 'error' OR r.finding_counts ? 'data_loss');
         ELSIF p_kind = 'unresolved' THEN
             SELECT count(*) INTO suppressed FROM coordinator.runs r
              WHERE r.job_id = p_job_id AND r.id > w.run_id AND r.id <> p_run_id

@@ -6,7 +6,10 @@ decides what it can from memory and queues the rest:
 
 - a run that ended ``failed`` or ``timed_out`` with no retry to follow (its job's retries
   exhausted, or none allowed) is a ``failed`` alert; a failed attempt a retry follows is
-  none; a run the crash sweep left ``unresolved`` is an ``unresolved`` one;
+  none; a run the crash sweep left ``unresolved`` is an ``unresolved`` one; a run whose
+  call reported findings of severity ``error`` or ``data_loss`` (recoverable runs'
+  consistency checks) is a ``findings`` one, told when the call ends (finished or paused),
+  with the findings counted by kind and severity and the worst as an example;
 - a (job, kind) whose window is known to be open is suppressed at once (no SQL: the next
   alert counts it from the runs table); a job known to say ``alert = false`` is ignored
   (until a wake says the job changed);
@@ -41,6 +44,7 @@ from ..events import (
     AlertSuppressed,
     Event,
     EventBus,
+    FindingsReported,
     LifecycleWake,
     NotificationWake,
     RunFinished,
@@ -92,6 +96,20 @@ class _Candidate:
     elapsed_s: float | None = None
     at: datetime
     event: str
+    findings: tuple[tuple[str, str, int], ...] = ()
+    example: tuple[str, str, str] | None = None
+
+
+@attrs.define(eq=False)
+class _Found:
+    """Serious findings of one call so far (until its RunFinished)."""
+
+    counts: dict[tuple[str, str], int] = attrs.field(factory=dict)
+    example: tuple[str, str, str] | None = None
+
+
+#: Calls whose findings are remembered at once, at most (a bound on memory).
+FOUND_LIMIT: Final = 10_000
 
 
 @attrs.define(eq=False)
@@ -127,6 +145,8 @@ class Alerter:
     _opted_out: set[int] = attrs.field(factory=set)
     #: job id -> ``namespace/name`` as last seen.
     _keys: dict[int, str] = attrs.field(factory=dict)
+    #: run id -> its serious findings so far (told when its call ends).
+    _found: dict[int, _Found] = attrs.field(factory=dict)
     _nursery: trio.Nursery | None = None
     #: Deliveries under way (one per alert and sink), and set when there are none.
     _delivering: int = 0
@@ -141,10 +161,35 @@ class Alerter:
 
     def observe(self, event: Event) -> None:
         """An :class:`~coordinator.events.EventBus` subscriber."""
-        if isinstance(event, RunFinished):
+        if isinstance(event, FindingsReported):
+            self._note_findings(event)
+        elif isinstance(event, RunFinished):
+            self._keys[event.job_id] = event.job
+            found = self._found.pop(event.run, None)
+            if found is not None:
+                self._offer(
+                    _Candidate(
+                        kind="findings",
+                        job_id=event.job_id,
+                        job=event.job,
+                        run=event.run,
+                        outcome=event.outcome,
+                        cause=event.cause,
+                        category=event.category,
+                        error=event.error,
+                        attempt=event.attempt,
+                        elapsed_s=event.elapsed_s,
+                        at=self.clock.now(),
+                        event=event.NAME,
+                        findings=tuple(
+                            (kind, severity, n)
+                            for (kind, severity), n in sorted(found.counts.items())
+                        ),
+                        example=found.example,
+                    )
+                )
             if event.outcome not in _FAILED or event.cause == "lost" or event.retry is not None:
                 return
-            self._keys[event.job_id] = event.job
             self._offer(
                 _Candidate(
                     kind="failed",
@@ -186,6 +231,19 @@ class Alerter:
                 self._opted_out.clear()
         elif isinstance(event, LifecycleWake):
             self._opted_out.clear()  # notifications may have been missed
+
+    def _note_findings(self, event: FindingsReported) -> None:
+        found = self._found.get(event.run)
+        if found is None:
+            if len(self._found) >= FOUND_LIMIT:
+                return
+            found = self._found[event.run] = _Found()
+        for kind, severity, n in event.counts:
+            found.counts[(kind, severity)] = found.counts.get((kind, severity), 0) + n
+        if found.example is None or (
+            event.example[1] == "data_loss" and found.example[1] != "data_loss"
+        ):
+            found.example = event.example
 
     def _offer(self, candidate: _Candidate) -> None:
         key = (candidate.job_id, candidate.kind)
@@ -294,6 +352,8 @@ class Alerter:
             suppressed=window.suppressed,
             since=window.previous,
             window=self.window,
+            findings=candidate.findings,
+            example=candidate.example,
         )
         message = render(alert, redact=self.redact)
         assert self._nursery is not None
@@ -369,4 +429,4 @@ class Alerter:
             self.events.log.warning("alert.abandoned", pending=self.pending)
 
 
-__all__ = ["QUEUE_LIMIT", "Alerter", "WindowStore"]
+__all__ = ["FOUND_LIMIT", "QUEUE_LIMIT", "Alerter", "WindowStore"]

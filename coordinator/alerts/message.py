@@ -72,6 +72,10 @@ class Alert:
     since: datetime | None = None
     #: The rate limit: one alert per (job, kind) per window.
     window: timedelta
+    #: ``findings`` alerts: (kind, severity, how many) of the serious findings, and the
+    #: worst one as an example (kind, severity, resource id).
+    findings: tuple[tuple[str, str, int], ...] = ()
+    example: tuple[str, str, str] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -87,7 +91,9 @@ def _what(alert: Alert) -> str:
     if alert.kind == "unresolved":
         return f"run {alert.run} left unresolved by a crash"
     if alert.kind == "findings":
-        return f"run {alert.run} recorded findings"
+        total = sum(n for _, _, n in alert.findings)
+        worst = "data_loss" if any(s == "data_loss" for _, s, _ in alert.findings) else "error"
+        return f"run {alert.run} found {total} finding(s) of severity {worst}"
     word = "timed out" if alert.outcome == "timed_out" else "failed"
     why = [w for w in (alert.cause, alert.category) if w]
     if len(why) == 2 and why[0] == why[1]:
@@ -117,6 +123,11 @@ def render(alert: Alert, *, redact: Callable[[str], str] = _same) -> Message:
         ("cause", alert.cause),
         ("category", alert.category),
         ("error", error),
+        (
+            "findings",
+            ", ".join(f"{kind} {severity} x{n}" for kind, severity, n in alert.findings) or None,
+        ),
+        ("example", " ".join(alert.example) if alert.example else None),
         ("run", str(alert.run)),
         ("attempt", _attempt(alert)),
         ("elapsed", f"{alert.elapsed_s:.3f}s" if alert.elapsed_s is not None else None),
@@ -159,6 +170,18 @@ def render(alert: Alert, *, redact: Callable[[str], str] = _same) -> Message:
         },
         "logged_at": iso(alert.at),
         "event": alert.event,
+        "findings": [
+            {"kind": kind, "severity": severity, "count": n} for kind, severity, n in alert.findings
+        ],
+        "example": (
+            {
+                "kind": alert.example[0],
+                "severity": alert.example[1],
+                "resource_id": alert.example[2],
+            }
+            if alert.example
+            else None
+        ),
         "suppressed": {"count": alert.suppressed, "since": iso(alert.since)},
         "window_s": alert.window.total_seconds(),
         "instance": alert.instance,

@@ -312,3 +312,41 @@ async def test_retries_alert_once_when_exhausted(
     assert (payload["run"]["attempt"], payload["run"]["exhausted"]) == (3, True)
     assert payload["run"]["category"] == "unknown"
     assert "the last one the job's retries allowed" in smtp.messages[0].get_content()
+
+
+async def test_a_recoverable_run_reporting_data_loss_findings_is_alerted(
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    smtp: SmtpServer,
+    receiver: HttpReceiver,
+    nursery: trio.Nursery,
+) -> None:
+    from coordinator.worker import Context, Worker
+
+    await define(conn, "check", target={"kind": "worker", "type": "check"}, recoverable=True)
+    harness = await start_daemon(alert_sinks=sinks(smtp, receiver), alert_window=WINDOW)
+    worker = Worker(worker_id="checker")
+
+    @worker.job("check")
+    async def check(ctx: Context) -> None:
+        for i in range(6):
+            severity = ("info", "warning", "error", "data_loss")[i % 4]
+            await ctx.finding("blob", f"b{i}", severity=severity)
+        await ctx.checkpoint(6, count=6)
+
+    socket_path = harness.daemon.executors["worker"].socket_path  # type: ignore[attr-defined]
+    await nursery.start(lambda task_status: worker.run(socket_path, task_status=task_status))
+    run_id: int = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'check')")
+    await harness.wait_event("job.run", run=run_id, outcome="succeeded")
+    await harness.wait_event("alert.sent", sink="webhook", run=run_id)
+    await settled(harness)
+    payload = json.loads(receiver.requests[0].body)
+    assert payload["kind"] == "findings"
+    assert payload["findings"] == [
+        {"kind": "blob", "severity": "data_loss", "count": 1},
+        {"kind": "blob", "severity": "error", "count": 1},
+    ]
+    assert payload["example"] == {"kind": "blob", "severity": "data_loss", "resource_id": "b3"}
+    assert smtp.messages[0]["Subject"].strip() == (  # (folded: a long header)
+        f"[coordinator] default/check run {run_id} found 2 finding(s) of severity data_loss"
+    )

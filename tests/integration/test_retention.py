@@ -79,6 +79,13 @@ async def test_prune_deletes_in_batches_while_claims_go_on(
         waiting,
     )
     await seed(conn, waiting, 3, age="60 days", status="failed")
+    held = await define(conn, "held", target={"kind": "worker", "type": "scan"}, recoverable=True)
+    await aio(conn.execute)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, created_at, paused_at)"
+        " VALUES ($1, 'manual', 'paused', now() - interval '90 days', now() - interval '89 days')",
+        held,
+    )
+    await seed(conn, held, 3, age="60 days")
     capped = await define(conn, "capped", keep_last=5)
     await seed(conn, capped, 20, age="1 hour")
     young = await define(conn, "young")
@@ -104,16 +111,17 @@ async def test_prune_deletes_in_batches_while_claims_go_on(
             ticks.append(run_id)
     pruned = harness.named("retention.pruned")[0]
     assert pruned["complete"] is True
-    expected = (OLD - 1) + 2 + 2 + 15 + 200 + 9 + 10
+    expected = (OLD - 1) + 2 + 2 + 2 + 15 + 200 + 9 + 10
     assert pruned["runs"] == expected
     assert pruned["jobs_removed"] == 1
     assert pruned["batches"] >= OLD // 1000
 
-    # Kept: the latest run of every job, outstanding runs (queued, unresolved) whatever
+    # Kept: the latest run of every job, outstanding runs (queued, unresolved, paused) whatever
     # their age, at most keep_last runs, nothing older than the retention.
     assert await kept(conn, old) == ["succeeded"]
     assert await kept(conn, stuck) == ["unresolved", "succeeded"]
     assert await kept(conn, waiting) == ["queued", "failed"]
+    assert await kept(conn, held) == ["paused", "succeeded"]  # a paused recoverable run
     assert len(await kept(conn, capped)) == 5
     assert len(await kept(conn, young)) == 100
     assert len(await kept(conn, custom)) == 1

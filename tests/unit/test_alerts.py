@@ -352,3 +352,45 @@ async def test_a_failed_attempt_a_retry_follows_is_no_alert_the_exhausted_one_is
         assert message.payload["run"]["exhausted"] is True
         assert message.payload["run"]["category"] == "external-dependency"
         nursery.cancel_scope.cancel()
+
+
+async def test_serious_findings_are_alerted_when_the_call_ends(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from coordinator.events import FindingsReported
+
+    sink = Recorder()
+    alerter, windows, _events = make([sink])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(alerter.run)
+        bus = alerter.events
+        bus.emit(
+            FindingsReported(
+                run=5, counts=(("orphan", "error", 2),), example=("orphan", "error", "b1")
+            )
+        )
+        bus.emit(
+            FindingsReported(
+                run=5,
+                counts=(("orphan", "error", 1), ("lost-blob", "data_loss", 3)),
+                example=("lost-blob", "data_loss", "b9"),
+            )
+        )
+        await trio.sleep(1)
+        assert windows.calls == []  # nothing until the call ends
+        bus.emit(attrs.evolve(failed(5), outcome="succeeded", cause=None, error=None))
+        await trio.sleep(1)
+        assert windows.calls == [(7, "findings", 5)]
+        (message,) = [m for _, m in sink.got]
+        assert (
+            message.subject
+            == "[coordinator] ops/backup run 5 found 6 finding(s) of severity data_loss"
+        )
+        assert "findings:  lost-blob data_loss x3, orphan error x3" in message.text
+        assert "example:   lost-blob data_loss b9" in message.text
+        assert message.payload["example"] == {
+            "kind": "lost-blob",
+            "severity": "data_loss",
+            "resource_id": "b9",
+        }
+        nursery.cancel_scope.cancel()
