@@ -1,5 +1,6 @@
-"""``python -m bench [all|idle|latency|lateness|throughput|scale|peers|durability|stats|
-recoverable] [--quick]``
+"""``python -m bench [BENCHMARK] [--quick]``: ``all`` (default), ``idle``, ``latency``,
+``lateness``, ``throughput``, ``scale``, ``peers``, ``durability``, ``stats``,
+``recoverable``, ``prune``.
 
 Each benchmark starts its own PostgreSQL cluster, prints a table and writes
 ``bench/results/<name>.json``. See bench/README.md.
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 BENCHMARKS = (
     "idle", "latency", "peers", "lateness", "throughput", "scale", "durability", "stats",
     "recoverable",
+    "prune",
 )  # fmt: skip
 
 
@@ -43,6 +45,8 @@ def _runner(name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
         from .stats import run
     elif name == "recoverable":
         from .recoverable import run
+    elif name == "prune":
+        from .prune import run
     else:
         raise ValueError(name)
     return run

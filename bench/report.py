@@ -22,6 +22,7 @@ ORDER = (
     "scale",
     "durability",
     "recoverable",
+    "prune",
 )
 TITLES = {
     "idle": "Idle silence",
@@ -32,6 +33,7 @@ TITLES = {
     "scale": "Scale",
     "durability": "Durability: standby takeover, spool replay",
     "recoverable": "Recoverable runs: checkpoint and finding writes, replay after SIGKILL",
+    "prune": "Retention: a 10-million-run backlog pruned while claims go on",
 }
 
 

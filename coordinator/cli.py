@@ -11,12 +11,14 @@
                        [--namespace NS]
                        [--retries N [--retry-backoff DUR] [--retry-max-delay DUR]]
                        [--misfire run-once | --misfire skip --misfire-grace DUR]
+                       [--no-alert] [--keep-last N] [--retention DUR]
                        (-- COMMAND [ARG ...] [--env KEY=VALUE ...] [--cwd DIR] | --worker TYPE)
       jobs list [--namespace NS] [--json]
       jobs show NAME [--namespace NS] [--json]
       jobs trigger NAME [--namespace NS] [--force] [--arg KEY=JSON ...]
                         [--wait [--wait-timeout DUR]] [--json]
-      jobs pause|resume|remove NAME [--namespace NS]
+      jobs pause|resume NAME [--namespace NS]
+      jobs remove NAME [--namespace NS] [--keep-history]
       runs list [--job NAME] [--namespace NS] [--status S] [--category C] [--limit N] [--json]
       runs show ID [--json]
       runs pause|cancel ID
@@ -27,6 +29,7 @@
       demo [--state-dir DIR] [--keep]
       status [--json] [--watch]
       top [--once]
+      prune [--dry-run] [--json]
       config [--json]
 
 Exit status: 0 on success, 2 for bad usage or input (one line on stderr naming the bad
@@ -77,6 +80,7 @@ from .demo import DEMO_JOBS as DEMO_JOBS
 from .demo import DEMO_NAMESPACE as DEMO_NAMESPACE
 from .errors import ConfigError, CoordinatorError, DatabaseUnavailable, InvalidInput
 from .model import (
+    DEFAULT_KEEP_LAST,
     DEFAULT_RETRY_BACKOFF,
     DEFAULT_RETRY_MAX_DELAY,
     MAX_RETRIES,
@@ -276,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(groups)
     _add_status(groups)
     _add_top(groups)
+    _add_prune(groups)
     _add_config(groups)
     _add_worker(groups)
     # ---- Later command groups plug in here, one call each, e.g.:
@@ -410,6 +415,23 @@ def _add_jobs(groups: _Subparsers) -> None:
         "and a trigger resumes them",
     )
     define.add_argument(
+        "--no-alert",
+        dest="alert",
+        action="store_false",
+        help="never send a failure alert for this job",
+    )
+    define.add_argument(
+        "--keep-last",
+        type=_positive_int,
+        metavar="N",
+        help="retention keeps at most the newest N runs (default 100)",
+    )
+    define.add_argument(
+        "--retention",
+        metavar="DURATION",
+        help="keep finished runs this long (default: the retention setting, 30d)",
+    )
+    define.add_argument(
         "--param", action="append", metavar="KEY=JSON", help="static parameter (repeatable)"
     )
     define.add_argument("--worker", metavar="TYPE", help="run on a worker serving TYPE")
@@ -451,6 +473,12 @@ def _add_jobs(groups: _Subparsers) -> None:
         parser = _command(sub, action, handler, text)
         parser.add_argument("name", metavar="NAME")
         _namespace(parser)
+        if action == "remove":
+            parser.add_argument(
+                "--keep-history",
+                action="store_true",
+                help="hide and disarm the job but keep its runs until retention takes them",
+            )
 
 
 def _retries(text: str) -> int:
@@ -599,6 +627,19 @@ def _add_top(groups: _Subparsers) -> None:
         "(follows the daemon's events over its admin API; Ctrl-C ends it)",
     )
     top.add_argument("--once", action="store_true", help="print one screen and exit")
+
+
+def _add_prune(groups: _Subparsers) -> None:
+    prune = _command(
+        groups,
+        "prune",
+        _prune,
+        "apply retention now (the daemon does at prune_at); --dry-run shows what would go",
+        reads=True,
+    )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="delete nothing: list what a prune would delete"
+    )
 
 
 def _add_worker(groups: _Subparsers) -> None:
@@ -1101,6 +1142,7 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
     schedule = _schedule_from(args)
     target = _target_from(args)
     timeout = _duration_arg(args.timeout, "--timeout")
+    retention = _duration_arg(args.retention, "--retention")
     params = _key_values(args.param, "--param", as_json=True)
     policies = _policies_from(args)
     async with ctx.connection() as conn:
@@ -1116,6 +1158,9 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
             idempotent=args.idempotent,
             paused=args.paused,  # None (neither flag): the job keeps its paused state
             recoverable=args.recoverable,
+            alert=args.alert,
+            keep_last=args.keep_last,
+            retention=retention,
             **policies,
         )
         paused = args.paused
@@ -1214,6 +1259,12 @@ async def _jobs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
         ("misfire", _describe_misfire(job)),
         ("recoverable", _yes(job.recoverable)),
         ("paused", _yes(job.paused)),
+        ("alerts", "yes" if job.alert else "no (--no-alert)"),
+        (
+            "retention",
+            f"at most the newest {job.keep_last or DEFAULT_KEEP_LAST} runs, none finished more "
+            f"than {_duration(job.retention) if job.retention else 'retention (setting)'} ago",
+        ),
         ("invalid", job.invalid_reason or "-"),
         ("next run", why.next_run(job, facts)),
         ("last run", f"{job.last_run} ({job.last_status})" if job.last_run else "-"),
@@ -1321,8 +1372,61 @@ async def _jobs_resume(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 async def _jobs_remove(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
-        await db.aio(client.remove)(conn, args.name, namespace=args.namespace)
-    _say(f"removed {args.namespace}/{args.name}")
+        await db.aio(client.remove)(
+            conn, args.name, namespace=args.namespace, keep_history=args.keep_history
+        )
+    if args.keep_history:
+        _say(
+            f"removed {args.namespace}/{args.name}; its runs are kept until retention "
+            "takes them (`coordinator runs list --job NAME` still lists them)"
+        )
+    else:
+        _say(f"removed {args.namespace}/{args.name}")
+    return 0
+
+
+async def _prune(args: argparse.Namespace, ctx: CommandContext) -> int:
+    config = ctx.config()
+    retention = timedelta(seconds=config.retention)
+    async with ctx.connection() as conn:
+        if not args.dry_run:
+            report = await db.aio(client.prune)(conn, retention=retention)
+            if args.json:
+                _print_json(report.to_json())
+            else:
+                _say(
+                    f"pruned {report.runs} run(s) in {report.batches} batch(es)"
+                    + (
+                        f"; {report.jobs_removed} removed job(s) gone"
+                        if report.jobs_removed
+                        else ""
+                    )
+                )
+            return 0
+        views = await db.aio(client.prune_preview)(conn, retention=retention)
+    if args.json:
+        _print_json([view.to_json() for view in views])
+        return 0
+    going = [v for v in views if v.prunable]
+    if not going:
+        print("nothing to prune")
+        return 0
+    _table(
+        ("JOB", "RUNS", "WOULD DELETE", "KEEPS", "RULE"),
+        [
+            (
+                v.key + (" (removed)" if v.removed else ""),
+                str(v.runs),
+                str(v.prunable),
+                str(v.runs - v.prunable),
+                f"at most {v.keep_last}, younger than {_duration(v.retention)}"
+                if not v.removed
+                else f"younger than {_duration(v.retention)}",
+            )
+            for v in going
+        ],
+    )
+    print(f"{sum(v.prunable for v in going)} run(s) would be deleted (dry run: nothing was)")
     return 0
 
 

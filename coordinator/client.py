@@ -46,6 +46,7 @@ from .errors import (
     RunNotFound,
 )
 from .model import (
+    DEFAULT_KEEP_LAST,
     DEFAULT_RETRY_BACKOFF,
     DEFAULT_RETRY_MAX_DELAY,
     MAX_RETRIES,
@@ -74,10 +75,13 @@ __all__ = [
     "FindingsPage",
     "JobView",
     "Leader",
+    "PruneReport",
+    "PruneView",
     "RunStats",
     "RunView",
     "SyncResult",
     "WaitTimeout",
+    "check_retention",
     "daemon_leader",
     "define_job",
     "get_job",
@@ -90,6 +94,8 @@ __all__ = [
     "list_runs",
     "pause",
     "pause_run",
+    "prune",
+    "prune_preview",
     "remove",
     "resolve",
     "resume",
@@ -205,6 +211,10 @@ class JobView:
     outstanding_due_at: datetime | None = None
     #: The unresolved run that blocks the job until an operator resolves it, if any.
     blocked_by: int | None = None
+    #: Failures are alerted; retention's per-job overrides (``None``: the defaults).
+    alert: bool = True
+    keep_last: int | None = None
+    retention: timedelta | None = None
 
     @property
     def key(self) -> str:
@@ -254,6 +264,9 @@ class JobView:
             "retry_max_delay": self.retry_max_delay.total_seconds(),
             "misfire": self.misfire,
             "misfire_grace": _seconds(self.misfire_grace),
+            "alert": self.alert,
+            "keep_last": self.keep_last,
+            "retention": self.retention.total_seconds() if self.retention is not None else None,
             "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at),
             "last_run": self.last_run,
@@ -552,8 +565,31 @@ class _Prepared:
     retry_max_delay: timedelta
     misfire: str
     misfire_grace: timedelta | None
+    recoverable: bool
+    alert: bool
+    keep_last: int | None
+    retention: timedelta | None
 
-    recoverable: bool = False
+
+#: Most runs a job may ask retention to keep.
+MAX_KEEP_LAST: Final = 1_000_000_000
+
+
+def check_retention(keep_last: int | None, retention: timedelta | None) -> None:
+    """Refuse a ``keep_last`` outside 1..10^9 or a ``retention`` outside 0..3650d, naming
+    the field (the database says the same)."""
+    if keep_last is not None and (
+        isinstance(keep_last, bool)
+        or not isinstance(keep_last, int)
+        or not 1 <= keep_last <= MAX_KEEP_LAST
+    ):
+        raise InvalidInput("keep_last", f"must be a whole number from 1 to {MAX_KEEP_LAST}")
+    if retention is not None:
+        if not isinstance(retention, timedelta):
+            raise InvalidInput("retention", f"must be a timedelta, not {type(retention).__name__}")
+        if retention <= timedelta(0):
+            raise InvalidInput("retention", "must be greater than zero")
+        schedules.check_duration(retention, "retention")
 
 
 def _positive_duration(value: object, field: str) -> timedelta:
@@ -609,10 +645,14 @@ def _prepare(
     misfire: str = "run-once",
     misfire_grace: timedelta | None = None,
     recoverable: bool = False,
+    alert: bool = True,
+    keep_last: int | None = None,
+    retention: timedelta | None = None,
 ) -> _Prepared:
     """Check and normalise a definition; an ``invalid_reason`` skips the schedule and
     target checks (the job is stored inert, as given)."""
     check_job_name(name)
+    check_retention(keep_last, retention)
     if priority not in PRIORITIES:
         raise InvalidInput("priority", f"must be one of {', '.join(PRIORITIES)}, not {priority!r}")
     if timeout is not None and not isinstance(timeout, timedelta):
@@ -659,6 +699,9 @@ def _prepare(
         misfire=misfire,
         misfire_grace=misfire_grace,
         recoverable=bool(recoverable),
+        alert=bool(alert),
+        keep_last=keep_last,
+        retention=retention,
     )
 
 
@@ -683,7 +726,10 @@ SELECT coordinator.define_job(
     retry_max_delay => $15::interval,
     misfire        => $16,
     misfire_grace  => $17::interval,
-    recoverable    => $18)
+    recoverable    => $18,
+    alert          => $19,
+    keep_last      => $20,
+    retention      => $21::interval)
 """
 
 
@@ -706,6 +752,9 @@ async def define_job(
     misfire: str = "run-once",
     misfire_grace: timedelta | None = None,
     recoverable: bool = False,
+    alert: bool = True,
+    keep_last: int | None = None,
+    retention: timedelta | None = None,
 ) -> int:
     """Create or replace the job ``namespace/name``; return its id.
 
@@ -722,6 +771,8 @@ async def define_job(
     at most :data:`~coordinator.schedule.MAX_DURATION`.
     A ``recoverable`` job (worker targets only) keeps a cursor per run and pauses
     instead of failing when stopped; its ``timeout`` means "pause after this long".
+    ``alert=False`` opts the job out of failure alerts; ``keep_last``/``retention``
+    override retention's defaults for it.
     """
     check_namespace(namespace)
     job = _prepare(
@@ -740,6 +791,9 @@ async def define_job(
         misfire=misfire,
         misfire_grace=misfire_grace,
         recoverable=recoverable,
+        alert=alert,
+        keep_last=keep_last,
+        retention=retention,
     )
     with translate_errors(namespace=namespace, name=name):
         job_id: int = await conn.fetchval(
@@ -762,6 +816,9 @@ async def define_job(
             job.misfire,
             job.misfire_grace,
             job.recoverable,
+            job.alert,
+            job.keep_last,
+            job.retention,
         )
     return job_id
 
@@ -799,10 +856,15 @@ async def resume(conn: Connection, name: str, *, namespace: str = "default") -> 
         await conn.execute("SELECT coordinator.resume($1, $2)", namespace, name)
 
 
-async def remove(conn: Connection, name: str, *, namespace: str = "default") -> None:
-    """Delete the job and its run history."""
+async def remove(
+    conn: Connection, name: str, *, namespace: str = "default", keep_history: bool = False
+) -> None:
+    """Delete the job and its run history; with ``keep_history``, hide and disarm the job
+    but keep its runs until retention takes them (its name is free at once)."""
     with translate_errors(namespace=namespace, name=name):
-        await conn.execute("SELECT coordinator.remove($1, $2)", namespace, name)
+        await conn.execute(
+            "SELECT coordinator.remove($1, $2, $3)", namespace, name, bool(keep_history)
+        )
 
 
 def job_entry(
@@ -822,6 +884,9 @@ def job_entry(
     misfire: str = "run-once",
     misfire_grace: timedelta | None = None,
     recoverable: bool = False,
+    alert: bool = True,
+    keep_last: int | None = None,
+    retention: timedelta | None = None,
 ) -> dict[str, Any]:
     """One element of :func:`sync`'s ``entries``, checked like :func:`define_job`.
 
@@ -846,6 +911,9 @@ def job_entry(
         misfire=misfire,
         misfire_grace=misfire_grace,
         recoverable=recoverable,
+        alert=alert,
+        keep_last=keep_last,
+        retention=retention,
     )
     entry = {
         "name": job.name,
@@ -867,6 +935,9 @@ def job_entry(
             _interval_text(job.misfire_grace) if job.misfire_grace is not None else None
         ),
         "recoverable": job.recoverable,
+        "alert": job.alert,
+        "keep_last": job.keep_last,
+        "retention": _interval_text(job.retention) if job.retention is not None else None,
     }
     if job.paused is None:
         del entry["paused"]
@@ -973,10 +1044,11 @@ async def summary(conn: Connection) -> dict[str, Any]:
             """
             WITH live AS (
                 SELECT * FROM coordinator.jobs WHERE NOT paused AND invalid_reason IS NULL)
-            SELECT (SELECT count(*) FROM coordinator.jobs) AS jobs,
-                   (SELECT count(*) FROM coordinator.jobs WHERE paused) AS paused,
+            SELECT (SELECT count(*) FROM coordinator.jobs WHERE removed_at IS NULL) AS jobs,
                    (SELECT count(*) FROM coordinator.jobs
-                     WHERE invalid_reason IS NOT NULL) AS invalid,
+                     WHERE paused AND removed_at IS NULL) AS paused,
+                   (SELECT count(*) FROM coordinator.jobs
+                     WHERE invalid_reason IS NOT NULL AND removed_at IS NULL) AS invalid,
                    (SELECT count(*) FROM live WHERE schedule_kind = 'manual') AS manual,
                    (SELECT count(*) FROM live WHERE schedule_kind <> 'manual') AS loadable,
                    n.next_run_at AS next_deadline, n.namespace || '/' || n.name AS next_job,
@@ -1054,18 +1126,18 @@ _JOB_COLUMNS: Final = f"""
 
 _LIST_JOBS: Final = f"""
 SELECT {_JOB_COLUMNS}
- WHERE ($1::text IS NULL OR j.namespace = $1)
+ WHERE ($1::text IS NULL OR j.namespace = $1) AND j.removed_at IS NULL
  ORDER BY j.namespace, j.name
 """
 
 _GET_JOB: Final = f"""
 SELECT {_JOB_COLUMNS}
- WHERE j.namespace = $1 AND j.name = $2
+ WHERE j.namespace = $1 AND j.name = $2 AND j.removed_at IS NULL
 """
 
 _GET_JOB_BY_ID: Final = f"""
 SELECT {_JOB_COLUMNS}
- WHERE j.id = $1
+ WHERE j.id = $1 AND j.removed_at IS NULL
 """
 
 
@@ -1162,6 +1234,7 @@ SELECT {_RUN_COLUMNS}
 
 _JOB_EXISTS: Final = (
     "SELECT EXISTS (SELECT 1 FROM coordinator.jobs WHERE namespace = $1 AND name = $2)"
+    # (a removed job whose history is kept counts: its runs are listed)
 )
 
 
@@ -1430,3 +1503,112 @@ async def wait_for_run(
             sleep_for = min(sleep_for, remaining)
         await asyncio.sleep(sleep_for)
         pause_for = min(pause_for * 2, longest)
+
+
+# --------------------------------------------------------------------------- retention
+
+
+@attrs.frozen(kw_only=True)
+class PruneView:
+    """What retention would delete of one job now (``coordinator prune --dry-run``)."""
+
+    job_id: int
+    namespace: str
+    name: str
+    #: Removed with its history kept (its runs go by age, its latest too).
+    removed: bool
+    #: Its runs, and how many of them a prune would delete now.
+    runs: int
+    prunable: int
+    #: The rules that apply to it (its own, or the defaults).
+    keep_last: int
+    retention: timedelta
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "namespace": self.namespace,
+            "name": self.name,
+            "removed": self.removed,
+            "runs": self.runs,
+            "prunable": self.prunable,
+            "keep_last": self.keep_last,
+            "retention": self.retention.total_seconds(),
+        }
+
+
+@attrs.frozen(kw_only=True)
+class PruneReport:
+    """What a prune run from the command line deleted."""
+
+    runs: int
+    jobs_removed: int
+    batches: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runs": self.runs, "jobs_removed": self.jobs_removed, "batches": self.batches}
+
+
+async def prune_preview(
+    conn: Connection, *, retention: timedelta, keep_last: int = DEFAULT_KEEP_LAST
+) -> list[PruneView]:
+    """Every job with runs, and what a prune with these defaults would delete of it now
+    (a job's own ``keep_last``/``retention`` win). Reads only."""
+    check_retention(keep_last, retention)
+    with translate_errors():
+        found = await conn.fetch(
+            "SELECT * FROM coordinator._prune_preview(now(), $1::interval, $2) WHERE runs > 0",
+            retention,
+            keep_last,
+        )
+    return [
+        PruneView(
+            job_id=r["job_id"],
+            namespace=r["namespace"],
+            name=r["name"],
+            removed=r["removed"],
+            runs=r["runs"],
+            prunable=r["prunable"],
+            keep_last=r["keep_last"],
+            retention=r["retention"],
+        )
+        for r in found
+    ]
+
+
+async def prune(
+    conn: Connection,
+    *,
+    retention: timedelta,
+    keep_last: int = DEFAULT_KEEP_LAST,
+    batch: int = 2000,
+    yield_ratio: float = 1.0,
+) -> PruneReport:
+    """Prune now, as the daemon does at ``prune_at``: batches of at most ``batch`` runs,
+    each its own transaction, pausing ``yield_ratio`` times a batch's duration between."""
+    check_retention(keep_last, retention)
+    loop = asyncio.get_running_loop()
+    resume: tuple[int, int] | None = (0, 0)
+    runs = removed = batches = 0
+    while resume is not None:
+        began = loop.time()
+        with translate_errors():
+            row = await conn.fetchrow(
+                "SELECT * FROM coordinator._prune($1, $2, $3, 500, now(), $4::interval, $5)",
+                resume[0],
+                resume[1],
+                batch,
+                retention,
+                keep_last,
+            )
+        batches += 1
+        runs += row["deleted"]
+        removed += row["removed_jobs"]
+        resume = None if row["next_job"] is None else (row["next_job"], row["next_after"])
+        if resume is not None:
+            await asyncio.sleep((loop.time() - began) * yield_ratio)
+    return PruneReport(runs=runs, jobs_removed=removed, batches=batches)

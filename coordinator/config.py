@@ -22,6 +22,7 @@ the CLI's refusal to create an embedded cluster beside a service that uses anoth
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import tomllib
@@ -43,6 +44,34 @@ SERVICE_STATE_DIR: Final = Path("/var/lib/coordinator")
 #: Credential names (files in ``$CREDENTIALS_DIRECTORY``) and the secret each holds.
 CREDENTIAL_ADMIN_TOKEN: Final = "admin-token"
 CREDENTIAL_DSN_PASSWORD: Final = "dsn-password"
+CREDENTIAL_SMTP_PASSWORD: Final = "alert-smtp-password"
+CREDENTIAL_WEBHOOK_SECRET: Final = "alert-webhook-secret"
+
+
+def local_timezone(environ: Mapping[str, str] | None = None) -> str:
+    """This host's IANA timezone name (for ``prune_at``'s local time): ``$TZ``, else what
+    ``/etc/localtime`` links to, else ``/etc/timezone``, else ``UTC``."""
+    environ = os.environ if environ is None else environ
+    from zoneinfo import ZoneInfo
+
+    candidates = [environ.get("TZ", "").lstrip(":")]
+    try:
+        target = os.path.realpath("/etc/localtime")
+        if "zoneinfo/" in target:
+            candidates.append(target.split("zoneinfo/", 1)[1])
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        candidates.append(Path("/etc/timezone").read_text().strip())
+    for name in candidates:
+        if not name:
+            continue
+        try:
+            ZoneInfo(name)
+        except (KeyError, ValueError, OSError):  # ZoneInfoNotFoundError is a KeyError
+            continue
+        return name
+    return "UTC"
 
 
 def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -119,6 +148,79 @@ def _optional_text(value: Any, name: str) -> str | None:
 
 def _path(value: Any, name: str) -> Path:
     return Path(_text(value, name)).expanduser()
+
+
+def _port(value: Any, name: str) -> int:
+    port = _positive_int(value, name)
+    if port > 65535:
+        raise ConfigError(f"{name}: port {port} is out of range")
+    return port
+
+
+def _prune_at(value: Any, name: str) -> str:
+    from .schedule import parse_prune_at
+
+    text = _text(value, name)
+    try:
+        parse_prune_at(text)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    return text
+
+
+def _addresses(value: Any, name: str) -> tuple[str, ...]:
+    """A list of email addresses: a TOML array, or one text with commas (environment,
+    flags)."""
+    items: list[Any]
+    if isinstance(value, str):
+        items = [part for part in value.split(",") if part.strip()]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise ConfigError(f"{name}: expected a list of email addresses, got {value!r}")
+    out = []
+    for item in items:
+        address = _address(item, name)
+        if address is not None:
+            out.append(address)
+    return tuple(out)
+
+
+def _address(value: Any, name: str) -> str | None:
+    text = _text(value, name).strip()
+    if not text:
+        return None
+    local, at, domain = text.rpartition("@")
+    if not at or not local or not domain or any(c.isspace() or c in "<>,;" for c in text):
+        raise ConfigError(f"{name}: {text!r} is not an email address (user@example.com)")
+    return text
+
+
+def _webhook(value: Any, name: str) -> str | None:
+    """An HTTPS URL, or a loopback HTTP one (an alert carries job output: plain HTTP only
+    where nobody else can read it)."""
+    from urllib.parse import urlsplit
+
+    text = _text(value, name).strip()
+    if not text:
+        return None
+    url = urlsplit(text)
+    if url.scheme not in ("https", "http") or not url.hostname:
+        raise ConfigError(f"{name}: expected an https:// URL, not {text!r}")
+    if url.scheme == "http" and not _loopback(url.hostname):
+        raise ConfigError(
+            f"{name}: plain http only to a loopback address (alerts carry job output); use https://"
+        )
+    return text
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_listen(listen: str, *, setting: str, allow_remote: bool = False) -> tuple[str, int]:
@@ -302,6 +404,119 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         default=False,
         help="serve /metrics without the token",
     ),
+    Setting(
+        name="metrics_max_jobs",
+        convert=_positive_int,
+        default=500,
+        unit="jobs",
+        help="jobs with per-job metric series; beyond, new jobs get none (one warning)",
+    ),
+    Setting(
+        name="retention",
+        convert=_seconds,
+        default=30 * 86400.0,
+        unit="duration",
+        help="finished runs older than this are pruned, and those beyond a job's keep_last "
+        "newest (100 by default); a job's own retention wins; its latest run stays",
+    ),
+    Setting(
+        name="prune_at",
+        convert=_prune_at,
+        default="03:17",
+        help="when the retention prune runs: HH:MM daily (local time), a cron expression, or off",
+    ),
+    Setting(
+        name="alert_window",
+        convert=_seconds,
+        default=6 * 3600.0,
+        unit="duration",
+        help="at most one alert per job and kind in this window; the next one counts "
+        "those suppressed",
+    ),
+    Setting(
+        name="alert_smtp_host",
+        convert=_optional_text,
+        default=None,
+        help="SMTP server for alert emails; unset = no email",
+        unset="no email alerts",
+    ),
+    Setting(
+        name="alert_smtp_port",
+        convert=_port,
+        default=None,
+        help="SMTP port (default: 465 with alert_smtp_tls, 587 with alert_smtp_starttls, else 25)",
+        unset="465 with TLS, 587 with STARTTLS, else 25",
+    ),
+    Setting(
+        name="alert_smtp_starttls",
+        convert=_bool,
+        default=False,
+        help="upgrade the SMTP connection with STARTTLS",
+    ),
+    Setting(
+        name="alert_smtp_tls",
+        convert=_bool,
+        default=False,
+        help="connect to the SMTP server over TLS (SMTPS)",
+    ),
+    Setting(
+        name="alert_smtp_user",
+        convert=_optional_text,
+        default=None,
+        help="SMTP login (needs TLS or STARTTLS unless the server is on loopback)",
+        unset="no login",
+    ),
+    Setting(
+        name="alert_smtp_password",
+        convert=_optional_text,
+        default=None,
+        secret=True,
+        help="SMTP password",
+        unset="see alert_smtp_password_file",
+    ),
+    Setting(
+        name="alert_smtp_password_file",
+        convert=_path,
+        default=None,
+        help="file holding the SMTP password (credential alert-smtp-password under systemd)",
+        unset="none",
+    ),
+    Setting(
+        name="alert_email_from",
+        convert=_address,
+        default=None,
+        help="sender of alert emails (default: coordinator@ this host's name)",
+        unset="coordinator@<host name>",
+    ),
+    Setting(
+        name="alert_email_to",
+        convert=_addresses,
+        default=(),
+        help="recipients of alert emails (a list; commas in the environment)",
+    ),
+    Setting(
+        name="alert_webhook",
+        convert=_webhook,
+        default=None,
+        help="URL receiving each alert as a JSON POST (https, or http to loopback); "
+        "unset = no webhook",
+        unset="no webhook",
+    ),
+    Setting(
+        name="alert_webhook_secret",
+        convert=_optional_text,
+        default=None,
+        secret=True,
+        help="shared secret: the body's HMAC-SHA256 goes in X-Coordinator-Signature",
+        unset="see alert_webhook_secret_file",
+    ),
+    Setting(
+        name="alert_webhook_secret_file",
+        convert=_path,
+        default=None,
+        help="file holding the webhook secret (credential alert-webhook-secret under systemd)",
+        unset="none",
+    ),
 )
 _BY_NAME: Final = {s.name: s for s in SETTINGS}
 
@@ -344,6 +559,22 @@ class Config:
     admin_token: str | None = None
     admin_token_file: Path | None = None
     metrics_public: bool = False
+    metrics_max_jobs: int = 500
+    retention: float = 30 * 86400.0
+    prune_at: str = "03:17"
+    alert_window: float = 6 * 3600.0
+    alert_smtp_host: str | None = None
+    alert_smtp_port: int | None = None
+    alert_smtp_starttls: bool = False
+    alert_smtp_tls: bool = False
+    alert_smtp_user: str | None = None
+    alert_smtp_password: str | None = None
+    alert_smtp_password_file: Path | None = None
+    alert_email_from: str | None = None
+    alert_email_to: tuple[str, ...] = ()
+    alert_webhook: str | None = None
+    alert_webhook_secret: str | None = None
+    alert_webhook_secret_file: Path | None = None
     #: ``$CREDENTIALS_DIRECTORY`` (systemd's credentials for the service), if set.
     credentials_dir: Path | None = None
     #: The file the settings were read from, if any.
@@ -369,6 +600,69 @@ class Config:
         if path is None:
             return None
         return _read_secret(path, "admin_token_file") or None
+
+    def _secret(
+        self, value: str | None, credential: str, file: Path | None, setting: str
+    ) -> str | None:
+        if value:
+            return value.strip()
+        path = self._credential(credential) or file
+        if path is None:
+            return None
+        return _read_secret(path, setting) or None
+
+    def smtp_password(self) -> str | None:
+        """``alert_smtp_password``, else the credential ``alert-smtp-password``, else the
+        content of ``alert_smtp_password_file``."""
+        return self._secret(
+            self.alert_smtp_password,
+            CREDENTIAL_SMTP_PASSWORD,
+            self.alert_smtp_password_file,
+            "alert_smtp_password_file",
+        )
+
+    def webhook_secret(self) -> str | None:
+        """``alert_webhook_secret``, else the credential ``alert-webhook-secret``, else
+        the content of ``alert_webhook_secret_file``."""
+        return self._secret(
+            self.alert_webhook_secret,
+            CREDENTIAL_WEBHOOK_SECRET,
+            self.alert_webhook_secret_file,
+            "alert_webhook_secret_file",
+        )
+
+    def smtp_port(self) -> int:
+        """``alert_smtp_port``, else the usual port for the chosen security."""
+        if self.alert_smtp_port is not None:
+            return self.alert_smtp_port
+        return 465 if self.alert_smtp_tls else 587 if self.alert_smtp_starttls else 25
+
+    def check_alerts(self) -> None:
+        """Refuse alert settings that cannot work together (one line naming them)."""
+        if self.alert_smtp_host and not self.alert_email_to:
+            raise ConfigError("alert_smtp_host is set but alert_email_to names no recipient")
+        if self.alert_email_to and not self.alert_smtp_host:
+            raise ConfigError("alert_email_to is set but alert_smtp_host is not")
+        if self.alert_smtp_tls and self.alert_smtp_starttls:
+            raise ConfigError(
+                "alert_smtp_tls and alert_smtp_starttls: choose one (TLS from the start, "
+                "or STARTTLS after connecting)"
+            )
+        secure = self.alert_smtp_tls or self.alert_smtp_starttls
+        if (
+            self.alert_smtp_host
+            and self.alert_smtp_user
+            and not secure
+            and not _loopback(self.alert_smtp_host)
+        ):
+            raise ConfigError(
+                "alert_smtp_user: a password is not sent in clear text to "
+                f"{self.alert_smtp_host}; set alert_smtp_starttls or alert_smtp_tls"
+            )
+        if self.alert_smtp_user and not self.smtp_password():
+            raise ConfigError(
+                "alert_smtp_user is set but no alert_smtp_password or alert_smtp_password_file"
+            )
 
     def database_dsn(self) -> str | None:
         """``dsn`` with the password from the credential ``dsn-password`` or from
@@ -417,10 +711,15 @@ class Config:
         rows = []
         for s in SETTINGS:
             value, source = values[s.name], self.source(s.name)
-            if s.name == "admin_token" and value is None:
-                credential = self._credential(CREDENTIAL_ADMIN_TOKEN)
-                if credential is not None:
-                    value, source = "***", Source(layer="credential", origin=str(credential))
+            for secret, name in (
+                ("admin_token", CREDENTIAL_ADMIN_TOKEN),
+                ("alert_smtp_password", CREDENTIAL_SMTP_PASSWORD),
+                ("alert_webhook_secret", CREDENTIAL_WEBHOOK_SECRET),
+            ):
+                if s.name == secret and value is None:
+                    credential = self._credential(name)
+                    if credential is not None:
+                        value, source = "***", Source(layer="credential", origin=str(credential))
             rows.append((s.name, _shown(s, value), source))
         if self.dsn is not None and self._credential(CREDENTIAL_DSN_PASSWORD) is not None:
             path = str(self._credential(CREDENTIAL_DSN_PASSWORD))
@@ -437,6 +736,8 @@ def _shown(setting: Setting, value: Any) -> str:
         return format_duration(timedelta(seconds=value))
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ", ".join(value) if value else "(none)"
     if setting.unit:
         return f"{value} {setting.unit}"
     return str(value)

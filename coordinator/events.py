@@ -265,6 +265,110 @@ class ResultSpooled(Event):
     spool: str
 
 
+@attrs.frozen(kw_only=True)
+class FindingsReported(Event):
+    """A running call reported findings of severity ``error`` or ``data_loss`` (the
+    others are not told here: they are many and alert no one)."""
+
+    NAME: ClassVar[str] = "run.findings"
+    LEVEL: ClassVar[Level] = "debug"
+    run: int
+    #: (kind, severity, how many) in this report.
+    counts: tuple[tuple[str, str, int], ...]
+    #: One of them, the worst: (kind, severity, resource id).
+    example: tuple[str, str, str]
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "findings": ", ".join(f"{k}/{s}:{n}" for k, s, n in self.counts),
+            "example": "/".join(self.example),
+        }
+
+
+@attrs.frozen(kw_only=True)
+class RunLost(Event):
+    """At start, a run left pending or running by a daemon that died was found: it is
+    ``unresolved`` (waits for an operator) or, for an idempotent job, ``retried``."""
+
+    NAME: ClassVar[str] = "startup.lost_run"
+    LEVEL: ClassVar[Level] = "warning"
+    run: int
+    job_id: int
+    #: ``unresolved`` or ``retried``.
+    action: str
+
+
+# -- alerts and retention ------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class AlertSent(Event):
+    """An alert reached a sink (``email`` or ``webhook``)."""
+
+    NAME: ClassVar[str] = "alert.sent"
+    job: str
+    job_id: int
+    #: ``failed`` | ``unresolved`` | ``findings``.
+    kind: str
+    run: int
+    sink: str
+    #: Alerts of this (job, kind) suppressed since the previous one, summarised in it.
+    suppressed: int | None = None
+    #: Tries it took.
+    attempts: int
+
+
+@attrs.frozen(kw_only=True)
+class AlertSuppressed(Event):
+    """An alert was not sent: one of the same (job, kind) went out less than
+    ``alert_window`` ago (it is counted in the next one)."""
+
+    NAME: ClassVar[str] = "alert.suppressed"
+    LEVEL: ClassVar[Level] = "debug"
+    job: str
+    job_id: int
+    kind: str
+    run: int
+    #: When the window ends.
+    until: datetime
+
+
+@attrs.frozen(kw_only=True)
+class AlertFailed(Event):
+    """An alert could not be delivered (or its window could not be read); it is tried
+    again after ``retry_s``, or given up (``retry_s`` absent) once it is older than the
+    alert window."""
+
+    NAME: ClassVar[str] = "alert.failed"
+    LEVEL: ClassVar[Level] = "warning"
+    job: str
+    kind: str
+    run: int
+    #: ``email``, ``webhook``, or ``window`` (the database step before sending).
+    sink: str
+    error: str
+    attempt: int
+    retry_s: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RetentionPruned(Event):
+    """A retention prune finished (or stopped early: ``complete`` false)."""
+
+    NAME: ClassVar[str] = "retention.pruned"
+    #: Runs deleted, removed jobs whose last run went (and themselves with it).
+    runs: int
+    jobs_removed: int
+    #: Statements (batches) it took, and its wall time.
+    batches: int
+    elapsed_ms: float
+    #: Every job was looked at (false: the daemon stopped or the database failed).
+    complete: bool
+    #: When the next prune is armed for.
+    next_at: datetime | None = None
+
+
 # -- workers and the daemon itself ---------------------------------------------------------
 
 
@@ -415,11 +519,15 @@ def iso(value: datetime | None) -> str | None:
 
 
 __all__ = [
+    "AlertFailed",
+    "AlertSent",
+    "AlertSuppressed",
     "ClaimRejected",
     "DispatchWake",
     "Event",
     "EventBus",
     "EventStream",
+    "FindingsReported",
     "LifecycleWake",
     "Missed",
     "NotificationWake",
@@ -427,7 +535,9 @@ __all__ = [
     "ResultHeld",
     "ResultSaved",
     "ResultSpooled",
+    "RetentionPruned",
     "RunFinished",
+    "RunLost",
     "RunProgress",
     "RunStarted",
     "RunStopRequested",

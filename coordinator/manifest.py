@@ -18,6 +18,9 @@ Format::
     misfire = "skip"               # or "run-once" (default: an overdue deadline runs once)
     misfire_grace = "5m"           # with misfire = "skip": how late it may still run
     recoverable = false            # worker jobs only: runs keep a cursor and pause
+    alert = true                   # false: never alert on this job's failures
+    keep_last = 100                # retention keeps at most the newest 100 runs
+    retention = "90d"              # none finished longer ago than this (default: the setting)
     params = { region = "eu" }     # any table; TOML dates become ISO 8601 strings
     command = ["/usr/local/bin/invoice", "--all"]   # exactly one of command / worker
     env = { LANG = "C.UTF-8" }     # command only
@@ -32,7 +35,7 @@ Format::
 it has (one that ``jobs pause`` paused stays paused), except that a job a previous sync
 paused because the file no longer listed it is resumed; ``paused = false`` resumes any.
 
-``every``, ``timeout`` and the retry and misfire durations take a duration with its
+``every``, ``timeout``, ``retention`` and the retry and misfire durations take a duration with its
 unit (``every = 6`` or ``"6"`` is refused: six seconds or six hours?); ``at`` an ISO 8601
 instant with an offset, quoted or as a TOML offset date-time. A file without ``jobs``
 (or with ``jobs = []``) is an empty declaration: every job of the namespace is paused.
@@ -60,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import attrs
 
 from . import schedule as schedules
-from .client import job_entry
+from .client import MAX_KEEP_LAST, job_entry
 from .errors import InvalidInput
 from .model import (
     DEFAULT_RETRY_BACKOFF,
@@ -101,6 +104,9 @@ _JOB_KEYS: Final = (
     "retry_max_delay",
     "misfire",
     "misfire_grace",
+    "alert",
+    "keep_last",
+    "retention",
     "params",
     "command",
     "worker",
@@ -363,6 +369,9 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
     paused = e.typed("paused", bool, "true or false", None)
     policies = _policies(e)
     recoverable = e.typed("recoverable", bool, "true or false", False)
+    alert = e.typed("alert", bool, "true or false", True)
+    keep_last = _keep_last(e)
+    retention = _duration(e, "retention")
     params = e.typed("params", dict, "a table", {})
     target = _target(e)
     if recoverable and "command" in raw:
@@ -385,6 +394,9 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
                 paused=paused,
                 **policies,
                 recoverable=recoverable,
+                alert=alert,
+                keep_last=keep_last,
+                retention=retention,
             ), []
         except InvalidInput as exc:  # pragma: no cover - the checks above cover these
             e.problem(exc.field, exc.reason)
@@ -401,6 +413,9 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
         invalid_reason=reason,
         **policies,
         recoverable=recoverable,
+        alert=alert,
+        keep_last=keep_last,
+        retention=retention,
     )
     return entry, e.problems
 
@@ -506,6 +521,16 @@ def _duration(e: _Entry, key: str) -> timedelta | None:
     except InvalidInput as exc:
         e.problem(exc.field, exc.reason)
         return None
+
+
+def _keep_last(e: _Entry) -> int | None:
+    if "keep_last" not in e.raw:
+        return None
+    value = e.raw["keep_last"]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_KEEP_LAST:
+        e.problem("keep_last", f"must be a whole number from 1 to {MAX_KEEP_LAST}")
+        return None
+    return value
 
 
 def _target(e: _Entry) -> Target | dict[str, Any]:

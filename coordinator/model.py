@@ -41,6 +41,10 @@ OUTSTANDING: frozenset[str] = frozenset(
 )
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 
+#: Retention keeps at most this many of a job's newest runs, unless the job says otherwise
+#: (``jobs.keep_last``).
+DEFAULT_KEEP_LAST = 100
+
 #: How a call ended (the statuses an :class:`Outcome` may carry). ``paused``: a
 #: recoverable run stopped at a cursor; it stays outstanding until resumed or cancelled.
 OutcomeStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "paused"]
@@ -186,6 +190,12 @@ class Job:
     misfire_grace: timedelta | None = None
     #: Runs save a cursor and pause instead of failing when stopped (worker targets only).
     recoverable: bool = False
+    #: Failures of the job are alerted (when alerts are configured).
+    alert: bool = True
+    #: Retention keeps at most this many of the job's newest runs (``None``: the default).
+    keep_last: int | None = None
+    #: How long the job's finished runs are kept (``None``: the ``retention`` setting).
+    retention: timedelta | None = None
 
     @property
     def key(self) -> str:

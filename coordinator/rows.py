@@ -40,6 +40,9 @@ JOB_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("misfire", "j.misfire"),
     ("misfire_grace", "j.misfire_grace"),
     ("recoverable", "j.recoverable"),
+    ("alert", "j.alert"),
+    ("keep_last", "j.keep_last"),
+    ("retention", "j.retention"),
 )
 _MISSING: Final = object()
 #: Fields held as JSON objects.
@@ -117,6 +120,9 @@ def job_from_row(row: Mapping[str, Any], *, job_id: int | None = None) -> tuple[
         misfire=fields["misfire"],
         misfire_grace=fields["misfire_grace"],
         recoverable=fields.get("recoverable", False),
+        alert=fields.get("alert", True),
+        keep_last=fields.get("keep_last"),
+        retention=fields.get("retention"),
     )
     return job, target_error
 

@@ -90,6 +90,7 @@ __all__ = [
     "invalid_reason",
     "normalize",
     "parse_duration",
+    "parse_prune_at",
     "validate",
     "validate_timezone",
 ]
@@ -703,6 +704,27 @@ def normalize(schedule: Schedule) -> Schedule:
     once: UTC ISO 8601 (``2026-12-01T10:00:00+00:00``); manual: unchanged.
     """
     return _normalized(schedule)
+
+
+def parse_prune_at(text: str) -> str | None:
+    """``prune_at`` as a cron expression: ``HH:MM`` (every day at that local time), a
+    5-field cron expression, or ``off`` (``None``: never). Raises ``ValueError`` with
+    the reason."""
+    value = " ".join(text.split())
+    if value.lower() in ("off", "never", "none"):
+        return None
+    hour, sep, minute = value.partition(":")
+    if sep:
+        if not (hour.isdigit() and minute.isdigit() and len(minute) == 2):
+            raise ValueError(f"expected HH:MM (e.g. 03:17), a cron expression or off, not {text!r}")
+        h, m = int(hour), int(minute)
+        if h > 23 or m > 59:
+            raise ValueError(f"{text!r} is not a time of day (00:00 to 23:59)")
+        return f"{m} {h} * * *"
+    reason = invalid_reason(Schedule(kind="cron", expression=value))
+    if reason is not None:
+        raise ValueError(reason)
+    return value
 
 
 def _aware(moment: datetime, name: str) -> None:

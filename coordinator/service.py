@@ -11,13 +11,16 @@ admin token, a port in use, a spool path that is a directory...) are
 from __future__ import annotations
 
 import random
+import socket
+from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Literal, cast
 
 import trio
 
+from .alerts import Alerter, EmailSink, Sink, WebhookSink
 from .clock import SystemWallClock
-from .config import parse_listen
+from .config import local_timezone, parse_listen
 from .daemon import Daemon, DaemonSettings
 from .db import trio_asyncio_loop
 from .errors import ConfigError
@@ -25,10 +28,11 @@ from .events import EventBus
 from .executors import ExecExecutor
 from .executors.worker import WorkerExecutor, default_socket_path
 from .log import EventLog, Level
+from .schedule import parse_prune_at
 from .spool import Spool, SpoolError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from .clock import WallClock
@@ -48,11 +52,15 @@ def build_daemon(
     notify: Callable[[str], None] | None = None,
     handle_signals: bool = True,
     jitter: Callable[[], float] | None = None,
+    alert_sinks: Sequence[Sink] = (),
+    alert_window: float = 6 * 3600.0,
 ) -> Daemon:
     """A daemon with both executors: commands, and workers on ``worker_socket`` (default
     :func:`~coordinator.executors.worker.default_socket_path`) and, if given, on the
     loopback TCP address ``worker_listen`` with ``worker_token``. ``jitter`` (default
-    :func:`random.random`) draws the jitter of retry delays."""
+    :func:`random.random`) draws the jitter of retry delays. When any ``alert_sinks`` are
+    given, an :class:`~coordinator.alerts.Alerter` is subscribed to its events (none
+    otherwise: no alert configured costs nothing)."""
     events = EventBus(log=log)
     tcp = parse_listen(worker_listen, setting="worker_listen") if worker_listen else None
     if tcp is not None and not worker_token:
@@ -67,7 +75,7 @@ def build_daemon(
             token=worker_token,
         ),
     }
-    return Daemon(
+    daemon = Daemon(
         dsn=dsn,
         settings=settings,
         clock=clock,
@@ -77,6 +85,47 @@ def build_daemon(
         handle_signals=handle_signals,
         jitter=jitter or random.random,
     )
+    if alert_sinks:
+        alerter = Alerter(
+            store=daemon.store,
+            events=events,
+            clock=clock,
+            sinks=list(alert_sinks),
+            instance=daemon.instance,
+            window=timedelta(seconds=alert_window),
+            failed=lambda purpose, exc, attempt: daemon.policy.failed(purpose, exc, attempt),
+            recovered=daemon.policy.recovered,
+        )
+        events.subscribe(alerter.observe)
+        daemon.companions.append(alerter)
+    return daemon
+
+
+def alert_sinks(config: Config) -> list[Sink]:
+    """The sinks ``config`` asks for (none: no alerts). Raises
+    :class:`~coordinator.errors.ConfigError` for settings that cannot work together."""
+    config.check_alerts()
+    sinks: list[Sink] = []
+    if config.alert_smtp_host:
+        sinks.append(
+            EmailSink(
+                host=config.alert_smtp_host,
+                port=config.smtp_port(),
+                sender=config.alert_email_from or f"coordinator@{socket.gethostname()}",
+                recipients=config.alert_email_to,
+                starttls=config.alert_smtp_starttls,
+                tls=config.alert_smtp_tls,
+                user=config.alert_smtp_user,
+                password=config.smtp_password(),
+            )
+        )
+    if config.alert_webhook:
+        sinks.append(WebhookSink(url=config.alert_webhook, secret=config.webhook_secret()))
+    return sinks
+
+
+def _alerter(daemon: Daemon) -> Alerter | None:
+    return next((c for c in daemon.companions if isinstance(c, Alerter)), None)
 
 
 def event_log(config: Config) -> EventLog:
@@ -108,6 +157,9 @@ async def serve(
             spool_path=config.spool_path,
             pool_size=config.pool_size,
             migrate=migrate,
+            retention=config.retention,
+            prune_at=parse_prune_at(config.prune_at),
+            prune_timezone=local_timezone(),
         ),
         clock=SystemWallClock(),
         log=log,
@@ -115,11 +167,19 @@ async def serve(
         worker_listen=config.worker_listen,
         worker_token=config.worker_token,
         notify=notify,
+        alert_sinks=alert_sinks(config),
+        alert_window=config.alert_window,
     )
     async with trio_asyncio_loop(), trio.open_nursery() as nursery:
         stopped = trio.Event()
         if config.admin_listen:
-            await _start_admin(nursery, config, dsn=dsn, daemon=daemon, log=log, stopped=stopped)
+            base = await _start_admin(
+                nursery, config, dsn=dsn, daemon=daemon, log=log, stopped=stopped
+            )
+            alerter = _alerter(daemon)
+            if alerter is not None:
+                # The admin web page's run view (issue #15), on the address actually bound.
+                alerter.run_url = lambda run: f"{base}/runs/{run}"
         try:
             return await daemon.run()
         finally:
@@ -134,17 +194,22 @@ async def _start_admin(
     daemon: Daemon,
     log: EventLog,
     stopped: trio.Event,
-) -> None:
-    """The admin API, web page and metrics (off unless ``admin_listen`` is set). It answers
-    reads from the database on request only: an open, unused API or page costs no SQL
-    (an open page follows the daemon's events and reads only what they say changed)."""
+) -> str:
+    """The admin API, web page and metrics (off unless ``admin_listen`` is set); its base
+    URL. It answers reads from the database on request only: an open, unused API or page
+    costs no SQL (an open page follows the daemon's events and reads only what they say
+    changed)."""
     from .admin import Metrics, make_app, serve_admin
 
     token = config.admin_token_value()
     if not token:
         raise ConfigError("admin_listen is set but no admin_token or admin_token_file is")
     assert config.admin_listen is not None
-    metrics = Metrics(status=daemon.status)
+    metrics = Metrics(
+        status=partial(daemon.status, deadlines=config.metrics_max_jobs),
+        max_jobs=config.metrics_max_jobs,
+        log=log,
+    )
     daemon.events.subscribe(metrics.observe)
     app = make_app(
         dsn=dsn,
@@ -166,6 +231,7 @@ async def _start_admin(
         )
     )
     log.info("admin.listening", address=address)
+    return str(address)
 
 
 def _log_format(value: str) -> Literal["logfmt", "json"]:

@@ -97,6 +97,17 @@ class WorkerView:
 
 
 @attrs.frozen(kw_only=True)
+class ArmedDeadline:
+    """One job's armed deadline (listed only when asked: the metrics)."""
+
+    #: ``namespace/name``.
+    job: str
+    at: datetime
+    #: The typical time between two of its deadlines (seconds), if it has one.
+    interval_s: float | None = None
+
+
+@attrs.frozen(kw_only=True)
 class DaemonStatus:
     """What ``/api/status`` (and ``coordinator status``) reports. Built without SQL."""
 
@@ -124,6 +135,12 @@ class DaemonStatus:
     degraded: tuple[str, ...] = ()
     #: Statements the daemon has sent (its own count; proofs use the server's).
     sql_statements: int = 0
+    #: Jobs blocked by an unresolved run (as of the last refresh).
+    unresolved: int = 0
+    #: When the next retention prune is armed for (``None``: pruning is off or running).
+    next_prune: datetime | None = None
+    #: Armed deadlines of some jobs (only when asked for: ``Daemon.status(deadlines=N)``).
+    deadlines: tuple[ArmedDeadline, ...] = ()
 
     @property
     def role(self) -> str:
@@ -194,11 +211,14 @@ class DaemonStatus:
             "last_refresh": iso(self.last_refresh),
             "degraded": list(self.degraded),
             "sql_statements": self.sql_statements,
+            "unresolved": self.unresolved,
+            "next_prune": iso(self.next_prune),
         }
 
 
 __all__ = [
     "STATES",
+    "ArmedDeadline",
     "DaemonStatus",
     "HeldResultView",
     "RunningCall",

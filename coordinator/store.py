@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
 import asyncpg
@@ -163,6 +163,36 @@ class JobState:
 
 
 @attrs.frozen(kw_only=True)
+class AlertWindow:
+    """What ``coordinator._alert_open`` answered for one (job, kind)."""
+
+    #: ``due`` (send it: the window was opened now), ``inside`` (one went out less than
+    #: a window ago), ``opted_out`` (the job says ``alert = false``), ``gone`` (removed).
+    outcome: str
+    #: The job's namespace and name (``None`` when gone).
+    namespace: str | None = None
+    name: str | None = None
+    #: When the current window ends (due, inside).
+    until: datetime | None = None
+    #: When the alert before this one was sent, and how many were suppressed since (due).
+    previous: datetime | None = None
+    suppressed: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class PruneBatch:
+    """What one batch of the retention prune did, and where the next one starts."""
+
+    deleted: int
+    #: Removed jobs deleted with their last run.
+    removed_jobs: int
+    #: Jobs looked at.
+    jobs_seen: int
+    #: ``(job id, after run id)`` of the next batch; ``None`` when the prune is done.
+    resume: tuple[int, int] | None
+
+
+@attrs.frozen(kw_only=True)
 class LostRun:
     """A run found pending/running at startup: a previous daemon died during it."""
 
@@ -262,6 +292,12 @@ UPDATE coordinator.runs SET progress = $2::jsonb WHERE id = $1 AND status = 'run
 _CHECKPOINT = """
 SELECT coordinator._checkpoint($1, $2::text::jsonb, $3, $4::text::jsonb)
 """
+
+# Alerts: open the (job, kind) window if it is closed (writes only then); see 0013.
+_ALERT_OPEN = "SELECT * FROM coordinator._alert_open($1, $2, $3, $4, $5)"
+
+# Retention: one bounded batch of deletions, one short transaction (0013).
+_PRUNE = "SELECT * FROM coordinator._prune($1, $2, $3, $4, $5, $6, $7)"
 
 _TRY_LOCK = "SELECT pg_try_advisory_lock($1, $2)"
 _LOCK = "SELECT pg_advisory_lock($1, $2)"
@@ -758,6 +794,47 @@ class Store:
         )
         return saved
 
+    async def alert_open(
+        self, *, job_id: int, kind: str, run_id: int, now: datetime, window: timedelta
+    ) -> AlertWindow:
+        """Open the alert window of (job, kind) if it is closed: one statement, which
+        writes only when an alert is due."""
+        row = await self._call(
+            "alert_window", "fetchrow", _ALERT_OPEN, job_id, kind, run_id, now, window
+        )
+        return AlertWindow(
+            outcome=row["outcome"],
+            namespace=row["namespace"],
+            name=row["name"],
+            until=row["until"],
+            previous=row["previous"],
+            suppressed=row["suppressed"] or 0,
+        )
+
+    async def prune_batch(
+        self,
+        *,
+        resume: tuple[int, int],
+        limit: int,
+        max_jobs: int,
+        now: datetime,
+        retention: timedelta,
+        keep_last: int,
+    ) -> PruneBatch:
+        """Delete at most ``limit`` runs retention lets go, from ``resume`` on (one
+        statement, one short transaction)."""
+        row = await self._call(
+            "prune", "fetchrow", _PRUNE, resume[0], resume[1], limit, max_jobs, now,
+            retention, keep_last,
+        )  # fmt: skip
+        nxt = row["next_job"]
+        return PruneBatch(
+            deleted=row["deleted"],
+            removed_jobs=row["removed_jobs"],
+            jobs_seen=row["jobs_seen"],
+            resume=None if nxt is None else (nxt, row["next_after"]),
+        )
+
     async def sweep_lost(self) -> list[LostRun]:
         """Mark runs left pending/running by a dead daemon (startup only)."""
         rows = await self._call("sweep_lost", "fetch", _SWEEP_LOST, self.instance)
@@ -799,11 +876,13 @@ def _recoverable_item(held: HeldResult) -> dict[str, Any]:
 
 
 __all__ = [
+    "AlertWindow",
     "ClaimResult",
     "ConnectionPool",
     "JobEntry",
     "JobState",
     "LostRun",
+    "PruneBatch",
     "Store",
     "StoreUnavailable",
 ]

@@ -24,23 +24,45 @@ event                      series
 ``ResultHeld``             ``coordinator_results_retained_total``
 ``ResultSaved``            ``coordinator_results_saved_total``
 ``ResultSpooled``          ``coordinator_results_spooled_total``
+``RunFinished`` (per job)  ``coordinator_job_runs_total{namespace,job,outcome}``,
+                           ``coordinator_job_last_success_timestamp_seconds``,
+                           ``coordinator_job_last_failure_timestamp_seconds``,
+                           ``coordinator_job_run_duration_seconds``,
+                           ``coordinator_job_retries_total`` (runs that were retries)
+``AlertSent``              ``coordinator_alerts_sent_total{namespace,job,kind,sink}``
+``AlertSuppressed``        ``coordinator_alerts_suppressed_total{namespace,job,kind}``
+``AlertFailed``            ``coordinator_alert_failures_total{sink}``
+``RetentionPruned``        ``coordinator_retention_prunes_total``,
+                           ``coordinator_retention_pruned_runs_total``
 =========================  ===========================================================
 
 From the snapshot: ``coordinator_armed_deadlines``, ``coordinator_running_calls``,
 ``coordinator_retained_results``, ``coordinator_degraded`` (1 while degraded; the
-reasons are in ``/api/status``) and ``coordinator_sql_statements_total`` (counted where
-the store sends; proofs of idle silence still use the server's accounting).
+reasons are in ``/api/status``), ``coordinator_leading`` (1 while this daemon holds the
+single-writer lock), ``coordinator_unresolved_jobs`` (jobs blocked by an unresolved run),
+``coordinator_workers_connected{type}``, ``coordinator_next_prune_timestamp_seconds``,
+per job ``coordinator_job_next_deadline_timestamp_seconds`` and
+``coordinator_job_interval_seconds``, and ``coordinator_sql_statements_total`` (counted
+where the store sends; proofs of idle silence still use the server's accounting).
+
+Per-job series carry ``namespace`` and ``job`` labels for at most ``max_jobs`` jobs (the
+``metrics_max_jobs`` setting): the first ones seen keep their series; a job beyond gets
+none, and the first such job is named in one ``metrics.job_limit`` warning.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ..clock import SystemWallClock, WallClock
 from ..events import (
+    AlertFailed,
+    AlertSent,
+    AlertSuppressed,
     ClaimRejected,
     DispatchWake,
     Event,
@@ -50,15 +72,17 @@ from ..events import (
     ResultHeld,
     ResultSaved,
     ResultSpooled,
+    RetentionPruned,
     RunFinished,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from ..log import EventLog
     from ..status import DaemonStatus
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "DEFAULT_MAX_JOBS", "Metrics"]
 
 #: The ``Content-Type`` of :meth:`Metrics.render`'s output.
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
@@ -82,7 +106,39 @@ _GAUGES: Final = (
     ("running_calls", "Calls running now."),
     ("retained_results", "Results the database has not acknowledged yet."),
     ("degraded", "1 while the daemon is degraded (see /api/status for why)."),
+    ("leading", "1 while this daemon holds the single-writer lock."),
+    ("unresolved_jobs", "Jobs blocked by an unresolved run (as of the last refresh)."),
 )
+#: The default bound on jobs with per-job series (the ``metrics_max_jobs`` setting).
+DEFAULT_MAX_JOBS: Final = 500
+
+
+class _JobLabels:
+    """Which jobs get per-job series: the first ``limit`` seen; one warning beyond."""
+
+    def __init__(self, limit: int, log: EventLog | None) -> None:
+        self.limit = limit
+        self.log = log
+        self._known: dict[str, tuple[str, str]] = {}
+        self.refused = 0
+
+    def __call__(self, key: str) -> tuple[str, str] | None:
+        labels = self._known.get(key)
+        if labels is not None:
+            return labels
+        if len(self._known) >= self.limit:
+            self.refused += 1
+            if self.refused == 1 and self.log is not None:
+                self.log.warning(
+                    "metrics.job_limit",
+                    limit=self.limit,
+                    job=key,
+                    hint="jobs beyond metrics_max_jobs get no per-job series",
+                )
+            return None
+        namespace, _, name = key.partition("/")
+        labels = self._known[key] = (namespace, name)
+        return labels
 
 
 class _SnapshotCollector:
@@ -99,13 +155,15 @@ class _SnapshotCollector:
         yield from self._families(source() if source is not None else None)
 
     def _families(self, snapshot: DaemonStatus | None) -> Iterator[Metric]:
-        values: tuple[float | None, ...] = (None, None, None, None)
+        values: tuple[float | None, ...] = (None,) * len(_GAUGES)
         if snapshot is not None:
             values = (
                 snapshot.armed_deadlines,
                 snapshot.running_calls,
                 snapshot.held_results,
                 1 if snapshot.state == "degraded" else 0,
+                1 if snapshot.leading else 0,
+                snapshot.unresolved,
             )
         for (name, doc), value in zip(_GAUGES, values, strict=True):
             family = GaugeMetricFamily(f"{_NAMESPACE}_{name}", doc)
@@ -119,6 +177,46 @@ class _SnapshotCollector:
         if snapshot is not None:
             statements.add_metric([], float(snapshot.sql_statements))
         yield statements
+        workers = GaugeMetricFamily(
+            f"{_NAMESPACE}_workers_connected",
+            "Worker connections serving each type (draining ones left out).",
+            labels=["type"],
+        )
+        prune = GaugeMetricFamily(
+            f"{_NAMESPACE}_next_prune_timestamp_seconds",
+            "When the next retention prune is armed for (absent: off or running).",
+        )
+        deadline = GaugeMetricFamily(
+            f"{_NAMESPACE}_job_next_deadline_timestamp_seconds",
+            "A job's armed deadline.",
+            labels=["namespace", "job"],
+        )
+        interval = GaugeMetricFamily(
+            f"{_NAMESPACE}_job_interval_seconds",
+            "The typical time between two deadlines of a job (interval or cron gap).",
+            labels=["namespace", "job"],
+        )
+        if snapshot is not None:
+            served: dict[str, int] = {}
+            for worker in snapshot.workers:
+                if not worker.draining:
+                    for kind in worker.types:
+                        served[kind] = served.get(kind, 0) + 1
+            for kind, count in sorted(served.items()):
+                workers.add_metric([kind], float(count))
+            if snapshot.next_prune is not None:
+                prune.add_metric([], snapshot.next_prune.timestamp())
+            for armed in snapshot.deadlines:
+                labels = self._owner.job_labels(armed.job)
+                if labels is None:
+                    continue
+                deadline.add_metric(list(labels), armed.at.timestamp())
+                if armed.interval_s is not None:
+                    interval.add_metric(list(labels), armed.interval_s)
+        yield workers
+        yield prune
+        yield deadline
+        yield interval
 
 
 class Metrics:
@@ -128,9 +226,19 @@ class Metrics:
     (for the gauges). Without ``status`` the gauges are exported without samples.
     """
 
-    def __init__(self, *, status: Callable[[], DaemonStatus] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        status: Callable[[], DaemonStatus] | None = None,
+        max_jobs: int = DEFAULT_MAX_JOBS,
+        log: EventLog | None = None,
+        clock: WallClock | None = None,
+    ) -> None:
         #: Called at scrape time for the gauge values; ``None`` until the daemon is known.
         self.status = status
+        #: Jobs that get per-job series (at most ``max_jobs``; ``log`` hears the warning).
+        self.job_labels = _JobLabels(max_jobs, log)
+        self.clock: WallClock = clock or SystemWallClock()
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         ns = _NAMESPACE
@@ -188,6 +296,48 @@ class Metrics:
             namespace=ns,
             registry=r,
         )
+        job = ["namespace", "job"]
+        self.job_runs = Counter(
+            "job_runs", "Runs finished, by job and outcome.", [*job, "outcome"],
+            namespace=ns, registry=r,
+        )  # fmt: skip
+        self.job_last_success = Gauge(
+            "job_last_success_timestamp_seconds",
+            "When a run of the job last succeeded (since this daemon started).",
+            job, namespace=ns, registry=r,
+        )  # fmt: skip
+        self.job_last_failure = Gauge(
+            "job_last_failure_timestamp_seconds",
+            "When a run of the job last failed or timed out (since this daemon started).",
+            job, namespace=ns, registry=r,
+        )  # fmt: skip
+        self.job_duration = Histogram(
+            "job_run_duration_seconds", "Time a call of the job took.", job,
+            namespace=ns, registry=r, buckets=_RUN_BUCKETS,
+        )  # fmt: skip
+        self.job_retries = Counter(
+            "job_retries", "Runs of the job that were retries of an earlier run.", job,
+            namespace=ns, registry=r,
+        )  # fmt: skip
+        self.alerts_sent = Counter(
+            "alerts_sent", "Alerts delivered, by job, kind and sink.", [*job, "kind", "sink"],
+            namespace=ns, registry=r,
+        )  # fmt: skip
+        self.alerts_suppressed = Counter(
+            "alerts_suppressed",
+            "Alerts not sent because one of the same job and kind went out within the window.",
+            [*job, "kind"], namespace=ns, registry=r,
+        )  # fmt: skip
+        self.alert_failures = Counter(
+            "alert_failures", "Failed alert deliveries (each is retried), by sink.", ["sink"],
+            namespace=ns, registry=r,
+        )  # fmt: skip
+        self.prunes = Counter(
+            "retention_prunes", "Retention prunes done.", namespace=ns, registry=r
+        )
+        self.pruned = Counter(
+            "retention_pruned_runs", "Runs deleted by retention.", namespace=ns, registry=r
+        )
         r.register(_SnapshotCollector(self))
 
     # -- input --------------------------------------------------------------------------
@@ -212,6 +362,32 @@ class Metrics:
         self.run_duration.observe(max(0.0, event.elapsed_s))
         if event.lateness_s is not None:
             self.lateness.observe(event.lateness_s)
+        labels = self.job_labels(event.job)
+        if labels is None:
+            return
+        self.job_runs.labels(*labels, event.outcome).inc()
+        self.job_duration.labels(*labels).observe(max(0.0, event.elapsed_s))
+        now = self.clock.now().timestamp()
+        if event.outcome == "succeeded":
+            self.job_last_success.labels(*labels).set(now)
+        elif event.outcome in ("failed", "timed_out"):
+            self.job_last_failure.labels(*labels).set(now)
+        if event.trigger == "retry":
+            self.job_retries.labels(*labels).inc()
+
+    def _alert_sent(self, event: AlertSent) -> None:
+        labels = self.job_labels(event.job)
+        if labels is not None:
+            self.alerts_sent.labels(*labels, event.kind, event.sink).inc()
+
+    def _alert_suppressed(self, event: AlertSuppressed) -> None:
+        labels = self.job_labels(event.job)
+        if labels is not None:
+            self.alerts_suppressed.labels(*labels, event.kind).inc()
+
+    def _pruned(self, event: RetentionPruned) -> None:
+        self.prunes.inc()
+        self.pruned.inc(event.runs)
 
     def _rejected(self, event: ClaimRejected) -> None:
         self.claims.inc()
@@ -232,4 +408,8 @@ _HANDLERS: Final[dict[type[Event], Callable[[Metrics, Any], None]]] = {
     ResultHeld: lambda m, _e: m.retained.inc(),
     ResultSaved: lambda m, _e: m.saved.inc(),
     ResultSpooled: lambda m, _e: m.spooled.inc(),
+    AlertSent: Metrics._alert_sent,
+    AlertSuppressed: Metrics._alert_suppressed,
+    AlertFailed: lambda m, e: m.alert_failures.labels(sink=e.sink).inc(),
+    RetentionPruned: Metrics._pruned,
 }

@@ -4,12 +4,13 @@ One task decides; every other task only reports to it by calling :meth:`Dispatch
 (a wake arrived, a slot freed, a result was saved). Each turn:
 
 1. every armed deadline that has passed (wall time) is handed to ``on_due``, which offers
-   its job to admission (or logs the tick as skipped);
+   its job to admission (or logs the tick as skipped); every :class:`Chore` whose time
+   has passed (the retention prune) is fired;
 2. if the coalescer grants a refresh, ``refresh()`` runs and the turn starts over;
 3. every ticket admission lets start is dispatched as a task in ``calls``;
-4. the loop sleeps until the earliest of: the earliest deadline, the coalescer's next
-   grant, or a kick. With neither a deadline nor a pending wake it sleeps with no timer
-   at all (promise 1: no SQL, no wake-up).
+4. the loop sleeps until the earliest of: the earliest deadline, the earliest chore,
+   the coalescer's next grant, or a kick. With neither a deadline, a chore nor a pending
+   wake it sleeps with no timer at all (promise 1: no SQL, no wake-up).
 
 The loop knows nothing of PostgreSQL: ``refresh`` and ``dispatch`` are given to it, so
 unit tests drive this very loop under ``trio.testing.MockClock``.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import attrs
 import trio
@@ -27,6 +29,21 @@ from ..clock import WallClock
 from ..core.admission import Admission, Ticket
 from ..core.coalescer import RefreshCoalescer
 from ..core.deadlines import DeadlineSet
+
+
+class Chore(Protocol):
+    """An armed time that is not a job's deadline (the retention prune): the loop sleeps
+    until it like any deadline and fires it; no claim, no admission, no SQL of its own."""
+
+    def due_at(self) -> float | None:
+        """When it is due (wall-clock epoch seconds); ``None``: not armed (e.g. while it
+        runs). Read every turn: keep it a lookup."""
+        ...
+
+    def fire(self, nursery: trio.Nursery) -> None:
+        """Start the work as a task in ``nursery`` (it must not block the loop) and
+        disarm until it is done; kick the loop when it arms again."""
+        ...
 
 
 @attrs.define(eq=False)
@@ -44,6 +61,8 @@ class DispatchLoop:
     #: One admitted ticket, run as a task in the calls nursery, with its place in the
     #: order admission let tickets start (calls start in that order).
     dispatch: Callable[[Ticket, int], Awaitable[None]]
+    #: Other armed times (see :class:`Chore`).
+    chores: list[Chore] = attrs.field(factory=list)
     _kicked: trio.Event = attrs.field(factory=trio.Event)
     #: Turns taken (for tests and the curious).
     turns: int = 0
@@ -64,8 +83,13 @@ class DispatchLoop:
         while True:
             self._kicked = trio.Event()
             self.turns += 1
-            for at, job_id in self.deadlines.pop_due(self.clock.now().timestamp()):
+            now = self.clock.now().timestamp()
+            for at, job_id in self.deadlines.pop_due(now):
                 self.on_due(job_id, at)
+            for chore in self.chores:
+                chore_at = chore.due_at()
+                if chore_at is not None and chore_at <= now:
+                    chore.fire(calls)
             if self.coalescer.take(trio.current_time()):
                 await self.refresh()
                 continue
@@ -77,9 +101,13 @@ class DispatchLoop:
     def next_wake_at(self) -> float:
         """The trio time the loop sleeps until, unless kicked (``inf``: no timer)."""
         candidates = [math.inf]
+        times = [chore.due_at() for chore in self.chores]
         earliest = self.deadlines.earliest()
         if earliest is not None:
-            delay = earliest[0] - self.clock.now().timestamp()
+            times.append(earliest[0])
+        armed = [at for at in times if at is not None]
+        if armed:
+            delay = min(armed) - self.clock.now().timestamp()
             candidates.append(trio.current_time() + max(0.0, delay))
         due = self.coalescer.due_at()
         if due is not None:
@@ -91,4 +119,4 @@ class DispatchLoop:
             await self._kicked.wait()
 
 
-__all__ = ["DispatchLoop"]
+__all__ = ["Chore", "DispatchLoop"]

@@ -22,7 +22,7 @@ import trio
 
 from ..clock import WallClock
 from ..db import one_line
-from ..events import EventBus, ResultHeld, ResultSaved, ResultSpooled
+from ..events import EventBus, ResultHeld, ResultSaved, ResultSpooled, RunLost
 from ..spool import HeldResult, Spool, SpoolError, Unreadable
 from ..store import JobState, Store
 from .policy import ErrorPolicy, Failure, classify
@@ -274,6 +274,10 @@ class Settlement:
                     record.run_id, f"its result could not be saved from the spool: {why}"
                 )
                 log.error("spool.rejected", run=record.run_id, job=record.job_key, error=why)
+                if record.job_id is not None:  # left for an operator: alerted like a lost run
+                    self.events.emit(
+                        RunLost(run=record.run_id, job_id=record.job_id, action="unresolved")
+                    )
         self.spool.clear()
         log.info(
             "spool.replayed",

@@ -29,13 +29,14 @@ import socket
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 import attrs
 import trio
 
+from .. import schedule as schedules
 from ..backoff import backoff
 from ..clock import WallClock
 from ..core.admission import Admission
@@ -48,13 +49,15 @@ from ..events import (
     EventBus,
     LifecycleWake,
     NotificationWake,
+    RunLost,
     StateChanged,
 )
 from ..executors import Executor, ExecutorHooks
 from ..listener import Listener
 from ..migrate import load_migrations
+from ..model import Schedule
 from ..spool import Spool
-from ..status import DaemonStatus, HeldResultView, RunningCall, status_line
+from ..status import ArmedDeadline, DaemonStatus, HeldResultView, RunningCall, status_line
 from ..store import ConnectionPool, JobEntry, Store
 from . import wakes
 from .dispatch import Dispatcher
@@ -62,10 +65,14 @@ from .inventory import Inventory
 from .leadership import Leadership
 from .loop import DispatchLoop
 from .policy import ErrorPolicy, Failure, classify
+from .retention import Pruner
 from .settlement import FlushReport, Settlement
 
 if TYPE_CHECKING:
     from ..log import EventLog
+
+#: Longest a stop waits for the companions (alerts being delivered), seconds.
+COMPANION_FINISH: Final = 10.0
 
 #: Least seconds between two STATUS= updates while only counts change.
 STATUS_EVERY: Final = 1.0
@@ -106,6 +113,26 @@ class DaemonSettings:
     retry_cap: float = 30.0
     #: Apply pending migrations at start instead of refusing to start.
     migrate: bool = False
+    #: Finished runs older than this (seconds) are pruned (a job's own ``retention`` wins).
+    retention: float = 30 * 86400.0
+    #: When the retention prune runs: a cron expression in ``prune_timezone``
+    #: (:func:`~coordinator.schedule.parse_prune_at`); ``None``: never.
+    prune_at: str | None = None
+    prune_timezone: str = "UTC"
+
+
+class Companion(Protocol):
+    """A task that lives while the daemon leads, beside the loop (alert delivery):
+    started once the daemon is ready, given until a deadline to finish its work at stop,
+    then cancelled before the daemon's connections close."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled."""
+        ...
+
+    async def finish(self, deadline: float) -> None:
+        """The daemon stops: do what is pending until trio time ``deadline``."""
+        ...
 
 
 class _Stopped(Exception):
@@ -129,6 +156,8 @@ class Daemon:
     handle_signals: bool = True
     #: Where retry delays get their jitter (0 to 1 per settled call): injected in tests.
     jitter: Callable[[], float] = random.random
+    #: Tasks that live while the daemon leads (see :class:`Companion`).
+    companions: list[Companion] = attrs.field(factory=list)
 
     store: Store = attrs.field(init=False)
     policy: ErrorPolicy = attrs.field(init=False)
@@ -140,6 +169,7 @@ class Daemon:
     dispatcher: Dispatcher = attrs.field(init=False)
     leadership: Leadership = attrs.field(init=False)
     loop: DispatchLoop = attrs.field(init=False)
+    pruner: Pruner = attrs.field(init=False)
     ready: trio.Event = attrs.field(factory=trio.Event, init=False)
     stopped: trio.Event = attrs.field(factory=trio.Event, init=False)
     _phase: str = attrs.field(default="starting", init=False)
@@ -160,6 +190,10 @@ class Daemon:
     _flushed: bool = attrs.field(default=False, init=False)
     #: Why the database could not be reached at start (while it cannot).
     _unavailable: str | None = attrs.field(default=None, init=False)
+    #: The companions were started (once: a re-taken lead keeps them).
+    _companions_started: bool = attrs.field(default=False, init=False)
+    #: Schedule -> its typical gap between deadlines (seconds), for the metrics.
+    _gaps: dict[Schedule, float | None] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         s = self.settings
@@ -192,6 +226,17 @@ class Daemon:
             refresh=self.inventory.refresh,
             dispatch=lambda ticket, seq: self.dispatcher.dispatch(ticket, seq),
         )
+        self.pruner = Pruner(
+            store=self.store,
+            clock=self.clock,
+            events=self.events,
+            policy=self.policy,
+            cron=s.prune_at,
+            timezone=s.prune_timezone,
+            retention=timedelta(seconds=s.retention),
+            kick=self.loop.kick,
+        )
+        self.loop.chores.append(self.pruner)
         self.dispatcher = Dispatcher(
             store=self.store,
             clock=self.clock,
@@ -247,8 +292,9 @@ class Daemon:
         """``starting``, ``standby``, ``ready``, ``degraded``, ``stopping`` or ``stopped``."""
         return self._state
 
-    def status(self) -> DaemonStatus:
-        """The typed snapshot the admin face, the metrics and systemd read. No SQL."""
+    def status(self, *, deadlines: int = 0) -> DaemonStatus:
+        """The typed snapshot the admin face, the metrics and systemd read. No SQL.
+        ``deadlines``: list the armed deadlines of at most that many jobs too."""
         now = trio.current_time()
         earliest = self.deadlines.earliest()
         next_deadline = next_job = None
@@ -286,7 +332,29 @@ class Daemon:
             last_refresh=self.inventory.last_refresh,
             degraded=self._problems(),
             sql_statements=self.store.statements,
+            unresolved=sum(1 for e in self.inventory.jobs.values() if e.run_status == "unresolved"),
+            next_prune=self.pruner.next_at,
+            deadlines=self._deadlines(deadlines) if deadlines > 0 else (),
         )
+
+    def _deadlines(self, limit: int) -> tuple[ArmedDeadline, ...]:
+        out: list[ArmedDeadline] = []
+        for job_id, at in self.deadlines.items():
+            if len(out) >= limit:
+                break
+            entry = self.inventory.jobs.get(job_id)
+            if entry is None:
+                continue
+            if entry.schedule not in self._gaps:
+                self._gaps[entry.schedule] = _gap(entry.schedule, self.clock.now())
+            out.append(
+                ArmedDeadline(
+                    job=entry.key,
+                    at=datetime.fromtimestamp(at, UTC),
+                    interval_s=self._gaps[entry.schedule],
+                )
+            )
+        return tuple(out)
 
     def workers_changed(self) -> None:
         """An executor's pools changed (a worker connected, left, changed capacity).
@@ -360,6 +428,11 @@ class Daemon:
                 if self._stop.is_set():
                     return EXIT_OK
         nursery.start_soon(self._keep_lead)
+        if not self._companions_started:
+            self._companions_started = True
+            for companion in self.companions:
+                await nursery.start(companion.run)
+        self.pruner.arm()
         self._set_phase("ready")
         self.ready.set()
         snapshot = self.status()
@@ -386,7 +459,9 @@ class Daemon:
             calls.start_soon(loop)
             await self._stop.wait()
             await self._drain(calls, loop_scope)
-        return self._stopped(await self._flush(), EXIT_OK)
+        report = await self._flush()
+        await self._finish_companions()
+        return self._stopped(report, EXIT_OK)
 
     async def _start_up(self, nursery: trio.Nursery) -> None:
         """Lock taken: schema, spool replay, crash sweep, LISTEN, first refresh."""
@@ -395,9 +470,7 @@ class Daemon:
         await self._step("spool", self.settlement.replay)
         lost = await self._step("sweep", self.store.sweep_lost)
         for item in lost:
-            self.log.warning(
-                "startup.lost_run", run=item.run_id, job_id=item.job_id, action=item.action
-            )
+            self.events.emit(RunLost(run=item.run_id, job_id=item.job_id, action=item.action))
         self.log.info("startup.sweep", lost=len(lost))
         if self._listener is None:
             # LISTEN before the first refresh, so no change can fall between the two.
@@ -571,6 +644,7 @@ class Daemon:
         past it (or on a second SIGINT), abandon them (executors record ``cancelled``)."""
         self._stop_deadline = trio.current_time() + self.settings.stop_timeout
         self.dispatcher.stopping = True
+        self.pruner.stopping = True
         self._set_phase("stopping")
         self.notify("STOPPING=1")
         self.admission.close()
@@ -602,6 +676,16 @@ class Daemon:
                 while self.dispatcher.in_flight:
                     await self.dispatcher.idle.wait()
         calls.cancel_scope.cancel()
+
+    async def _finish_companions(self) -> None:
+        """Give the companions (alert delivery) what is left of the stop timeout, at
+        most :data:`COMPANION_FINISH` seconds, to finish their work."""
+        if not self.companions:
+            return
+        now = trio.current_time()
+        deadline = min(max(self._stop_deadline or now, now + 1.0), now + COMPANION_FINISH)
+        for companion in self.companions:
+            await companion.finish(deadline)
 
     async def _flush(self) -> FlushReport:
         self._flushed = True
@@ -720,6 +804,19 @@ async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
+def _gap(schedule: Schedule, now: datetime) -> float | None:
+    """The typical time between two deadlines of ``schedule`` (seconds): the interval,
+    or the gap between a cron expression's next two firings; ``None`` for the others."""
+    try:
+        first = schedules.following_deadline(schedule, now)
+        second = schedules.following_deadline(schedule, first) if first is not None else None
+    except (ValueError, OverflowError, CoordinatorError):
+        return None
+    if first is None or second is None:
+        return None
+    return (second - first).total_seconds()
+
+
 def _describe(exc: BaseException) -> str:
     """One line for an exception or a group of them (groups are unwrapped)."""
     if isinstance(exc, BaseExceptionGroup):
@@ -728,11 +825,13 @@ def _describe(exc: BaseException) -> str:
 
 
 __all__ = [
+    "COMPANION_FINISH",
     "EXIT_CONFIG",
     "EXIT_FAILED",
     "EXIT_LOST",
     "EXIT_OK",
     "EXIT_SPOOLED",
+    "Companion",
     "Daemon",
     "DaemonSettings",
     "default_instance",

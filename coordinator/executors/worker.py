@@ -52,7 +52,13 @@ import trio
 
 from ..clock import WallClock
 from ..errors import ConfigError, InvalidInput
-from ..events import EventBus, RunProgress, WorkerConnected, WorkerDisconnected
+from ..events import (
+    EventBus,
+    FindingsReported,
+    RunProgress,
+    WorkerConnected,
+    WorkerDisconnected,
+)
 from ..model import CheckpointWrite, Cursor
 from ..model import Finding as FindingRecord
 from ..protocol import (
@@ -87,6 +93,32 @@ if TYPE_CHECKING:
 
     from ..model import Claim, ErrorCause, Outcome, OutcomeStatus, Target
     from ..protocol import Category
+
+
+#: Finding severities that are told as events (and so may be alerted), worst first.
+SERIOUS_SEVERITIES: Final = ("data_loss", "error")
+
+
+def _report_serious(events: EventBus, run_id: int, message: Finding) -> None:
+    """Tell the bus about this report's findings of severity error or data_loss."""
+    counts: dict[tuple[str, str], int] = {}
+    worst: tuple[str, str, str] | None = None
+    for item in message.findings:
+        if item.severity not in SERIOUS_SEVERITIES:
+            continue
+        counts[(item.kind, item.severity)] = counts.get((item.kind, item.severity), 0) + 1
+        rank = SERIOUS_SEVERITIES.index(item.severity)
+        if worst is None or rank < SERIOUS_SEVERITIES.index(worst[1]):
+            worst = (item.kind, item.severity, item.resource_id)
+    if worst is not None:
+        events.emit(
+            FindingsReported(
+                run=run_id,
+                counts=tuple((k, sev, n) for (k, sev), n in sorted(counts.items())),
+                example=worst,
+            )
+        )
+
 
 __all__ = [
     "CANCELLED_MESSAGE",
@@ -821,6 +853,7 @@ class WorkerExecutor:
             )
             for item in message.findings
         )
+        _report_serious(self.events, call.run_id, message)
         if len(call.findings) > FINDINGS_BACKLOG:
             conn.backlog = call
         self._schedule_checkpoint(call)

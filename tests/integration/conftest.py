@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from coordinator.migrate import migrate
 from coordinator.service import build_daemon
 
 if TYPE_CHECKING:
+    from coordinator.alerts import Sink
     from coordinator.embedded import Cluster
 
 
@@ -93,6 +94,8 @@ async def start_daemon(
         spool_path: Path | None = None,
         clock: WallClock | None = None,
         jitter: Callable[[], float] | None = None,
+        alert_sinks: Sequence[Sink] = (),
+        alert_window: float = 6 * 3600.0,
         **settings: Any,
     ) -> Harness:
         events: list[dict[str, Any]] = []
@@ -107,6 +110,8 @@ async def start_daemon(
             handle_signals=False,
             # Retry delays' jitter, deterministic: a seeded generator unless a test says.
             jitter=jitter or random.Random(13).random,
+            alert_sinks=alert_sinks,
+            alert_window=alert_window,
         )
         harness = Harness(daemon=daemon, events=events)
         harnesses.append(harness)

@@ -250,3 +250,122 @@ def test_another_embedded_database_is_refused_unless_chosen(tmp_path: Path) -> N
     refuse_another_embedded(
         Config(state_dir=tmp_path / "other"), environ=environ, state_dir_chosen=True
     )
+
+
+# -- alerts and retention -------------------------------------------------------------------
+
+
+def test_alert_and_retention_settings_from_every_layer(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(
+        'alert_smtp_host = "smtp.example.net"\n'
+        "alert_smtp_starttls = true\n"
+        'alert_email_to = ["ops@example.net", "oncall@example.net"]\n'
+        'alert_webhook = "https://hooks.example.net/x"\n'
+        'retention = "90d"\n'
+        'prune_at = "04:30"\n'
+    )
+    config = load(
+        file=file,
+        environ={
+            "COORDINATOR_ALERT_WINDOW": "2h",
+            "COORDINATOR_ALERT_EMAIL_TO": "a@x.org, b@y.org",
+        },
+        flags={},
+    )
+    assert config.alert_email_to == ("a@x.org", "b@y.org")  # the environment wins
+    assert config.alert_window == 7200
+    assert config.retention == 90 * 86400
+    assert config.prune_at == "04:30"
+    assert config.smtp_port() == 587
+    config.check_alerts()
+    assert load(file=None, environ={}, flags={}).prune_at == "03:17"
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"COORDINATOR_ALERT_WEBHOOK": "http://hooks.example.net/x"}, "loopback"),
+        ({"COORDINATOR_ALERT_WEBHOOK": "ftp://x"}, "https"),
+        ({"COORDINATOR_ALERT_EMAIL_TO": "ops at example"}, "not an email address"),
+        ({"COORDINATOR_ALERT_SMTP_PORT": "70000"}, "out of range"),
+        ({"COORDINATOR_PRUNE_AT": "25:00"}, "COORDINATOR_PRUNE_AT: '25:00' is not a time"),
+        ({"COORDINATOR_RETENTION": "30"}, "COORDINATOR_RETENTION"),
+    ],
+)
+def test_bad_alert_settings_are_named(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(file=None, environ=environ, flags={})
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"COORDINATOR_ALERT_SMTP_HOST": "smtp.example.net"}, "names no recipient"),
+        ({"COORDINATOR_ALERT_EMAIL_TO": "a@x.org"}, "alert_smtp_host is not"),
+        (
+            {
+                "COORDINATOR_ALERT_SMTP_HOST": "smtp.example.net",
+                "COORDINATOR_ALERT_EMAIL_TO": "a@x.org",
+                "COORDINATOR_ALERT_SMTP_USER": "me",
+                "COORDINATOR_ALERT_SMTP_PASSWORD": "pw",
+            },
+            "clear text",
+        ),
+        (
+            {
+                "COORDINATOR_ALERT_SMTP_HOST": "127.0.0.1",
+                "COORDINATOR_ALERT_EMAIL_TO": "a@x.org",
+                "COORDINATOR_ALERT_SMTP_USER": "me",
+            },
+            "no alert_smtp_password",
+        ),
+        (
+            {
+                "COORDINATOR_ALERT_SMTP_HOST": "smtp.example.net",
+                "COORDINATOR_ALERT_EMAIL_TO": "a@x.org",
+                "COORDINATOR_ALERT_SMTP_TLS": "yes",
+                "COORDINATOR_ALERT_SMTP_STARTTLS": "yes",
+            },
+            "choose one",
+        ),
+    ],
+)
+def test_alert_settings_that_cannot_work_together(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(file=None, environ=environ, flags={}).check_alerts()
+
+
+def test_alert_secrets_from_files_and_credentials_and_redacted(tmp_path: Path) -> None:
+    password = tmp_path / "smtp"
+    password.write_text("hunter2\n")
+    secret_dir = tmp_path / "creds"
+    secret_dir.mkdir()
+    (secret_dir / "alert-webhook-secret").write_text("s3cret\n")
+    config = load(
+        file=None,
+        environ={
+            "COORDINATOR_ALERT_SMTP_PASSWORD_FILE": str(password),
+            "COORDINATOR_ALERT_WEBHOOK_SECRET": "",
+            "CREDENTIALS_DIRECTORY": str(secret_dir),
+        },
+        flags={},
+    )
+    assert config.smtp_password() == "hunter2"
+    assert config.webhook_secret() == "s3cret"
+    shown = {name: (value, str(source)) for name, value, source in config.describe()}
+    assert shown["alert_webhook_secret"][0] == "***"
+    assert shown["alert_webhook_secret"][1].startswith("credential")
+    direct = load(file=None, environ={"COORDINATOR_ALERT_SMTP_PASSWORD": "pw"}, flags={})
+    assert direct.redacted()["alert_smtp_password"] == "***"
+
+
+def test_local_timezone_from_tz_or_utc() -> None:
+    from coordinator.config import local_timezone
+
+    assert local_timezone({"TZ": "Europe/Berlin"}) == "Europe/Berlin"
+    assert local_timezone({"TZ": ":America/New_York"}) == "America/New_York"
+    # An unknown name falls through to the host's zone files, else UTC: always a zone.
+    from zoneinfo import ZoneInfo
+
+    ZoneInfo(local_timezone({"TZ": "Not/AZone"}))

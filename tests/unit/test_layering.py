@@ -140,9 +140,18 @@ def test_executors_import_no_daemon_or_store() -> None:
     assert violations("executors", owners("coordinator.executors"), forbidden) == []
 
 
+def test_alerts_import_no_daemon_or_face() -> None:
+    """Alerts are a subscriber of the daemon's events: the service attaches them; they
+    send their one statement through the store's method handed to them."""
+    forbidden = {"coordinator.daemon", "coordinator.admin", "coordinator.service",
+                 "coordinator.cli", "coordinator.client", "coordinator.executors",
+                 "coordinator.listener", "coordinator.db"}  # fmt: skip
+    assert violations("alerts", owners("coordinator.alerts"), forbidden) == []
+
+
 def test_the_daemon_imports_no_face() -> None:
     forbidden = {"coordinator.admin", "coordinator.service", "coordinator.cli",
-                 "coordinator.client"}  # fmt: skip
+                 "coordinator.client", "coordinator.alerts"}  # fmt: skip
     assert violations("daemon", owners("coordinator.daemon"), forbidden) == []
 
 

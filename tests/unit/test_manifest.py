@@ -48,6 +48,9 @@ def test_full_entry_in_sql_shape() -> None:
         retry_max_delay = "10m"
         misfire = "skip"
         misfire_grace = "5m"
+        alert = false
+        keep_last = 7
+        retention = "90d"
         params = { region = "eu", batch = 500, since = 2026-01-01 }
         command = ["/usr/local/bin/invoice", "--all"]
         env = { LANG = "C.UTF-8" }
@@ -85,6 +88,9 @@ def test_full_entry_in_sql_shape() -> None:
         "misfire": "skip",
         "misfire_grace": "300000000 microseconds",
         "recoverable": False,
+        "alert": False,
+        "keep_last": 7,
+        "retention": "7776000000000 microseconds",
     }
     # Without `paused` the key is left out: the job keeps its paused state.
     assert manifest.entries[1] == {
@@ -104,6 +110,9 @@ def test_full_entry_in_sql_shape() -> None:
         "misfire": "run-once",
         "misfire_grace": None,
         "recoverable": True,
+        "alert": True,
+        "keep_last": None,
+        "retention": None,
     }
     json.dumps(manifest.entries)  # what coordinator.sync receives
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime, timedelta
 
 import attrs
 import pytest
@@ -10,6 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.admin.metrics import Metrics
 from coordinator.events import (
+    AlertFailed,
+    AlertSent,
+    AlertSuppressed,
     ClaimRejected,
     DispatchWake,
     EventBus,
@@ -19,11 +23,12 @@ from coordinator.events import (
     ResultHeld,
     ResultSaved,
     ResultSpooled,
+    RetentionPruned,
     RunFinished,
     RunStarted,
 )
 from coordinator.log import EventLog
-from coordinator.status import DaemonStatus
+from coordinator.status import ArmedDeadline, DaemonStatus, WorkerView
 
 
 def value(m: Metrics, name: str, **labels: str) -> float:
@@ -199,3 +204,138 @@ def test_a_lookalike_record_is_ignored() -> None:
     m = Metrics()
     m.observe(_Renamed())  # type: ignore[arg-type]
     assert value(m, "coordinator_runs_total", outcome="succeeded", cause="none") == 0
+
+
+# -- per job --------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class FixedClock:
+    at: datetime
+
+    def now(self) -> datetime:
+        return self.at
+
+
+def test_runs_carry_namespace_and_job_labels_with_last_success_and_failure() -> None:
+    clock = FixedClock(datetime(2026, 5, 1, tzinfo=UTC))
+    m = Metrics(clock=clock)
+    m.observe(run(job="ops/backup", elapsed_ms=2000.0))
+    clock.at += timedelta(hours=1)
+    m.observe(run(job="ops/backup", run=2, outcome="failed", cause="handler"))
+    m.observe(run(job="ops/backup", run=3, outcome="timed_out", cause="timeout", trigger="retry"))
+    m.observe(run(job="billing/invoice", run=4))
+    job = {"namespace": "ops", "job": "backup"}
+    assert value(m, "coordinator_job_runs_total", **job, outcome="succeeded") == 1
+    assert value(m, "coordinator_job_runs_total", **job, outcome="failed") == 1
+    assert value(m, "coordinator_job_runs_total", **job, outcome="timed_out") == 1
+    assert value(m, "coordinator_job_last_success_timestamp_seconds", **job) == (
+        datetime(2026, 5, 1, tzinfo=UTC).timestamp()
+    )
+    assert value(m, "coordinator_job_last_failure_timestamp_seconds", **job) == (
+        clock.at.timestamp()
+    )
+    assert value(m, "coordinator_job_run_duration_seconds_count", **job) == 3
+    assert value(m, "coordinator_job_retries_total", **job) == 1
+    assert (
+        value(
+            m, "coordinator_job_runs_total", namespace="billing", job="invoice", outcome="succeeded"
+        )
+        == 1
+    )
+
+
+def test_beyond_the_job_limit_new_jobs_get_no_series_and_one_warning() -> None:
+    records: list[dict[str, object]] = []
+    log = EventLog(stream=io.StringIO())
+    log.observers.append(records.append)
+    m = Metrics(max_jobs=2, log=log)
+    for i in range(5):
+        m.observe(run(job=f"ns/job{i}", run=i))
+    m.observe(run(job="ns/job0", run=9))  # a known job keeps counting
+    families = {f.name: f for f in text_string_to_metric_families(m.render().decode())}
+    jobs = {s.labels["job"] for s in families["coordinator_job_runs"].samples}
+    assert jobs == {"job0", "job1"}
+    assert (
+        value(m, "coordinator_job_runs_total", namespace="ns", job="job0", outcome="succeeded") == 2
+    )
+    warnings = [r for r in records if r["event"] == "metrics.job_limit"]
+    assert len(warnings) == 1
+    assert warnings[0]["job"] == "ns/job2"
+    # Every run still counts in the series without job labels.
+    assert value(m, "coordinator_runs_total", outcome="succeeded", cause="none") == 6
+
+
+def test_alerts_and_retention_series() -> None:
+    m = Metrics()
+    at = datetime(2026, 5, 1, tzinfo=UTC)
+    m.observe(AlertSent(job="ops/backup", job_id=1, kind="failed", run=1, sink="email", attempts=1))
+    m.observe(
+        AlertSent(job="ops/backup", job_id=1, kind="failed", run=1, sink="webhook", attempts=2)
+    )
+    for run_id in (2, 3):
+        m.observe(AlertSuppressed(job="ops/backup", job_id=1, kind="failed", run=run_id, until=at))
+    m.observe(
+        AlertFailed(job="ops/backup", kind="failed", run=1, sink="webhook", error="503", attempt=1)
+    )
+    m.observe(RetentionPruned(runs=1234, jobs_removed=0, batches=2, elapsed_ms=5.0, complete=True))
+    job = {"namespace": "ops", "job": "backup", "kind": "failed"}
+    assert value(m, "coordinator_alerts_sent_total", **job, sink="email") == 1
+    assert value(m, "coordinator_alerts_sent_total", **job, sink="webhook") == 1
+    assert value(m, "coordinator_alerts_suppressed_total", **job) == 2
+    assert value(m, "coordinator_alert_failures_total", sink="webhook") == 1
+    assert value(m, "coordinator_retention_prunes_total") == 1
+    assert value(m, "coordinator_retention_pruned_runs_total") == 1234
+
+
+def test_snapshot_gauges_per_job_and_workers_by_type() -> None:
+    at = datetime(2026, 5, 1, 3, 17, tzinfo=UTC)
+    connected = datetime(2026, 5, 1, tzinfo=UTC)
+    workers = tuple(
+        WorkerView(
+            id=f"w{i}",
+            types=types,
+            capacity=1,
+            busy=0,
+            draining=draining,
+            transport="unix",
+            peer="",
+            connected_at=connected,
+        )
+        for i, (types, draining) in enumerate(
+            [(("search", "mail"), False), (("search",), False), (("mail",), True)]
+        )
+    )
+    snapshot = status(
+        leading=True,
+        unresolved=2,
+        next_prune=at,
+        workers=workers,
+        deadlines=(
+            ArmedDeadline(job="ops/backup", at=at, interval_s=86400.0),
+            ArmedDeadline(job="ops/once", at=at),
+            ArmedDeadline(job="ops/third", at=at, interval_s=60.0),
+        ),
+    )
+    m = Metrics(status=lambda: snapshot, max_jobs=2)
+    backup = {"namespace": "ops", "job": "backup"}
+    assert value(m, "coordinator_job_next_deadline_timestamp_seconds", **backup) == at.timestamp()
+    assert value(m, "coordinator_job_interval_seconds", **backup) == 86400
+    assert (
+        m.registry.get_sample_value(
+            "coordinator_job_interval_seconds", {"namespace": "ops", "job": "once"}
+        )
+        is None
+    )
+    # Bounded like the event-driven series: the third job gets none.
+    assert (
+        m.registry.get_sample_value(
+            "coordinator_job_next_deadline_timestamp_seconds", {"namespace": "ops", "job": "third"}
+        )
+        is None
+    )
+    assert value(m, "coordinator_workers_connected", type="search") == 2
+    assert value(m, "coordinator_workers_connected", type="mail") == 1
+    assert value(m, "coordinator_leading") == 1
+    assert value(m, "coordinator_unresolved_jobs") == 2
+    assert value(m, "coordinator_next_prune_timestamp_seconds") == at.timestamp()

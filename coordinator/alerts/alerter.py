@@ -1,0 +1,432 @@
+"""The alerter: a subscriber of the daemon's typed events that tells people about
+failures, at most once per (job, kind) per window, without ever holding the daemon up.
+
+:meth:`Alerter.observe` runs inside :meth:`~coordinator.events.EventBus.emit`, so it only
+decides what it can from memory and queues the rest:
+
+- a run that ended ``failed`` or ``timed_out`` with no retry to follow (its job's retries
+  exhausted, or none allowed) is a ``failed`` alert; a failed attempt a retry follows is
+  none; a run the crash sweep left ``unresolved`` is an ``unresolved`` one; a run whose
+  call reported findings of severity ``error`` or ``data_loss`` (recoverable runs'
+  consistency checks) is a ``findings`` one, told when the call ends (finished or paused),
+  with the findings counted by kind and severity and the worst as an example;
+- a (job, kind) whose window is known to be open is suppressed at once (no SQL: the next
+  alert counts it from the runs table); a job known to say ``alert = false`` is ignored
+  (until a wake says the job changed);
+- anything else waits in a bounded queue for :meth:`Alerter.run`, a task of its own.
+
+The task asks the database whether the window is open (``coordinator._alert_open``, one
+statement that writes only when an alert is due; the window survives restarts, so a
+crash-looping daemon does not mail-bomb), renders the alert once
+(:func:`~coordinator.alerts.message.render`, where redaction applies) and hands it to
+every sink in a task of its own, retried with capped backoff (``alert.failed`` each time)
+until it is delivered or older than the window. A database failure goes through the
+daemon's error policy (``alert_window.failed``) and is retried.
+
+With no sink configured no alerter is made at all: no subscriber, no task, nothing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Final, Protocol
+
+import attrs
+import trio
+
+from ..backoff import backoff
+from ..clock import WallClock
+from ..events import (
+    AlertFailed,
+    AlertSent,
+    AlertSuppressed,
+    Event,
+    EventBus,
+    FindingsReported,
+    LifecycleWake,
+    NotificationWake,
+    RunFinished,
+    RunLost,
+)
+from .message import Alert, Message, render
+from .sinks import DeliveryFailed, Sink
+
+if TYPE_CHECKING:
+    from ..store import AlertWindow
+
+#: Alerts waiting for their window to be read, at most (beyond: dropped, with a warning).
+QUEUE_LIMIT: Final = 1000
+#: Outcomes of a finished run that are worth an alert.
+_FAILED: Final = frozenset({"failed", "timed_out"})
+
+
+class WindowStore(Protocol):
+    """The one statement the alerter sends (:meth:`coordinator.store.Store.alert_open`)."""
+
+    async def alert_open(
+        self, *, job_id: int, kind: str, run_id: int, now: datetime, window: timedelta
+    ) -> AlertWindow: ...
+
+
+def _same(text: str) -> str:
+    return text
+
+
+def _no_url(_run: int) -> str | None:
+    return None
+
+
+@attrs.frozen(kw_only=True)
+class _Candidate:
+    """A run worth an alert, before its window is known."""
+
+    kind: str
+    job_id: int
+    #: ``namespace/name`` when the event said it (a lost run's event does not).
+    job: str | None
+    run: int
+    outcome: str
+    cause: str | None = None
+    category: str | None = None
+    error: str | None = None
+    attempt: int | None = None
+    exhausted: bool | None = None
+    elapsed_s: float | None = None
+    at: datetime
+    event: str
+    findings: tuple[tuple[str, str, int], ...] = ()
+    example: tuple[str, str, str] | None = None
+
+
+@attrs.define(eq=False)
+class _Found:
+    """Serious findings of one call so far (until its RunFinished)."""
+
+    counts: dict[tuple[str, str], int] = attrs.field(factory=dict)
+    example: tuple[str, str, str] | None = None
+
+
+#: Calls whose findings are remembered at once, at most (a bound on memory).
+FOUND_LIMIT: Final = 10_000
+
+
+@attrs.define(eq=False)
+class Alerter:
+    """Alerts for failures (see the module docstring). A daemon companion: it runs
+    while the daemon leads, and gets a bounded time to deliver what is pending at stop."""
+
+    store: WindowStore
+    events: EventBus
+    clock: WallClock
+    sinks: list[Sink]
+    instance: str
+    #: The rate limit: one alert per (job, kind) per window.
+    window: timedelta = timedelta(hours=6)
+    #: The daemon's error policy for the database step: ``(purpose, exc, attempt)`` ->
+    #: seconds to wait (raises for a bug).
+    failed: Callable[[str, BaseException, int], float] = lambda _p, _e, attempt: backoff(attempt)
+    recovered: Callable[[str], None] = lambda _purpose: None
+    #: The run's page on the admin web server (``None``: no page).
+    run_url: Callable[[int], str | None] = _no_url
+    #: Applied to the output-derived text of every alert (the security issue's redaction).
+    redact: Callable[[str], str] = _same
+    #: Delivery retries: the first pause and the longest (seconds).
+    retry_first: float = 1.0
+    retry_cap: float = 300.0
+    _queue: deque[_Candidate] = attrs.field(factory=deque)
+    _wake: trio.Event = attrs.field(factory=trio.Event)
+    #: (job id, kind) -> end of its open window (wall epoch seconds), as last read.
+    _open_until: dict[tuple[int, str], float] = attrs.field(factory=dict)
+    #: (job id, kind) whose window is being read now: what comes meanwhile is suppressed.
+    _deciding: set[tuple[int, str]] = attrs.field(factory=set)
+    #: Jobs that said ``alert = false`` (forgotten when a wake says the job changed).
+    _opted_out: set[int] = attrs.field(factory=set)
+    #: job id -> ``namespace/name`` as last seen.
+    _keys: dict[int, str] = attrs.field(factory=dict)
+    #: run id -> its serious findings so far (told when its call ends).
+    _found: dict[int, _Found] = attrs.field(factory=dict)
+    _nursery: trio.Nursery | None = None
+    #: Deliveries under way (one per alert and sink), and set when there are none.
+    _delivering: int = 0
+    _idle: trio.Event = attrs.field(factory=trio.Event)
+    _busy: bool = False
+    #: Counts, for tests and the curious (the metrics count the events).
+    sent: int = 0
+    suppressed: int = 0
+    dropped: int = 0
+
+    # -- input: the event bus (synchronous, never blocks) --------------------------------
+
+    def observe(self, event: Event) -> None:
+        """An :class:`~coordinator.events.EventBus` subscriber."""
+        if isinstance(event, FindingsReported):
+            self._note_findings(event)
+        elif isinstance(event, RunFinished):
+            self._keys[event.job_id] = event.job
+            found = self._found.pop(event.run, None)
+            if found is not None:
+                self._offer(
+                    _Candidate(
+                        kind="findings",
+                        job_id=event.job_id,
+                        job=event.job,
+                        run=event.run,
+                        outcome=event.outcome,
+                        cause=event.cause,
+                        category=event.category,
+                        error=event.error,
+                        attempt=event.attempt,
+                        elapsed_s=event.elapsed_s,
+                        at=self.clock.now(),
+                        event=event.NAME,
+                        findings=tuple(
+                            (kind, severity, n)
+                            for (kind, severity), n in sorted(found.counts.items())
+                        ),
+                        example=found.example,
+                    )
+                )
+            if event.outcome not in _FAILED or event.cause == "lost" or event.retry is not None:
+                return
+            self._offer(
+                _Candidate(
+                    kind="failed",
+                    job_id=event.job_id,
+                    job=event.job,
+                    run=event.run,
+                    outcome=event.outcome,
+                    cause=event.cause,
+                    category=event.category,
+                    error=event.error,
+                    attempt=event.attempt,
+                    exhausted=event.exhausted,
+                    elapsed_s=event.elapsed_s,
+                    at=self.clock.now(),
+                    event=event.NAME,
+                )
+            )
+        elif isinstance(event, RunLost):
+            if event.action != "unresolved":
+                return
+            self._offer(
+                _Candidate(
+                    kind="unresolved",
+                    job_id=event.job_id,
+                    job=self._keys.get(event.job_id),
+                    run=event.run,
+                    outcome="unresolved",
+                    cause="lost",
+                    error="the daemon that ran it stopped before saving its result",
+                    at=self.clock.now(),
+                    event=event.NAME,
+                )
+            )
+        elif isinstance(event, NotificationWake):
+            job = event.payload.get("job")
+            if isinstance(job, int):
+                self._opted_out.discard(job)
+            else:
+                self._opted_out.clear()
+        elif isinstance(event, LifecycleWake):
+            self._opted_out.clear()  # notifications may have been missed
+
+    def _note_findings(self, event: FindingsReported) -> None:
+        found = self._found.get(event.run)
+        if found is None:
+            if len(self._found) >= FOUND_LIMIT:
+                return
+            found = self._found[event.run] = _Found()
+        for kind, severity, n in event.counts:
+            found.counts[(kind, severity)] = found.counts.get((kind, severity), 0) + n
+        if found.example is None or (
+            event.example[1] == "data_loss" and found.example[1] != "data_loss"
+        ):
+            found.example = event.example
+
+    def _offer(self, candidate: _Candidate) -> None:
+        key = (candidate.job_id, candidate.kind)
+        if candidate.job_id in self._opted_out:
+            return
+        until = self._open_until.get(key)
+        if key in self._deciding or (until is not None and until > candidate.at.timestamp()):
+            self._suppress(candidate, until)
+            return
+        if len(self._queue) >= QUEUE_LIMIT:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                self.events.log.warning(
+                    "alert.dropped", run=candidate.run, kind=candidate.kind, dropped=self.dropped
+                )
+            return
+        self._deciding.add(key)
+        self._queue.append(candidate)
+        self._wake.set()
+
+    def _suppress(self, candidate: _Candidate, until: float | None) -> None:
+        self.suppressed += 1
+        self.events.emit(
+            AlertSuppressed(
+                job=candidate.job or self._keys.get(candidate.job_id, f"#{candidate.job_id}"),
+                job_id=candidate.job_id,
+                kind=candidate.kind,
+                run=candidate.run,
+                until=datetime.fromtimestamp(until, candidate.at.tzinfo)
+                if until is not None
+                else candidate.at + self.window,
+            )
+        )
+
+    # -- the task -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Read windows and start deliveries until cancelled (a daemon companion)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                if not self._queue:
+                    self._wake = trio.Event()
+                    self._update_idle()
+                    await self._wake.wait()
+                    continue
+                self._busy = True
+                candidate = self._queue[0]
+                window = await self._open(candidate)
+                self._queue.popleft()
+                self._busy = False
+                self._deciding.discard((candidate.job_id, candidate.kind))
+                self._decided(candidate, window)
+
+    async def _open(self, candidate: _Candidate) -> AlertWindow:
+        attempt = 0
+        while True:
+            try:
+                window = await self.store.alert_open(
+                    job_id=candidate.job_id,
+                    kind=candidate.kind,
+                    run_id=candidate.run,
+                    now=candidate.at,
+                    window=self.window,
+                )
+            except Exception as exc:
+                attempt += 1
+                await trio.sleep(self.failed("alert_window", exc, attempt))
+                continue
+            if attempt:
+                self.recovered("alert_window")
+            return window
+
+    def _decided(self, candidate: _Candidate, window: AlertWindow) -> None:
+        key = (candidate.job_id, candidate.kind)
+        if window.name is not None:
+            self._keys[candidate.job_id] = f"{window.namespace}/{window.name}"
+        if window.outcome == "opted_out":
+            self._opted_out.add(candidate.job_id)
+            return
+        if window.outcome == "gone":
+            return
+        until = window.until.timestamp() if window.until is not None else None
+        if until is not None:
+            self._open_until[key] = until
+        if window.outcome != "due":
+            self._suppress(candidate, until)
+            return
+        alert = Alert(
+            kind=candidate.kind,
+            job=self._keys.get(candidate.job_id, candidate.job or f"#{candidate.job_id}"),
+            job_id=candidate.job_id,
+            run=candidate.run,
+            attempt=candidate.attempt,
+            outcome=candidate.outcome,
+            cause=candidate.cause,
+            category=candidate.category,
+            error=candidate.error,
+            exhausted=candidate.exhausted,
+            elapsed_s=candidate.elapsed_s,
+            at=candidate.at,
+            event=candidate.event,
+            url=self.run_url(candidate.run),
+            instance=self.instance,
+            suppressed=window.suppressed,
+            since=window.previous,
+            window=self.window,
+            findings=candidate.findings,
+            example=candidate.example,
+        )
+        message = render(alert, redact=self.redact)
+        assert self._nursery is not None
+        for sink in self.sinks:
+            self._delivering += 1
+            self._nursery.start_soon(self._deliver, sink, alert, message)
+
+    async def _deliver(self, sink: Sink, alert: Alert, message: Message) -> None:
+        headers = {
+            "X-Coordinator-Job": alert.job,
+            "X-Coordinator-Kind": alert.kind,
+            "X-Coordinator-Run": str(alert.run),
+        }
+        attempt = 0
+        try:
+            while True:
+                attempt += 1
+                try:
+                    await sink.send(message, headers=headers)
+                except DeliveryFailed as exc:
+                    delay = backoff(attempt, base=self.retry_first, cap=self.retry_cap)
+                    expired = self.clock.now() + timedelta(seconds=delay) > alert.at + self.window
+                    self.events.emit(
+                        AlertFailed(
+                            job=alert.job,
+                            kind=alert.kind,
+                            run=alert.run,
+                            sink=sink.name,
+                            error=str(exc),
+                            attempt=attempt,
+                            retry_s=None if expired else delay,
+                        )
+                    )
+                    if expired:
+                        return  # a newer alert of this (job, kind) may go out by now
+                    await trio.sleep(delay)
+                    continue
+                self.sent += 1
+                self.events.emit(
+                    AlertSent(
+                        job=alert.job,
+                        job_id=alert.job_id,
+                        kind=alert.kind,
+                        run=alert.run,
+                        sink=sink.name,
+                        suppressed=alert.suppressed or None,
+                        attempts=attempt,
+                    )
+                )
+                return
+        finally:
+            self._delivering -= 1
+            self._update_idle()
+
+    def _update_idle(self) -> None:
+        if not self._queue and not self._busy and self._delivering == 0:
+            self._idle.set()
+        elif self._idle.is_set():
+            self._idle = trio.Event()
+
+    @property
+    def pending(self) -> int:
+        """Alerts waiting for their window, plus deliveries under way."""
+        return len(self._queue) + self._delivering
+
+    async def finish(self, deadline: float) -> None:
+        """At stop: wait (until trio time ``deadline``) for pending alerts to go out."""
+        with trio.move_on_at(deadline):
+            while self.pending:
+                self._update_idle()
+                await self._idle.wait()
+        if self.pending:
+            self.events.log.warning("alert.abandoned", pending=self.pending)
+
+
+__all__ = ["FOUND_LIMIT", "QUEUE_LIMIT", "Alerter", "WindowStore"]

@@ -1,0 +1,54 @@
+"""Per-job metrics move with a real daemon's runs (issue #16): runs by namespace, job
+and outcome, last success and failure, durations, the armed deadline and its interval,
+all from events and the snapshot: scraping sends no SQL."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+from coordinator.admin.metrics import Metrics
+from coordinator.db import aio
+
+from .conftest import StartDaemon, define
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from coordinator.embedded import StatementLog
+
+
+def sample(m: Metrics, name: str, **labels: str) -> float | None:
+    return m.registry.get_sample_value(name, labels)
+
+
+async def test_metrics_move_with_runs_and_carry_job_labels(
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    sql_log: StatementLog,
+    database_name: str,
+) -> None:
+    await define(conn, "ok", namespace="ops")
+    await define(conn, "bad", namespace="ops", target={"kind": "exec", "argv": ["false"]})
+    await define(conn, "hourly", namespace="ops", schedule_kind="interval", schedule="1h")
+    harness = await start_daemon()
+    metrics = Metrics(status=partial(harness.daemon.status, deadlines=100), max_jobs=100)
+    harness.daemon.events.subscribe(metrics.observe)
+    for name, outcome in (("ok", "succeeded"), ("ok", "succeeded"), ("bad", "failed")):
+        run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('ops', $1)", name)
+        await harness.wait_event("job.run", run=run_id, outcome=outcome)
+
+    ok = {"namespace": "ops", "job": "ok"}
+    bad = {"namespace": "ops", "job": "bad"}
+    assert sample(metrics, "coordinator_job_runs_total", **ok, outcome="succeeded") == 2
+    assert sample(metrics, "coordinator_job_runs_total", **bad, outcome="failed") == 1
+    assert sample(metrics, "coordinator_job_last_success_timestamp_seconds", **ok) is not None
+    assert sample(metrics, "coordinator_job_last_failure_timestamp_seconds", **bad) is not None
+    assert sample(metrics, "coordinator_job_last_failure_timestamp_seconds", **ok) is None
+    assert sample(metrics, "coordinator_job_run_duration_seconds_count", **ok) == 2
+
+    sql_log.mark()
+    text = metrics.render().decode()
+    assert 'coordinator_job_interval_seconds{job="hourly",namespace="ops"} 3600.0' in text
+    assert 'coordinator_job_next_deadline_timestamp_seconds{job="hourly",namespace="ops"}' in text
+    assert sql_log.statements(app="coordinator", db=database_name) == []

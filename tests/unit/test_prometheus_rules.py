@@ -1,0 +1,95 @@
+"""The shipped example alert rules (docs/prometheus-rules.yml), run by Prometheus's own
+``promtool test rules`` on synthetic series: a stale job and a never-succeeding job fire,
+a fresh one does not; no leader and unresolved runs fire. Skipped where promtool is not
+installed (Debian: ``apt-get install prometheus``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+RULES = Path(__file__).resolve().parents[2] / "docs" / "prometheus-rules.yml"
+
+
+def _stale(job: str) -> dict[str, object]:
+    return {
+        "exp_labels": {"severity": "warning", "namespace": "ops", "job": job},
+        "exp_annotations": {
+            "summary": f"ops/{job} has not succeeded for twice its interval",
+            "description": f"Look at `coordinator runs list --namespace ops --job {job}`.",
+        },
+    }
+
+
+def test_the_example_rules_fire_when_they_should(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    check = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    series = {
+        'coordinator_job_last_success_timestamp_seconds{namespace="ops",job="stale"}': "0x300",
+        'coordinator_job_interval_seconds{namespace="ops",job="stale"}': "3600x300",
+        'coordinator_job_last_success_timestamp_seconds{namespace="ops",job="fresh"}': "0+60x300",
+        'coordinator_job_interval_seconds{namespace="ops",job="fresh"}': "3600x300",
+        'coordinator_job_last_failure_timestamp_seconds{namespace="ops",job="never"}': "0+60x300",
+        'coordinator_leading{instance="a"}': "1x60 0x240",
+        'coordinator_unresolved_jobs{instance="a"}': "0x100 2x200",
+    }
+    spec = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "3h",
+                        "alertname": "CoordinatorJobNoRecentSuccess",
+                        "exp_alerts": [_stale("stale"), _stale("never")],
+                    },
+                    {"eval_time": "30m", "alertname": "CoordinatorNoLeader", "exp_alerts": []},
+                    {
+                        "eval_time": "3h",
+                        "alertname": "CoordinatorNoLeader",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "critical"},
+                                "exp_annotations": {
+                                    "summary": "no coordinator daemon leads: nothing is scheduled"
+                                },
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "3h",
+                        "alertname": "CoordinatorUnresolvedRuns",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warning"},
+                                "exp_annotations": {
+                                    "summary": "2 job(s) blocked by an unresolved run",
+                                    "description": "`coordinator runs list --status "
+                                    "unresolved`, then `coordinator runs resolve ID --as "
+                                    "failed|succeeded|retry`.",
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "rules.test.yml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    result = subprocess.run(
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
