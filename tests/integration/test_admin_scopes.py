@@ -1,0 +1,265 @@
+"""Scoped admin tokens and redaction, end to end: a real daemon, a real PostgreSQL, the
+admin API served by hypercorn, requests over HTTP.
+
+Tokens: ``billing-ops`` operates ``billing``; ``reports-read`` reads ``reports``; the
+single ``admin`` token reaches everything.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import stat
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from coordinator import client
+from coordinator.admin import Metrics, make_app
+from coordinator.admin.access import status_for
+from coordinator.db import aio
+from coordinator.model import Schedule, Target
+from coordinator.status import DaemonStatus, HeldResultView, RunningCall
+from coordinator.tokens import TokenScope, TokenSet, hash_token, parse_tokens
+
+from .conftest import StartDaemon, define
+from .test_admin import serve
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
+    import asyncpg
+
+ADMIN = secrets.token_urlsafe(32)
+BILLING_OPS = secrets.token_urlsafe(32)
+REPORTS_READ = secrets.token_urlsafe(32)
+TOKENS = parse_tokens(
+    {
+        "billing-ops": {
+            "hash": hash_token(BILLING_OPS),
+            "namespaces": ["billing"],
+            "access": "operate",
+        },
+        "reports-read": {
+            "hash": hash_token(REPORTS_READ),
+            "namespaces": ["reports"],
+            "access": "read",
+        },
+    },
+    "admin_tokens",
+    kind="admin",
+)
+
+
+@attrs.define(eq=False)
+class Api:
+    http: httpx.AsyncClient
+    audits: list[dict[str, Any]]
+
+    async def get(self, token: str, path: str) -> httpx.Response:
+        with trio.fail_after(15):
+            return await self.http.get(path, headers={"Authorization": f"Bearer {token}"})
+
+    async def post(self, token: str, path: str, **kw: Any) -> httpx.Response:
+        with trio.fail_after(15):
+            return await self.http.post(path, headers={"Authorization": f"Bearer {token}"}, **kw)
+
+
+@pytest.fixture
+async def api(
+    start_daemon: StartDaemon, database: str, nursery: trio.Nursery
+) -> AsyncIterator[tuple[Api, Any]]:
+    harness = await start_daemon(refresh_spacing=0.2)
+    audits: list[dict[str, Any]] = []
+    app = make_app(
+        dsn=database,
+        token=ADMIN,
+        tokens=TOKENS,
+        status=harness.daemon.status,
+        metrics=Metrics(status=harness.daemon.status),
+        audit=audits.append,
+    )
+    shutdown = trio.Event()
+    url = await serve(nursery, app, shutdown)
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        yield Api(http=http, audits=audits), harness
+    shutdown.set()
+
+
+def denied(response: httpx.Response, namespace: str) -> None:
+    assert response.status_code == 403, response.text
+    body = response.json()
+    assert body["error"] == "permission_denied"
+    assert body["message"].startswith(f'permission denied for namespace "{namespace}"')
+
+
+async def test_listing_and_reading_keep_to_the_token(
+    api: tuple[Api, Any], conn: asyncpg.Connection
+) -> None:
+    http, _ = api
+    for ns in ("billing", "reports", "ops"):
+        await define(conn, "a", namespace=ns)
+    listed = (await http.get(BILLING_OPS, "/api/jobs")).json()["jobs"]
+    assert [j["key"] for j in listed] == ["billing/a"]
+    listed = (await http.get(REPORTS_READ, "/api/jobs")).json()["jobs"]
+    assert [j["key"] for j in listed] == ["reports/a"]
+    assert len((await http.get(ADMIN, "/api/jobs")).json()["jobs"]) == 3
+    denied(await http.get(BILLING_OPS, "/api/jobs?namespace=reports"), "reports")
+    denied(await http.get(BILLING_OPS, "/api/jobs/reports/a"), "reports")
+    denied(await http.get(BILLING_OPS, "/api/jobs/ops/a/runs"), "ops")
+    assert (await http.get(REPORTS_READ, "/api/jobs/reports/a")).status_code == 200
+
+
+async def test_trigger_cancel_and_resolve_outside_the_scope_are_refused(
+    api: tuple[Api, Any], conn: asyncpg.Connection
+) -> None:
+    http, _harness = api
+    for ns in ("billing", "reports"):
+        await define(conn, "a", namespace=ns, target={"kind": "worker", "type": "nobody"})
+    # read-only: refused; another namespace: refused; its own: done.
+    denied(await http.post(REPORTS_READ, "/api/jobs/reports/a/trigger"), "reports")
+    denied(await http.post(BILLING_OPS, "/api/jobs/reports/a/trigger"), "reports")
+    answer = await http.post(BILLING_OPS, "/api/jobs/billing/a/trigger")
+    assert answer.status_code == 200, answer.text
+    billing_run = answer.json()["run"]
+    reports_run = (await http.post(ADMIN, "/api/jobs/reports/a/trigger")).json()["run"]
+    # A run outside the token's namespaces is unknown to it; a read-only one is refused.
+    for path in (f"/api/runs/{reports_run}", f"/api/runs/{reports_run}/cancel"):
+        send = http.get if path.count("/") == 3 else http.post
+        response = await send(BILLING_OPS, path)
+        assert response.status_code == 404, response.text
+        assert response.json()["error"] == "run_not_found"
+    assert (await http.get(REPORTS_READ, f"/api/runs/{reports_run}")).status_code == 200
+    denied(await http.post(REPORTS_READ, f"/api/runs/{reports_run}/cancel"), "reports")
+    response = await http.post(
+        REPORTS_READ, f"/api/runs/{reports_run}/resolve", json={"as": "failed"}
+    )
+    denied(response, "reports")
+    # Nothing refused happened; what was allowed did.
+    runs = {r.id: r.status for r in await aio(client.list_runs)(conn, limit=10)}
+    assert runs == {billing_run: "queued", reports_run: "queued"}
+    assert (await http.post(BILLING_OPS, f"/api/runs/{billing_run}/cancel")).status_code == 200
+    # Every POST was audited with the token's name.
+    by_token = [(a["token"], a["path"], a["status"]) for a in http.audits if "token" in a]
+    assert ("billing-ops", "/api/jobs/billing/a/trigger", 200) in by_token
+    assert ("reports-read", "/api/jobs/reports/a/trigger", 403) in by_token
+    assert ("admin", "/api/jobs/reports/a/trigger", 200) in by_token
+    assert ("billing-ops", f"/api/runs/{reports_run}/cancel", 404) in by_token
+    assert ("billing-ops", f"/api/runs/{billing_run}/cancel", 200) in by_token
+    assert len(by_token) == len(http.audits)
+
+
+def test_the_status_shows_only_the_tokens_namespaces() -> None:
+    status = DaemonStatus(
+        state="ready",
+        instance="i",
+        uptime_s=1.0,
+        leading=True,
+        jobs=4,
+        armed_deadlines=2,
+        next_job="reports/daily",
+        running=(
+            RunningCall(job="billing/a", job_id=1, run=10, running_s=1.0),
+            RunningCall(job="reports/b", job_id=2, run=11, running_s=1.0),
+            RunningCall(job="#3", job_id=3, run=12, running_s=1.0),
+        ),
+        held=(HeldResultView(run=9, job="reports/b", outcome="failed", attempts=2),),
+    )
+    billing = TOKENS.named("billing-ops")
+    assert billing is not None
+    seen = status_for(status, billing)
+    assert [r.job for r in seen.running] == ["billing/a"]
+    assert seen.held == ()
+    assert seen.next_job is None
+    assert seen.next_deadline is None
+    everything = TokenScope(name="admin", digest=hash_token(ADMIN))
+    assert status_for(status, everything) is status
+
+
+def test_tokens_are_found_by_hash_and_misconfigurations_named() -> None:
+    assert TOKENS.find(BILLING_OPS) == TOKENS.named("billing-ops")
+    assert TOKENS.find(BILLING_OPS + "x") is None
+    assert TOKENS.find("") is None
+    with pytest.raises(Exception, match=r"admin_tokens\.x\.hash: expected sha256"):
+        parse_tokens({"x": {"hash": "plain", "namespaces": ["a"]}}, "admin_tokens", kind="admin")
+    with pytest.raises(Exception, match=r"admin_tokens\.x\.access: must be read or operate"):
+        parse_tokens(
+            {"x": {"hash": hash_token("t" * 20), "namespaces": ["*"], "access": "write"}},
+            "admin_tokens",
+            kind="admin",
+        )
+    with pytest.raises(Exception, match="same hash"):
+        TokenSet(
+            (
+                TokenScope(name="a", digest=hash_token("t" * 20)),
+                TokenScope(name="b", digest=hash_token("t" * 20)),
+            )
+        )
+
+
+# -- redaction ---------------------------------------------------------------------------
+
+SECRETS = ("hunter2", "sekr3t-b34rer-t0ken", "dsnpa55w0rd", "argsecret123", "paramsecret456")
+
+
+def leaked(text: str) -> list[str]:
+    return [s for s in SECRETS if s in text]
+
+
+async def test_secrets_leave_no_trace_in_the_database_the_log_or_the_api(
+    api: tuple[Api, Any], conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    http, harness = api
+    script = tmp_path / "leaky.sh"
+    # The secrets live in the script, not in the job's definition.
+    script.write_text(
+        "#!/bin/sh\n"
+        "echo 'starting with password=hunter2'\n"
+        "echo 'curl -H \"Authorization: Bearer sekr3t-b34rer-t0ken\" https://api.example'\n"
+        "echo 'connecting to postgresql://app:dsnpa55w0rd@db.example/app' >&2\n"
+        "echo 'FATAL: password authentication failed; password=hunter2' >&2\n"
+        "exit 3\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    await aio(client.define_job)(
+        conn,
+        name="leaky",
+        namespace="billing",
+        schedule=Schedule(kind="manual"),
+        target=Target(kind="exec", argv=(str(script),)),
+        params={"token": "paramsecret456", "region": "eu"},
+    )
+    run_id = await aio(client.trigger)(
+        conn, "leaky", namespace="billing", args={"api_key": "argsecret123", "n": 1}
+    )
+    await harness.wait_event("job.run", run=run_id)
+
+    # The database: every column of every row, as text.
+    dump = await aio(conn.fetchval)(
+        "SELECT (SELECT string_agg(j::text, ' ') FROM coordinator.jobs j) || ' ' || "
+        "(SELECT string_agg(r::text, ' ') FROM coordinator.runs r)"
+    )
+    assert "[redacted]" in dump
+    assert leaked(dump) == []
+    run = await aio(client.get_run)(conn, run_id)
+    assert run.status == "failed"
+    assert "password=[redacted]" in json.dumps(run.extra)
+    assert run.args == {"api_key": "[redacted]", "n": 1}
+    # The log: every event the daemon wrote.
+    assert harness.named("job.run", run=run_id)[0]["outcome"] == "failed"
+    assert leaked(json.dumps(harness.events, default=str)) == []
+    # The API: the run, the job, the job's runs.
+    served = [
+        (await http.get(BILLING_OPS, f"/api/runs/{run_id}")).text,
+        (await http.get(BILLING_OPS, "/api/jobs/billing/leaky")).text,
+        (await http.get(BILLING_OPS, "/api/jobs/billing/leaky/runs")).text,
+        (await http.get(ADMIN, "/api/status")).text,
+    ]
+    assert all(leaked(text) == [] for text in served), served
+    body = json.loads(served[0])
+    assert "[redacted]" in body["reason"]
+    assert len(body["reason"]) <= 300
