@@ -8,8 +8,10 @@ single ``admin`` token reaches everything.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import stat
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -82,6 +84,7 @@ async def api(
         status=harness.daemon.status,
         metrics=Metrics(status=harness.daemon.status),
         audit=audits.append,
+        events=harness.daemon.events,
     )
     shutdown = trio.Event()
     url = await serve(nursery, app, shutdown)
@@ -260,6 +263,108 @@ async def test_secrets_leave_no_trace_in_the_database_the_log_or_the_api(
         (await http.get(ADMIN, "/api/status")).text,
     ]
     assert all(leaked(text) == [] for text in served), served
+    # The web page: the run's detail (output tails, error, args), the job, the list.
+    async with signed_in(http.http, ADMIN) as page:
+        shown = [
+            (await page.get(f"/runs/{run_id}")).text,
+            (await page.get(f"/ui/run/{run_id}")).text,
+            (await page.get("/jobs/billing/leaky")).text,
+            (await page.get("/")).text,
+        ]
+    assert "[redacted]" in shown[0]
+    assert all(leaked(text) == [] for text in shown)
     body = json.loads(served[0])
     assert "[redacted]" in body["reason"]
     assert len(body["reason"]) <= 300
+
+
+# -- the web page inherits the scope -------------------------------------------------------
+
+
+@asynccontextmanager
+async def signed_in(http: httpx.AsyncClient, token: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A browser-like client of the same server, signed in with ``token``."""
+    async with httpx.AsyncClient(base_url=str(http.base_url), timeout=10) as page:
+        with trio.fail_after(15):
+            form = await page.get("/signin")
+            csrf = re.search(r'name="csrf" value="([^"]*)"', form.text)
+            assert csrf is not None
+            done = await page.post("/signin", data={"token": token, "csrf": csrf.group(1)})
+        assert done.status_code == 303, done.text
+        yield page
+
+
+async def test_the_web_page_shows_and_does_only_what_the_token_may(
+    api: tuple[Api, Any], conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    http, harness = api
+    for ns in ("billing", "reports"):
+        await define(conn, f"{ns}-job", namespace=ns)
+    reports_run = await aio(client.trigger)(conn, "reports-job", namespace="reports")
+    await harness.wait_event("job.run", run=reports_run)
+    async with signed_in(http.http, BILLING_OPS) as page:
+        with trio.fail_after(15):
+            jobs = await page.get("/")
+            assert jobs.status_code == 200
+            assert "billing-job" in jobs.text
+            assert "reports-job" not in jobs.text
+            assert (await page.get("/jobs/reports/reports-job")).status_code == 403
+            assert (await page.get(f"/runs/{reports_run}")).status_code == 404
+            csrf = re.search(r'name="csrf" value="([^"]*)"', jobs.text)
+            assert csrf is not None
+            fetch = {"x-requested-with": "fetch"}
+            refused = await page.post(
+                "/jobs/reports/reports-job/run", data={"csrf": csrf.group(1)}, headers=fetch
+            )
+            assert refused.status_code == 409
+            assert refused.json()["message"].startswith('permission denied for namespace "reports"')
+            ran = await page.post(
+                "/jobs/billing/billing-job/run", data={"csrf": csrf.group(1)}, headers=fetch
+            )
+            assert ran.status_code == 200, ran.text
+    # The page's POSTs are audited under the token that signed in.
+    assert ("billing-ops", "/jobs/billing/billing-job/run", 200) in [
+        (a.get("token"), a["path"], a["status"]) for a in http.audits
+    ]
+    # A read-only token signs in, sees its namespace, changes nothing.
+    async with signed_in(http.http, REPORTS_READ) as page:
+        with trio.fail_after(15):
+            seen = await page.get(f"/runs/{reports_run}")
+            assert seen.status_code == 200
+            csrf = re.search(r'name="csrf" value="([^"]*)"', seen.text)
+            assert csrf is not None
+            refused = await page.post(
+                "/jobs/reports/reports-job/run",
+                data={"csrf": csrf.group(1)},
+                headers={"x-requested-with": "fetch"},
+            )
+            assert "may only read it" in refused.json()["message"]
+
+
+async def test_the_event_stream_of_a_scoped_token_carries_its_namespaces_only(
+    api: tuple[Api, Any], conn: asyncpg.Connection
+) -> None:
+    http, harness = api
+    for ns in ("billing", "reports"):
+        await define(conn, "echo", namespace=ns, target={"kind": "exec", "argv": ["true"]})
+    seen: list[str] = []
+
+    async def follow() -> None:
+        headers = {"Authorization": f"Bearer {BILLING_OPS}"}
+        async with http.http.stream("GET", "/api/events", headers=headers) as events:
+            async for line in events.aiter_lines():
+                if line.startswith("data:") and '"job"' in line:
+                    seen.append(line)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follow)
+        await trio.sleep(0.3)
+        reports = await aio(client.trigger)(conn, "echo", namespace="reports")
+        billing = await aio(client.trigger)(conn, "echo", namespace="billing")
+        await harness.wait_event("job.run", run=reports)
+        await harness.wait_event("job.run", run=billing)
+        with trio.fail_after(10):
+            while not any('"billing/echo"' in line for line in seen):
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    assert not any("reports/" in line for line in seen), seen
