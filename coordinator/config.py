@@ -785,7 +785,7 @@ class Config:
                 "admin_tokens: the name 'admin' belongs to admin_token; choose another"
             )
         try:
-            token = check_token(token, "admin_token")
+            token = check_token(token, "admin token")
         except InvalidInput as exc:
             raise ConfigError(str(exc)) from None
         return self.admin_tokens.with_scope(single(token, name="admin"))

@@ -165,6 +165,13 @@ def test_a_worker_process_on_another_host_connects_over_tls_and_declares(
 # -- a standby on a second host --------------------------------------------------------
 
 
+def just_settled(daemon: DaemonProcess) -> None:
+    """Return right after ``daemon`` saves its next run (the interval job's next call is a
+    second away)."""
+    seen = len(daemon.events("job.run"))
+    wait_until(lambda: len(daemon.events("job.run")) > seen)
+
+
 @pytest.mark.slow
 def test_a_standby_on_a_second_host_takes_over_and_a_cut_off_leader_steps_down(
     run_daemon: Any, database: str, tmp_path: Path
@@ -183,7 +190,10 @@ def test_a_standby_on_a_second_host_takes_over_and_a_cut_off_leader_steps_down(
         b.wait_event("standby")
         wait_until(lambda: effects.exists() and len(effects.read_text().splitlines()) >= 2)
 
-        # 1. Host A's daemon dies: B's blocked pg_advisory_lock returns, B leads.
+        # 1. Host A's daemon dies: B's blocked pg_advisory_lock returns, B leads. (Right
+        # after a run is saved, so that none is in flight: a run killed mid-call is
+        # unresolved and blocks its job, which is another test's subject.)
+        just_settled(a)
         killed = time.monotonic()
         a.kill()
         b.wait_event("ready", timeout=30)
@@ -194,6 +204,7 @@ def test_a_standby_on_a_second_host_takes_over_and_a_cut_off_leader_steps_down(
         # 2. A comes back (as a standby), then host B falls off the network.
         a2 = run_daemon("host-a2", dsn=host_a.dsn(database))
         a2.wait_event("standby")
+        just_settled(b)
         cut = time.monotonic()
         host_b.cut()
         a2.wait_event("ready", timeout=30)
