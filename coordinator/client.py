@@ -1510,7 +1510,7 @@ async def list_findings(
             kind=r["kind"],
             resource_id=r["resource_id"],
             severity=r["severity"],
-            detail=json.loads(r["detail"]),
+            detail=redact.default().value(json.loads(r["detail"])),
             created_at=r["created_at"],
         )
         for r in rows[:limit]

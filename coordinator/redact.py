@@ -10,7 +10,8 @@ outside enters are made to pass through one :class:`Redactor`:
 
 * the settlement (:class:`~coordinator.spool.HeldResult` is built from a redacted
   :class:`~coordinator.model.Outcome`: the database, the spool and the run's events see
-  only that), and progress snapshots before they are written;
+  only that), progress snapshots and findings before they are written (a recoverable
+  run's cursor is its resume state, kept as given);
 * the event log (:class:`~coordinator.log.EventLog`: every field of every line);
 * the Python front doors (``client.define_job``/``sync``/``trigger``: ``params`` and
   ``args``) and the API's serializers (``JobView``/``RunView``: what the admin API, the
@@ -50,7 +51,7 @@ use it (the daemon redacts what a worker reports).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 import attrs
@@ -71,6 +72,16 @@ class _OutcomeLike(Protocol):
 
 
 _O = TypeVar("_O", bound=_OutcomeLike)
+
+
+class _FindingLike(Protocol):
+    """What :meth:`Redactor.findings` reads (a :class:`~coordinator.model.Finding`)."""
+
+    @property
+    def detail(self) -> Mapping[str, Any]: ...
+
+
+_F = TypeVar("_F", bound=_FindingLike)
 
 __all__ = ["DEFAULT_KEYS", "REDACTED", "SAFE_REASON_LIMIT", "Redactor", "default", "install"]
 
@@ -252,10 +263,24 @@ class Redactor:
         progress) and ``error_message`` redacted. The same object when nothing changed."""
         extra = self.value(dict(outcome.extra))
         message = self.optional(outcome.error_message)
-        if extra == dict(outcome.extra) and message == outcome.error_message:
+        found: tuple[Any, ...] = tuple(getattr(outcome, "findings", ()))
+        clean = self.findings(found)
+        if extra == dict(outcome.extra) and message == outcome.error_message and clean == found:
             return outcome
-        changed: _O = attrs.evolve(outcome, extra=extra, error_message=message)  # type: ignore[misc]
+        changes: dict[str, Any] = {"extra": extra, "error_message": message}
+        if found:
+            changes["findings"] = clean
+        changed: _O = attrs.evolve(outcome, **changes)  # type: ignore[misc]
         return changed
+
+    def findings(self, findings: Sequence[_F]) -> tuple[_F, ...]:
+        """Findings with their ``detail`` redacted (a recoverable run's reports)."""
+        out = []
+        for finding in findings:
+            detail = self.value(dict(finding.detail))
+            same = detail == dict(finding.detail)
+            out.append(finding if same else attrs.evolve(finding, detail=detail))  # type: ignore[misc]
+        return tuple(out)
 
     def fields(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """A log line's or an event's fields, each value redacted (a field whose name is

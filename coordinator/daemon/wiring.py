@@ -73,6 +73,7 @@ from .settlement import FlushReport, Settlement
 
 if TYPE_CHECKING:
     from ..log import EventLog
+    from ..model import CheckpointWrite
 
 #: Longest a stop waits for the companions (alerts being delivered), seconds.
 COMPANION_FINISH: Final = 10.0
@@ -270,7 +271,7 @@ class Daemon:
         hooks = ExecutorHooks(
             changed=self.workers_changed,
             save_progress=self._save_progress,
-            save_checkpoint=self.store.save_checkpoint,
+            save_checkpoint=self._save_checkpoint,
             declare=self._declare,
         )
         for executor in self.executors.values():
@@ -612,6 +613,11 @@ class Daemon:
 
     async def _save_progress(self, run_id: int, snapshot: dict[str, object]) -> None:
         await self.store.save_progress(run_id, redact.default().value(snapshot))
+
+    async def _save_checkpoint(self, run_id: int, write: CheckpointWrite) -> bool:
+        if write.findings:  # what a run found is kept and served: redacted first
+            write = attrs.evolve(write, findings=redact.default().findings(write.findings))
+        return await self.store.save_checkpoint(run_id, write)
 
     async def _declare(self, declare: Declare, worker: str) -> Declared:
         """Sync the schedules a worker's code declares (its right to the namespace and

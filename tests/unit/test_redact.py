@@ -209,3 +209,20 @@ def test_the_log_and_the_event_bus_redact_what_they_carry(rules: Redactor) -> No
     assert isinstance(progress, RunProgress)
     assert progress.message == "using token=[redacted]"
     assert stream.receive.receive_nowait() == finished
+
+
+def test_findings_lose_their_secrets_in_outcomes_and_alone() -> None:
+    from coordinator.model import Finding
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    leaky = Finding(kind="bad_row", resource_id="42", severity="error",
+                    detail={"dsn": "postgresql://u:pw1234@h/db", "api_key": "k"})  # fmt: skip
+    clean = Finding(kind="ok_row", resource_id="43", severity="info", detail={"n": 1})
+    outcome = Outcome(status="succeeded", started_at=now, finished_at=now, findings=(leaky, clean))
+    redacted = R.outcome(outcome)
+    assert redacted.findings[0].detail == {
+        "dsn": "postgresql://u:[redacted]@h/db",
+        "api_key": REDACTED,
+    }
+    assert redacted.findings[1] is clean
+    assert R.findings((clean,))[0] is clean
