@@ -402,6 +402,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON coordinator.jobs, coordinator.runs,
 GRANT SELECT ON coordinator.schema_migrations
     TO coordinator_admin, coordinator_daemon, coordinator_app;
 GRANT SELECT, INSERT, UPDATE, DELETE ON coordinator.namespace_grants TO coordinator_admin;
+-- Tables later migrations create (as this role) are the admin's and the daemon's too; an
+-- application's access to one waits for its policies (and their GRANT), as here.
+ALTER DEFAULT PRIVILEGES IN SCHEMA coordinator
+    GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO coordinator_admin, coordinator_daemon;
 GRANT SELECT ON coordinator.namespace_grants TO coordinator_app, coordinator_daemon;
 
 -- The grants are the admin's.
