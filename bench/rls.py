@@ -1,6 +1,6 @@
 """rls: what row-level security costs the daemon's claims and settlements (#17).
 
-The question: ``migrations/0013_namespaces.sql`` enables row-level security on jobs and
+The question: ``migrations/0014_namespaces.sql`` enables row-level security on jobs and
 runs. Does it slow the daemon? The daemon's statements are measured directly -- the
 claim statement (``coordinator._claim_many``) and the settlement statement
 (``coordinator._settle_many``), exactly as ``coordinator/store.py`` sends them, with the
@@ -9,7 +9,7 @@ on one cluster, rounds interleaved so that whatever else the machine does falls 
 of them alike:
 
 ``off``           RLS disabled on jobs and runs (``ALTER TABLE ... DISABLE ROW LEVEL
-                  SECURITY``): the schema before 0013. Superuser.
+                  SECURITY``): the schema before 0014. Superuser.
 ``superuser``     RLS on; the daemon connects as a superuser (the tests' and the
                   embedded database's case). PostgreSQL bypasses every policy.
 ``owner``         RLS on; the daemon connects as the tables' owner, not a superuser (the

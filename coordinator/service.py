@@ -130,6 +130,10 @@ def build_daemon(
             window=timedelta(seconds=alert_window),
             failed=lambda purpose, exc, attempt: daemon.policy.failed(purpose, exc, attempt),
             recovered=daemon.policy.recovered,
+            # The rules in force when the alert is written (the configured ones: serve()
+            # installs them first). Outcomes are redacted at the settlement already; this
+            # is #16's one place for an alert's text, so nothing reaches a sink unredacted.
+            redact=lambda text: redact.default().text(text),
         )
         events.subscribe(alerter.observe)
         daemon.companions.append(alerter)

@@ -275,7 +275,7 @@ _SETTLE_MANY = "SELECT * FROM coordinator._settle_many($1)"
 
 _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1)"
 
-# A worker's declared schedules (migrations/0013): coordinator.sync, only when it would
+# A worker's declared schedules (migrations/0014): coordinator.sync, only when it would
 # change something.
 _DECLARE = "SELECT * FROM coordinator._declare($1, $2::text::jsonb)"
 

@@ -22,11 +22,13 @@ import trio
 from coordinator import client
 from coordinator.admin import Metrics, make_app
 from coordinator.admin.access import status_for
+from coordinator.alerts import EmailSink, WebhookSink
 from coordinator.db import aio
 from coordinator.model import Schedule, Target
 from coordinator.status import DaemonStatus, HeldResultView, RunningCall
 from coordinator.tokens import TokenScope, TokenSet, hash_token, parse_tokens
 
+from .alerting import HttpReceiver, SmtpServer
 from .conftest import StartDaemon, define
 from .test_admin import serve
 
@@ -61,6 +63,9 @@ TOKENS = parse_tokens(
 class Api:
     http: httpx.AsyncClient
     audits: list[dict[str, Any]]
+    #: Where the daemon's failure alerts go (a real SMTP server, a real HTTP receiver).
+    smtp: SmtpServer
+    hooks: HttpReceiver
 
     async def get(self, token: str, path: str) -> httpx.Response:
         with trio.fail_after(15):
@@ -75,7 +80,19 @@ class Api:
 async def api(
     start_daemon: StartDaemon, database: str, nursery: trio.Nursery
 ) -> AsyncIterator[tuple[Api, Any]]:
-    harness = await start_daemon(refresh_spacing=0.2)
+    smtp, hooks = SmtpServer(), HttpReceiver()
+    smtp.start()
+    hooks.start()
+    sinks = [
+        EmailSink(
+            host="127.0.0.1",
+            port=smtp.port,
+            sender="coordinator@test.invalid",
+            recipients=("ops@test.invalid",),
+        ),
+        WebhookSink(url=hooks.url),
+    ]
+    harness = await start_daemon(refresh_spacing=0.2, alert_sinks=sinks)
     audits: list[dict[str, Any]] = []
     app = make_app(
         dsn=database,
@@ -89,8 +106,10 @@ async def api(
     shutdown = trio.Event()
     url = await serve(nursery, app, shutdown)
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
-        yield Api(http=http, audits=audits), harness
+        yield Api(http=http, audits=audits, smtp=smtp, hooks=hooks), harness
     shutdown.set()
+    smtp.stop()
+    hooks.stop()
 
 
 def denied(response: httpx.Response, namespace: str) -> None:
@@ -276,6 +295,15 @@ async def test_secrets_leave_no_trace_in_the_database_the_log_or_the_api(
     body = json.loads(served[0])
     assert "[redacted]" in body["reason"]
     assert len(body["reason"]) <= 300
+    # The alert (#16): the email and the webhook carry the redacted error, nothing more.
+    with trio.fail_after(20):
+        while not (http.smtp.messages and http.hooks.requests):
+            await trio.sleep(0.05)
+    mail = http.smtp.messages[0]
+    assert mail["Subject"].startswith("[coordinator] billing/leaky failed")
+    alerted = [str(mail.get_content()), http.hooks.requests[0].body.decode()]
+    assert "[redacted]" in alerted[0]
+    assert all(leaked(text) == [] for text in alerted), alerted
 
 
 # -- the web page inherits the scope -------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Namespaces confined by PostgreSQL (migrations/0013_namespaces.sql): real login roles,
+"""Namespaces confined by PostgreSQL (migrations/0014_namespaces.sql): real login roles,
 real row-level security, plain SQL and the SQL API, and a real daemon under its own role.
 
 alice operates ``billing`` and may only read ``reports``; bob operates ``reports``; the

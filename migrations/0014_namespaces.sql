@@ -1,4 +1,4 @@
--- Namespaces confined by PostgreSQL, version 13 (issue #17).
+-- Namespaces confined by PostgreSQL, version 14 (issue #17).
 --
 -- Until now a namespace was a label: any role that could call the SQL API could define,
 -- trigger or read any namespace. From here PostgreSQL itself confines the roles of
@@ -41,9 +41,15 @@
 -- role that forges the setting only loses the wording: the policies still refuse).
 -- bench/rls.py measures claims/s each way (README, docs/scaling.md).
 --
--- Redefined here: _job_id (as in 0005, plus the namespace check). New: namespace_grants,
--- _namespaces, _may, _require_namespace, _jobs_guard, _runs_guard, grant_namespace,
--- revoke_namespace, and _declare (a worker's declared schedules, synced by the daemon).
+-- Redefined here: _job_id (as in 0013_alerts_retention -- removed jobs are unknown --,
+-- plus the namespace check). New: namespace_grants, _namespaces, _may,
+-- _require_namespace, _jobs_guard, _runs_guard, grant_namespace, revoke_namespace, and
+-- _declare (a worker's declared schedules, synced by the daemon). Not redefined, because
+-- the policies and the guard triggers confine them as they are: define_job, sync and
+-- remove (0013: alert, keep_last, retention, keep_history), cancel, resolve.
+-- 0013's alert windows and retention are the daemon's and the operators': alert_windows
+-- is granted to coordinator_admin and coordinator_daemon only, and so are _alert_open,
+-- _prunable, _prune and _prune_preview (`coordinator prune` needs an unconfined role).
 -- Every PL/pgSQL function runs with enable_seqscan = off (0004).
 
 -- ---------------------------------------------------------------------------------------
@@ -247,8 +253,9 @@ CREATE TRIGGER runs_guard BEFORE INSERT OR UPDATE ON coordinator.runs
     WHEN (coalesce(current_setting('coordinator.origin', true), '') <> 'daemon')
     EXECUTE FUNCTION coordinator._runs_guard();
 
--- As in 0005, plus: the caller must be allowed to operate the namespace (every caller --
--- trigger, pause, resume, remove -- writes), checked before the lookup.
+-- As in 0013_alerts_retention (a removed job is unknown), plus: the caller must be
+-- allowed to operate the namespace (every caller -- trigger, pause, resume, remove --
+-- writes), checked before the lookup.
 CREATE OR REPLACE FUNCTION coordinator._job_id(p_namespace text, p_name text, p_lock boolean)
 RETURNS bigint
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
@@ -262,10 +269,11 @@ BEGIN
     PERFORM coordinator._require_namespace(p_namespace, true);
     IF p_lock THEN
         SELECT id INTO found_id FROM coordinator.jobs
-         WHERE namespace = p_namespace AND name = p_name FOR NO KEY UPDATE;
+         WHERE namespace = p_namespace AND name = p_name AND removed_at IS NULL
+           FOR NO KEY UPDATE;
     ELSE
         SELECT id INTO found_id FROM coordinator.jobs
-         WHERE namespace = p_namespace AND name = p_name;
+         WHERE namespace = p_namespace AND name = p_name AND removed_at IS NULL;
     END IF;
     IF found_id IS NULL THEN
         RAISE EXCEPTION 'unknown job %/%', p_namespace, p_name
@@ -350,8 +358,10 @@ $$;
 -- replicas declare the same thing; an unchanged declaration writes nothing and wakes
 -- nothing. A listed job is unchanged when every field sync would write equals the row's:
 -- the definition as given, the retry and misfire policies and `recoverable` as
--- define_job defaults them when an entry leaves them out (0007, 0012), and its pause: an entry without "paused" keeps an
--- operator's pause and lifts one sync made (0007's sync_paused). The caller has checked
+-- define_job defaults them when an entry leaves them out (0007, 0012), alert, keep_last
+-- and retention likewise (0013), and its pause: an entry without "paused" keeps an
+-- operator's pause and lifts one sync made (0007's sync_paused). A removed job (0013,
+-- history kept) is not the entry's job: its name is free. The caller has checked
 -- the worker's right to the namespace (its token's scope); the daemon's session is not
 -- confined.
 CREATE FUNCTION coordinator._declare(p_namespace text, p_jobs jsonb)
@@ -363,9 +373,11 @@ BEGIN
          WHERE NOT EXISTS (
              SELECT 1 FROM coordinator.jobs j
               WHERE j.namespace = p_namespace AND j.name = e->>'name'
+                AND j.removed_at IS NULL
                 AND (j.schedule_kind, j.schedule, j.timezone, j.target, j.params, j.timeout,
                      j.priority, j.idempotent, j.invalid_reason, j.retries, j.retry_backoff,
-                     j.retry_max_delay, j.misfire, j.misfire_grace, j.recoverable)
+                     j.retry_max_delay, j.misfire, j.misfire_grace, j.recoverable, j.alert,
+                     j.keep_last, j.retention)
                     IS NOT DISTINCT FROM
                     (e->>'schedule_kind', e->>'schedule', coalesce(e->>'timezone', 'UTC'),
                      e->'target', coalesce(e->'params', '{}'), (e->>'timeout')::interval,
@@ -375,12 +387,14 @@ BEGIN
                      coalesce((e->>'retry_backoff')::interval, interval '30 seconds'),
                      coalesce((e->>'retry_max_delay')::interval, interval '1 hour'),
                      coalesce(e->>'misfire', 'run-once'), (e->>'misfire_grace')::interval,
-                     coalesce((e->>'recoverable')::boolean, false))
+                     coalesce((e->>'recoverable')::boolean, false),
+                     coalesce((e->>'alert')::boolean, true), (e->>'keep_last')::integer,
+                     (e->>'retention')::interval)
                 AND CASE WHEN e ? 'paused' THEN j.paused = (e->>'paused')::boolean
                          ELSE NOT (j.paused AND j.sync_paused) END))
        AND NOT EXISTS (
         SELECT 1 FROM coordinator.jobs j
-         WHERE j.namespace = p_namespace AND NOT j.paused
+         WHERE j.namespace = p_namespace AND j.removed_at IS NULL AND NOT j.paused
            AND NOT (j.name = ANY (ARRAY(SELECT e->>'name' FROM jsonb_array_elements(p_jobs) e))))
     THEN
         RETURN QUERY SELECT 0, 0, 0, true;
@@ -407,6 +421,11 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON coordinator.namespace_grants TO coordina
 ALTER DEFAULT PRIVILEGES IN SCHEMA coordinator
     GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO coordinator_admin, coordinator_daemon;
 GRANT SELECT ON coordinator.namespace_grants TO coordinator_app, coordinator_daemon;
+-- 0013's alert windows: the daemon's (and the admin's). An application has no business
+-- there (a job it removes takes its windows with it: the foreign key's cascade runs as
+-- the table's owner).
+GRANT SELECT, INSERT, UPDATE, DELETE ON coordinator.alert_windows
+    TO coordinator_admin, coordinator_daemon;
 
 -- The grants are the admin's.
 REVOKE EXECUTE ON FUNCTION coordinator.grant_namespace(text, text, boolean),
@@ -428,7 +447,8 @@ REVOKE EXECUTE ON FUNCTION
     coordinator._sweep_lost(text),
     coordinator._checkpoint(bigint, jsonb, bigint, jsonb),
     coordinator._insert_findings(bigint, jsonb),
-    coordinator._declare(text, jsonb)
+    coordinator._declare(text, jsonb),
+    coordinator._alert_open(bigint, text, bigint, timestamptz, interval)
   FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     coordinator._claim(bigint, bigint, timestamptz, integer, text, text[], integer, integer,
@@ -442,5 +462,19 @@ GRANT EXECUTE ON FUNCTION
     coordinator._sweep_lost(text),
     coordinator._checkpoint(bigint, jsonb, bigint, jsonb),
     coordinator._insert_findings(bigint, jsonb),
-    coordinator._declare(text, jsonb)
+    coordinator._declare(text, jsonb),
+    coordinator._alert_open(bigint, text, bigint, timestamptz, interval)
   TO coordinator_daemon;
+
+-- Retention (0013) is the daemon's and the operators' (`coordinator prune`, which needs a
+-- role that is not confined: it deletes across namespaces).
+REVOKE EXECUTE ON FUNCTION
+    coordinator._prunable(bigint, bigint, integer, timestamptz, boolean, integer),
+    coordinator._prune(bigint, bigint, integer, integer, timestamptz, interval, integer),
+    coordinator._prune_preview(timestamptz, interval, integer)
+  FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    coordinator._prunable(bigint, bigint, integer, timestamptz, boolean, integer),
+    coordinator._prune(bigint, bigint, integer, integer, timestamptz, interval, integer),
+    coordinator._prune_preview(timestamptz, interval, integer)
+  TO coordinator_daemon, coordinator_admin;
