@@ -9,6 +9,7 @@ their names carry the test database's name.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -413,3 +414,89 @@ async def test_the_daemons_plans_carry_no_policy(
         policy = ("InitPlan", "SubPlan", "namespace", "_namespaces")
         assert not any(word in line for line in owner for word in policy), owner
         assert any("InitPlan" in line for line in confined), confined
+
+
+async def test_alerts_and_retention_keep_to_the_roles(
+    as_role: dict[str, asyncpg.Connection],
+    conn: asyncpg.Connection,
+    jobs: dict[str, int],
+    database: str,
+    database_name: str,
+) -> None:
+    """0013's alert windows and retention under 0014's roles: the windows and the prune
+    are the daemon's and the admin's; an application removes (history kept or not) only
+    in the namespaces it operates, and a job it removed is unknown to it."""
+    bob, alice, daemon = as_role["bob"], as_role["alice"], as_role["daemon"]
+    # An application reads no alert window and runs no prune.
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match="alert_windows"):
+        await aio(bob.fetch)("SELECT * FROM coordinator.alert_windows")
+    for sql in (
+        "SELECT * FROM coordinator._prune(0, 0, 100, 500, now(), '1 day', 1)",
+        "SELECT * FROM coordinator._prune_preview(now(), '1 day', 1)",
+        "SELECT * FROM coordinator._alert_open(1, 'failed', 1, now(), '1 hour')",
+    ):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="permission denied for"):
+            await aio(bob.fetch)(sql)
+    with pytest.raises(PermissionDenied, match="_prune"):
+        await aio(client.prune)(bob, retention=timedelta(days=1), keep_last=1)
+
+    # The daemon's role opens a window (and writes it).
+    failed = await aio(conn.fetchval)(
+        "SELECT id FROM coordinator.runs WHERE job_id = $1 AND status = 'failed'",
+        jobs["billing/a"],
+    )
+    window = await aio(daemon.fetchrow)(
+        "SELECT * FROM coordinator._alert_open($1, 'failed', $2, now(), '1 hour')",
+        jobs["billing/a"],
+        failed,
+    )
+    assert (window["outcome"], window["namespace"]) == ("due", "billing")
+
+    # remove with its history kept: only where the role operates; then the job is unknown.
+    removed = "SELECT coordinator.remove($1, $2, keep_history => true)"
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_REPORTS):
+        await aio(alice.execute)(removed, "reports", "b")
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_BILLING):
+        await aio(bob.execute)(removed, "billing", "b")
+    await aio(bob.execute)(removed, "reports", "b")
+    with pytest.raises(asyncpg.NoDataFoundError, match="unknown job reports/b"):
+        await aio(bob.execute)("SELECT coordinator.trigger('reports', 'b')")
+    # A job removed with its runs takes its alert windows along (the cascade is the
+    # owner's, not the application's).
+    await aio(alice.execute)("SELECT coordinator.remove('billing', 'a')")
+    assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.alert_windows") == 0
+
+    # An operator's login role (coordinator_admin) prunes every namespace under RLS.
+    await aio(conn.execute)(
+        "UPDATE coordinator.runs SET finished_at = now() - interval '2 days' WHERE job_id = $1",
+        jobs["reports/b"],
+    )
+    admin = f"admin_{database_name}"
+    await aio(conn.execute)(f'CREATE ROLE "{admin}" LOGIN IN ROLE coordinator_admin')
+    try:
+        operator = await aio(asyncpg.connect)(
+            database.replace("postgresql://postgres@", f"postgresql://{admin}@", 1)
+        )
+        try:
+            preview = await aio(client.prune_preview)(
+                operator, retention=timedelta(days=1), keep_last=1
+            )
+            assert {(p.namespace, p.name, p.removed) for p in preview} >= {
+                ("ops", "b", False),
+                ("reports", "b", True),
+            }
+            report = await aio(client.prune)(operator, retention=timedelta(days=1), keep_last=1)
+        finally:
+            await aio(operator.close)()
+    finally:
+        with trio.CancelScope(shield=True):
+            await aio(conn.execute)(f'DROP ROLE IF EXISTS "{admin}"')
+    # reports/b (removed, its one run beyond retention) went with its history.
+    assert report.jobs_removed == 1
+    assert report.runs >= 1
+    assert (
+        await aio(conn.fetchval)(
+            "SELECT count(*) FROM coordinator.jobs WHERE namespace = 'reports' AND name = 'b'"
+        )
+        == 0
+    )
