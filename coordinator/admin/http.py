@@ -448,8 +448,14 @@ class _Api:
     async def status(self, request: Request) -> Response:
         return JSONResponse(access.status_for(self.status_of(), request).to_json())
 
-    async def metrics_text(self, _request: Request) -> Response:
-        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+    async def metrics_text(self, request: Request) -> Response:
+        # A scoped token sees the per-job series of its namespaces only; a public scrape
+        # (metrics_public, no token) is the operator's choice to show everything.
+        scoped = access.TOKEN_KEY in request.scope
+        return Response(
+            self.metrics.render(access.namespaces(request) if scoped else None),
+            media_type=CONTENT_TYPE,
+        )
 
     async def events(self, request: Request) -> Response:
         """The daemon's events as server-sent events, until the client goes (those the

@@ -94,12 +94,14 @@ async def api(
     ]
     harness = await start_daemon(refresh_spacing=0.2, alert_sinks=sinks)
     audits: list[dict[str, Any]] = []
+    metrics = Metrics(status=harness.daemon.status)
+    harness.daemon.events.subscribe(metrics.observe)
     app = make_app(
         dsn=database,
         token=ADMIN,
         tokens=TOKENS,
         status=harness.daemon.status,
-        metrics=Metrics(status=harness.daemon.status),
+        metrics=metrics,
         audit=audits.append,
         events=harness.daemon.events,
     )
@@ -295,6 +297,10 @@ async def test_secrets_leave_no_trace_in_the_database_the_log_or_the_api(
     body = json.loads(served[0])
     assert "[redacted]" in body["reason"]
     assert len(body["reason"]) <= 300
+    # The per-job metrics (#16) name the job and nothing of its output.
+    scraped = (await http.get(BILLING_OPS, "/metrics")).text
+    assert 'namespace="billing",outcome="failed"' in scraped
+    assert leaked(scraped) == []
     # The alert (#16): the email and the webhook carry the redacted error, nothing more.
     with trio.fail_after(20):
         while not (http.smtp.messages and http.hooks.requests):
@@ -396,3 +402,19 @@ async def test_the_event_stream_of_a_scoped_token_carries_its_namespaces_only(
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
     assert not any("reports/" in line for line in seen), seen
+
+
+async def test_metrics_of_a_scoped_token_name_its_namespaces_jobs_only(
+    api: tuple[Api, Any], conn: asyncpg.Connection
+) -> None:
+    http, harness = api
+    for ns in ("billing", "ops"):
+        await define(conn, "echo", namespace=ns, target={"kind": "exec", "argv": ["true"]})
+        run_id = await aio(client.trigger)(conn, "echo", namespace=ns)
+        await harness.wait_event("job.run", run=run_id)
+    everything = (await http.get(ADMIN, "/metrics")).text
+    assert 'coordinator_job_runs_total{job="echo",namespace="ops"' in everything
+    scoped = (await http.get(BILLING_OPS, "/metrics")).text
+    assert 'coordinator_job_runs_total{job="echo",namespace="billing"' in scoped
+    assert 'namespace="ops"' not in scoped
+    assert "coordinator_runs_total" in scoped  # the daemon-wide series stay
