@@ -451,6 +451,11 @@ async def test_alerts_and_retention_keep_to_the_roles(
         failed,
     )
     assert (window["outcome"], window["namespace"]) == ("due", "billing")
+    # ... and may run the prune (the daemon's at prune_at): here one that keeps everything.
+    batch = await aio(daemon.fetchrow)(
+        "SELECT * FROM coordinator._prune(0, 0, 100, 500, now(), '3650 days', 1000)"
+    )
+    assert (batch["deleted"], batch["jobs_seen"]) == (0, 6)
 
     # remove with its history kept: only where the role operates; then the job is unknown.
     removed = "SELECT coordinator.remove($1, $2, keep_history => true)"
