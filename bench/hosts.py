@@ -397,12 +397,10 @@ async def _failover_once(index: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- all
 
 
-async def run(*, quick: bool = False) -> dict[str, Any]:
-    async with common.BenchCluster("hosts") as bench:
-        workers = await _workers(bench, quick=quick)
-        standby = await _standby(bench, quick=quick)
-        machine = common.machine_info(bench.server_version)
-    failover = await _failover(quick=quick)
+def summary_table(
+    workers: dict[str, Any], standby: dict[str, Any], failover: dict[str, Any]
+) -> str:
+    """The headline table (printed, and kept in the result for bench/README.md)."""
     rows = [
         ["workers connected (half Unix, half TLS)", workers["workers"]],
         ["connect and welcome, Unix / TLS (s)",
@@ -418,5 +416,16 @@ async def run(*, quick: bool = False) -> dict[str, Any]:
         ["PostgreSQL failover: promotion -> next run, median (s)",
          f"{failover['promoted_to_run_s_median']:.2f}"],
     ]  # fmt: skip
-    print(common.table(["what", "figure"], rows))
-    return {"machine": machine, "workers": workers, "standby": standby, "failover": failover}
+    return common.table(["what", "figure"], rows)
+
+
+async def run(*, quick: bool = False) -> dict[str, Any]:
+    async with common.BenchCluster("hosts") as bench:
+        workers = await _workers(bench, quick=quick)
+        standby = await _standby(bench, quick=quick)
+        machine = common.machine_info(bench.server_version)
+    failover = await _failover(quick=quick)
+    table = summary_table(workers, standby, failover)
+    print(table)
+    return {"machine": machine, "workers": workers, "standby": standby, "failover": failover,
+            "table": table}  # fmt: skip

@@ -120,7 +120,7 @@ async def _round(conn: Any, reset: Any, ids: list[int], batch: int) -> tuple[flo
     (statements only)."""
     # Every configuration starts each round from the same physical state: no run rows,
     # no dead tuples (the rounds rewrite every job row twice), fresh statistics.
-    await reset.execute("TRUNCATE coordinator.runs")
+    await reset.execute("TRUNCATE coordinator.runs CASCADE")  # findings (0012) refer to runs
     at = await reset.fetchval(
         "UPDATE coordinator.jobs SET next_run_at = date_trunc('second', now()) "
         "RETURNING next_run_at"
@@ -258,10 +258,11 @@ async def run(*, quick: bool = False) -> dict[str, Any]:
                 f"{100 * (f['server_us_per_claim'] / server_base - 1):+.1f}%",
                 f"{f['server_us_per_settle']:.1f}",
             ])  # fmt: skip
-    print(common.table(
+    table = common.table(
         ["batch", "config", "claims/s p50", "min-max", "vs off", "settles/s p50",
          "server us/claim", "vs off", "server us/settle"], rows
-    ))  # fmt: skip
+    )  # fmt: skip
+    print(table)
     common.note(
         f"machine busy {busy / wall / (machine['cpu_count'] or 1):.0%} of its CPUs over "
         f"{wall:.0f} s (this bench included)"
@@ -276,4 +277,5 @@ async def run(*, quick: bool = False) -> dict[str, Any]:
         "samples": samples,
         "server_us": {c: {str(b): server[c][b] for b in batches} for c in CONFIGS},
         "machine_busy_share": busy / wall / (machine["cpu_count"] or 1),
+        "table": table,
     }
