@@ -30,6 +30,10 @@
       status [--json] [--watch]
       top [--once]
       prune [--dry-run] [--json]
+      grant ROLE NAMESPACE [--read-only]
+      revoke ROLE NAMESPACE
+      grants [--role ROLE] [--namespace NS] [--json]
+      token hash [--new]
       config [--json]
 
 Exit status: 0 on success, 2 for bad usage or input (one line on stderr naming the bad
