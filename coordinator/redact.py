@@ -16,7 +16,9 @@ outside enters are made to pass through one :class:`Redactor`:
 * the Python front doors (``client.define_job``/``sync``/``trigger``: ``params`` and
   ``args``) and the API's serializers (``JobView``/``RunView``: what the admin API, the
   web page and ``--json`` serve, whoever wrote the row);
-* worker declarations (their ``params``).
+* worker declarations (their ``params``);
+* alerts (#16): :func:`coordinator.alerts.message.render` applies :meth:`Redactor.text`
+  of the rules in force to an alert's error text (``service.build_daemon`` wires it).
 
 The rules (:data:`DEFAULT_KEYS`, :func:`Redactor.text`):
 
