@@ -1,6 +1,6 @@
 """``python -m bench [BENCHMARK] [--quick]``: ``all`` (default), ``idle``, ``latency``,
 ``lateness``, ``throughput``, ``scale``, ``peers``, ``durability``, ``stats``,
-``recoverable``, ``prune``.
+``recoverable``, ``prune``, ``rls``, ``hosts``.
 
 Each benchmark starts its own PostgreSQL cluster, prints a table and writes
 ``bench/results/<name>.json``. See bench/README.md.
@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 
 BENCHMARKS = (
     "idle", "latency", "peers", "lateness", "throughput", "scale", "durability", "stats",
-    "recoverable",
-    "prune",
+    "recoverable", "prune", "rls", "hosts",
 )  # fmt: skip
 
 
@@ -47,6 +46,10 @@ def _runner(name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
         from .recoverable import run
     elif name == "prune":
         from .prune import run
+    elif name == "rls":
+        from .rls import run
+    elif name == "hosts":
+        from .hosts import run
     else:
         raise ValueError(name)
     return run

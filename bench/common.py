@@ -590,6 +590,13 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
+def hash_token(token: str) -> str:
+    """A token's hash as ``worker_tokens``/``admin_tokens`` keep it."""
+    from coordinator.tokens import hash_token as _hash
+
+    return _hash(token)
+
+
 def banner(text: str) -> None:
     print(f"\n== {text}", flush=True)
 

@@ -23,6 +23,8 @@ ORDER = (
     "durability",
     "recoverable",
     "prune",
+    "rls",
+    "hosts",
 )
 TITLES = {
     "idle": "Idle silence",
@@ -34,6 +36,8 @@ TITLES = {
     "durability": "Durability: standby takeover, spool replay",
     "recoverable": "Recoverable runs: checkpoint and finding writes, replay after SIGKILL",
     "prune": "Retention: a 10-million-run backlog pruned while claims go on",
+    "rls": "Row-level security: the daemon's claims and settlements with RLS on and off",
+    "hosts": "Beyond one host: 1,000 workers, a standby over TCP, PostgreSQL failover",
 }
 
 

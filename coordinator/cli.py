@@ -30,6 +30,10 @@
       status [--json] [--watch]
       top [--once]
       prune [--dry-run] [--json]
+      grant ROLE NAMESPACE [--read-only]
+      revoke ROLE NAMESPACE
+      grants [--role ROLE] [--namespace NS] [--json]
+      token hash [--new]
       config [--json]
 
 Exit status: 0 on success, 2 for bad usage or input (one line on stderr naming the bad
@@ -71,7 +75,7 @@ import attrs
 import trio
 import trio_asyncio
 
-from . import client, db, embedded, probe, why
+from . import client, db, embedded, probe, redact, tokens, why
 from . import config as config_mod
 from . import manifest as manifests
 from . import migrate as migrations
@@ -191,6 +195,8 @@ class CommandContext:
     def config(self) -> config_mod.Config:
         if self._config is None:
             self._config = _load_config(self.args)
+            # What the command prints is redacted by the configured rules too.
+            redact.install(self._config.redactor())
         return self._config
 
     def use(self, config: config_mod.Config, *, own_database: bool) -> None:
@@ -283,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prune(groups)
     _add_config(groups)
     _add_worker(groups)
+    _add_grants(groups)
+    _add_token(groups)
     # ---- Later command groups plug in here, one call each, e.g.:
     # A handler is `async def (args, ctx: CommandContext) -> int`, run inside trio-asyncio; it
     # gets the database from `ctx.database()` (or `ctx.connection()`).
@@ -1667,6 +1675,116 @@ async def _sync(args: argparse.Namespace, ctx: CommandContext) -> int:
         print(f"{count} problem{'s' if count != 1 else ''} (those jobs are stored inert):")
         for problem in manifest.problems:
             _say(f"  {problem.located(manifest.source)}")
+    return 0
+
+
+# --------------------------------------------------------------------------- namespaces
+
+
+def _add_grants(groups: _Subparsers) -> None:
+    grant = _command(
+        groups,
+        "grant",
+        _grant,
+        "let a PostgreSQL role read or operate a namespace (row-level security)",
+    )
+    grant.add_argument("role", metavar="ROLE", help="a login role, or a group role")
+    grant.add_argument("namespace", metavar="NAMESPACE")
+    grant.add_argument(
+        "--read-only", action="store_true", help="see the namespace's jobs and runs, change none"
+    )
+    revoke = _command(groups, "revoke", _revoke, "withdraw a role's grant of a namespace")
+    revoke.add_argument("role", metavar="ROLE")
+    revoke.add_argument("namespace", metavar="NAMESPACE")
+    grants = _command(groups, "grants", _grants, "list the namespace grants", reads=True)
+    grants.add_argument("--role", metavar="ROLE", help="only this role's")
+    _namespace(grants, default=None)
+
+
+async def _grant(args: argparse.Namespace, ctx: CommandContext) -> int:
+    check_namespace(args.namespace)
+    async with ctx.connection() as conn:
+        result = await db.aio(client.grant)(
+            conn, args.role, args.namespace, read_only=args.read_only
+        )
+        (view,) = await db.aio(client.list_grants)(conn, role=args.role, namespace=args.namespace)
+    access = "read" if args.read_only else "operate"
+    said = {"granted": "may now", "changed": "may now", "unchanged": "already may"}[result]
+    _say(f"{args.role} {said} {access} namespace {args.namespace}")
+    if not view.confined:
+        _note(
+            f"{args.role} is not confined by the grants (a superuser, BYPASSRLS, the schema's "
+            "owner, or a member of coordinator_admin or coordinator_daemon): it sees every "
+            "namespace"
+        )
+    return 0
+
+
+async def _revoke(args: argparse.Namespace, ctx: CommandContext) -> int:
+    async with ctx.connection() as conn:
+        found = await db.aio(client.revoke)(conn, args.role, args.namespace)
+    if found:
+        _say(f"{args.role} may no longer see namespace {args.namespace}")
+    else:
+        _say(f"{args.role} had no grant of namespace {args.namespace}: nothing to revoke")
+    return 0
+
+
+async def _grants(args: argparse.Namespace, ctx: CommandContext) -> int:
+    async with ctx.connection() as conn:
+        views = await db.aio(client.list_grants)(conn, role=args.role, namespace=args.namespace)
+    if args.json:
+        _print_json({"grants": [v.to_json() for v in views]})
+        return 0
+    if not views:
+        print("no grants (roles other than the owner and coordinator_admin see nothing)")
+        return 0
+    _table(
+        ("ROLE", "NAMESPACE", "ACCESS", "CONFINED", "GRANTED"),
+        [
+            (
+                v.role if v.exists else f"{v.role} (dropped)",
+                v.namespace,
+                v.access,
+                "yes" if v.confined else "no: sees every namespace",
+                why.when(v.granted_at),
+            )
+            for v in views
+        ],
+    )
+    return 0
+
+
+def _add_token(groups: _Subparsers) -> None:
+    token = groups.add_parser("token", help="tokens for the admin API and workers")
+    sub = token.add_subparsers(dest="action", metavar="ACTION", required=True)
+    hashed = sub.add_parser(
+        "hash",
+        help="print the hash of a token (read from stdin) for admin_tokens/worker_tokens",
+        description="Read a token on stdin (never on the command line: it would be seen in "
+        "ps and the shell history) and print the hash the configuration keeps.",
+    )
+    hashed.add_argument(
+        "--new", action="store_true", help="make a new random token; print it, then its hash"
+    )
+    hashed.set_defaults(handler=_token_hash)
+
+
+async def _token_hash(args: argparse.Namespace, _ctx: CommandContext) -> int:
+    if args.new:
+        token = tokens.new_token()
+        print(f"token: {token}")
+        print(f"hash:  {tokens.hash_token(token)}")
+        return 0
+    if sys.stdin.isatty():
+        print("token (not echoed): ", end="", file=sys.stderr, flush=True)
+        import getpass
+
+        text = getpass.getpass(prompt="")
+    else:
+        text = sys.stdin.readline()
+    token = tokens.check_token(text, "token")
+    print(tokens.hash_token(token))
     return 0
 
 

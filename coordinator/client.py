@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal, get_args
@@ -32,7 +32,7 @@ import asyncpg
 import attrs
 
 from . import buckets as buckets_mod
-from . import rows
+from . import redact, rows
 from . import schedule as schedules
 from .buckets import Buckets
 from .db import one_line
@@ -43,6 +43,7 @@ from .errors import (
     DatabaseUnavailable,
     InvalidInput,
     JobNotFound,
+    PermissionDenied,
     RunNotFound,
 )
 from .model import (
@@ -73,6 +74,7 @@ __all__ = [
     "RUN_STATUSES",
     "FindingView",
     "FindingsPage",
+    "GrantView",
     "JobView",
     "Leader",
     "PruneReport",
@@ -87,9 +89,11 @@ __all__ = [
     "get_job",
     "get_job_by_id",
     "get_run",
+    "grant",
     "job_entry",
     "jobs_stats",
     "list_findings",
+    "list_grants",
     "list_jobs",
     "list_runs",
     "pause",
@@ -99,6 +103,7 @@ __all__ = [
     "remove",
     "resolve",
     "resume",
+    "revoke",
     "run_chain",
     "run_stats",
     "sync",
@@ -346,6 +351,12 @@ class RunView:
     def outstanding(self) -> bool:
         return self.status in OUTSTANDING
 
+    @property
+    def reason(self) -> str | None:
+        """Why it did not succeed, as shown to people: redacted, one line, bounded
+        (:meth:`coordinator.redact.Redactor.safe_reason`)."""
+        return redact.default().safe_reason(self.error_message)
+
     def to_json(self) -> dict[str, Any]:
         """The ``runs list --json`` / ``runs show --json`` shape."""
         return {
@@ -367,6 +378,7 @@ class RunView:
             "extra": self.extra,
             "error_cause": self.error_cause,
             "error_message": self.error_message,
+            "reason": self.reason,
             "attempt": self.attempt,
             "progress": self.progress,
             "category": self.category,
@@ -479,6 +491,12 @@ def translate_errors(
         raise DatabaseUnavailable(f"database unreachable: {one_line(exc)}") from exc
 
 
+def _quoted_namespace(message: str) -> str | None:
+    """The namespace a ``permission denied for namespace "x"`` message names."""
+    _head, sep, rest = message.partition('namespace "')
+    return rest.partition('"')[0] if sep else None
+
+
 def _invalid(field: str, message: str) -> InvalidInput:
     """``field: message``, without saying the field twice when the message starts with it."""
     return InvalidInput(field, message.removeprefix(f"{field}: "))
@@ -498,6 +516,15 @@ def _from_postgres(
         return JobNotFound(namespace or "?", name or "?")
     if hint == "coordinator.run_not_found":
         return RunNotFound(run_id if run_id is not None else -1)
+    if hint == "coordinator.namespace_denied":
+        # The SQL says 'permission denied for namespace "x"'; DETAIL says why.
+        return PermissionDenied(
+            _quoted_namespace(message) or namespace, getattr(exc, "detail", None)
+        )
+    if state == "42704":  # undefined_object: grant_namespace's unknown role
+        return _invalid(getattr(exc, "column_name", None) or field, message)
+    if state == "42501":  # insufficient_privilege: a table or function grant, or RLS
+        return PermissionDenied(namespace, message)
     if state == "55000":  # object_not_in_prerequisite_state
         return Conflict(message)
     if state == "23514":  # check_violation: the constraint names the column
@@ -663,7 +690,8 @@ def _prepare(
         schedules.check_duration(timeout, "timeout")
     check_retry_policy(retries, retry_backoff, retry_max_delay)
     check_misfire(misfire, misfire_grace)
-    params_obj = _object(params, "params")
+    # Secrets are never stored (coordinator.redact): pass them by reference.
+    params_obj = redact.default().value(_object(params, "params"))
     _to_json_text(params_obj, "params")
     if invalid_reason is None:
         schedules.validate(schedule)
@@ -836,7 +864,7 @@ async def trigger(
     unresolved), that run's id is returned and nothing is inserted. A paused run is
     resumed: queued again, same id, cursor and counter.
     """
-    args_text = _to_json_text(_object(args, "args"), "args")
+    args_text = _to_json_text(redact.default().value(_object(args, "args")), "args")
     with translate_errors(namespace=namespace, name=name, field="args"):
         run_id: int = await conn.fetchval(
             "SELECT coordinator.trigger($1, $2, $3::text::jsonb)", namespace, name, args_text
@@ -1028,6 +1056,98 @@ async def pause_run(conn: Connection, run_id: int) -> str:
     return status
 
 
+# --------------------------------------------------------------------------- grants
+
+
+@attrs.frozen(kw_only=True)
+class GrantView:
+    """One namespace granted to one role (``coordinator grants``)."""
+
+    #: The PostgreSQL role (a login role, or a group whose members inherit it).
+    role: str
+    namespace: str
+    #: ``read`` (SELECT only) or ``operate``.
+    access: str
+    granted_at: datetime
+    granted_by: str
+    #: Whether the policies confine the role at all: ``False`` for a superuser, a
+    #: BYPASSRLS role, the schema's owner and members of coordinator_admin or
+    #: coordinator_daemon, who see every namespace whatever their grants.
+    confined: bool
+    #: Whether the role still exists (a dropped role's grants stay until revoked).
+    exists: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "namespace": self.namespace,
+            "access": self.access,
+            "granted_at": _iso(self.granted_at),
+            "granted_by": self.granted_by,
+            "confined": self.confined,
+            "exists": self.exists,
+        }
+
+
+async def grant(conn: Connection, role: str, namespace: str, *, read_only: bool = False) -> str:
+    """Let ``role`` read (``read_only``) or operate ``namespace`` (making it a member of
+    ``coordinator_app``); ``granted``, ``changed`` or ``unchanged``. Needs
+    ``coordinator_admin`` (or the schema's owner)."""
+    _require_text(role, "role")
+    check_namespace(namespace)
+    with translate_errors(namespace=namespace, field="role"):
+        result: str = await conn.fetchval(
+            "SELECT coordinator.grant_namespace($1, $2, $3)", role, namespace, read_only
+        )
+    return result
+
+
+async def revoke(conn: Connection, role: str, namespace: str) -> bool:
+    """Withdraw ``role``'s grant of ``namespace``; whether there was one."""
+    _require_text(role, "role")
+    with translate_errors(namespace=namespace, field="role"):
+        found: bool = await conn.fetchval(
+            "SELECT coordinator.revoke_namespace($1, $2)", role, namespace
+        )
+    return found
+
+
+_LIST_GRANTS: Final = """
+SELECT g.role, g.namespace, g.read_only, g.granted_at, g.granted_by, r.oid IS NOT NULL AS exists,
+       r.oid IS NOT NULL
+       AND NOT (r.rolsuper OR r.rolbypassrls
+                OR pg_has_role(r.oid, c.relowner, 'USAGE')
+                OR pg_has_role(r.oid, 'coordinator_admin', 'USAGE')
+                OR pg_has_role(r.oid, 'coordinator_daemon', 'USAGE')) AS confined
+  FROM coordinator.namespace_grants g
+  LEFT JOIN pg_roles r ON r.rolname = g.role
+ CROSS JOIN (SELECT relowner FROM pg_class WHERE oid = 'coordinator.jobs'::regclass) c
+ WHERE ($1::text IS NULL OR g.role = $1) AND ($2::text IS NULL OR g.namespace = $2)
+ ORDER BY g.role, g.namespace
+"""
+
+
+async def list_grants(
+    conn: Connection, *, role: str | None = None, namespace: str | None = None
+) -> list[GrantView]:
+    """Every grant (of ``role``, of ``namespace``), by role and namespace. An application
+    role sees its own."""
+    with translate_errors(namespace=namespace):
+        found = await conn.fetch(_LIST_GRANTS, role, namespace)
+    return [
+        GrantView(
+            role=row["role"],
+            namespace=row["namespace"],
+            access="read" if row["read_only"] else "operate",
+            granted_at=row["granted_at"],
+            granted_by=row["granted_by"],
+            confined=bool(row["confined"]),
+            exists=bool(row["exists"]),
+        )
+        for row in found
+    ]
+
+
 # --------------------------------------------------------------------------- reads
 
 
@@ -1127,6 +1247,7 @@ _JOB_COLUMNS: Final = f"""
 _LIST_JOBS: Final = f"""
 SELECT {_JOB_COLUMNS}
  WHERE ($1::text IS NULL OR j.namespace = $1) AND j.removed_at IS NULL
+   AND ($2::text[] IS NULL OR j.namespace = ANY ($2::text[]))
  ORDER BY j.namespace, j.name
 """
 
@@ -1143,8 +1264,14 @@ SELECT {_JOB_COLUMNS}
 
 def _job_view(row: Mapping[str, Any]) -> JobView:
     outstanding_status = row["outstanding_status"]
+    fields = rows.job_fields(row)
+    # Whoever wrote the row (plain SQL too), a secret is never served.
+    rules = redact.default()
+    fields["params"] = rules.value(fields["params"])
+    fields["target"] = rules.value(fields["target"])
+    fields["invalid_reason"] = rules.optional(fields["invalid_reason"])
     return JobView(
-        **rows.job_fields(row),
+        **fields,
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         last_run=row["last_run"],
@@ -1157,10 +1284,17 @@ def _job_view(row: Mapping[str, Any]) -> JobView:
     )
 
 
-async def list_jobs(conn: Connection, *, namespace: str | None = None) -> list[JobView]:
-    """Every job (of ``namespace``, or of all namespaces), by namespace and name."""
+async def list_jobs(
+    conn: Connection,
+    *,
+    namespace: str | None = None,
+    namespaces: Collection[str] | None = None,
+) -> list[JobView]:
+    """Every job (of ``namespace``, or of all namespaces), by namespace and name; only
+    those of ``namespaces`` when given (an admin token's scope)."""
+    scope = sorted(namespaces) if namespaces is not None else None
     with translate_errors(namespace=namespace):
-        rows = await conn.fetch(_LIST_JOBS, namespace)
+        rows = await conn.fetch(_LIST_JOBS, namespace, scope)
     return [_job_view(row) for row in rows]
 
 
@@ -1202,6 +1336,7 @@ SELECT {_RUN_COLUMNS}
    AND ($3::text IS NULL OR r.status = $3)
    AND ($5::bigint IS NULL OR r.id < $5)
    AND ($6::text IS NULL OR r.category = $6)
+   AND ($7::text[] IS NULL OR j.namespace = ANY ($7::text[]))
  ORDER BY r.id DESC
  LIMIT $4
 """
@@ -1239,6 +1374,8 @@ _JOB_EXISTS: Final = (
 
 
 def _run_view(row: Mapping[str, Any]) -> RunView:
+    # Whoever wrote the row (plain SQL too), a secret is never served.
+    rules = redact.default()
     return RunView(
         id=row["id"],
         job_id=row["job_id"],
@@ -1253,13 +1390,13 @@ def _run_view(row: Mapping[str, Any]) -> RunView:
         created_at=row["created_at"],
         schedule_version=row["schedule_version"],
         instance=row["instance"],
-        args=_json_field(row["args"]),
+        args=rules.value(_json_field(row["args"])),
         count=row["count"],
-        extra=_json_field(row["extra"]),
+        extra=rules.mapping(_json_field(row["extra"])),
         error_cause=row["error_cause"],
-        error_message=row["error_message"],
+        error_message=rules.optional(row["error_message"]),
         attempt=row["attempt"],
-        progress=_json_field(row["progress"]),
+        progress=rules.value(_json_field(row["progress"])),
         category=row["category"],
         retryable=row["retryable"],
         exhausted=row["exhausted"],
@@ -1283,10 +1420,11 @@ async def list_runs(
     limit: int = 50,
     before: int | None = None,
     category: str | None = None,
+    namespaces: Collection[str] | None = None,
 ) -> list[RunView]:
     """The newest runs first, at most ``limit``; ``status`` and ``category`` filter; with
     ``before``, only runs older than that run id (the next page of a listing that ended
-    there).
+    there); only runs of ``namespaces`` when given (an admin token's scope).
 
     ``job`` without ``namespace`` means the job in ``default``; an unknown job raises
     :class:`~coordinator.errors.JobNotFound` (rather than listing nothing).
@@ -1300,7 +1438,8 @@ async def list_runs(
     if job is not None and namespace is None:
         namespace = "default"
     with translate_errors(namespace=namespace, name=job):
-        rows = await conn.fetch(_LIST_RUNS, namespace, job, status, limit, before, category)
+        scope = sorted(namespaces) if namespaces is not None else None
+        rows = await conn.fetch(_LIST_RUNS, namespace, job, status, limit, before, category, scope)
         if not rows and job is not None and not await conn.fetchval(_JOB_EXISTS, namespace, job):
             raise JobNotFound(namespace or "default", job)
     return [_run_view(row) for row in rows]
@@ -1371,7 +1510,7 @@ async def list_findings(
             kind=r["kind"],
             resource_id=r["resource_id"],
             severity=r["severity"],
-            detail=json.loads(r["detail"]),
+            detail=redact.default().value(json.loads(r["detail"])),
             created_at=r["created_at"],
         )
         for r in rows[:limit]

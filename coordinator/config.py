@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -35,6 +36,8 @@ from urllib.parse import quote
 import attrs
 
 from .errors import ConfigError, InvalidInput
+from .redact import Redactor
+from .tokens import TokenSet, check_token, parse_tokens, single
 
 DEFAULT_CONFIG_FILE: Final = Path("/etc/coordinator/coordinator.toml")
 #: The environment file the unit reads (``EnvironmentFile=``), beside the config file.
@@ -72,6 +75,9 @@ def local_timezone(environ: Mapping[str, str] | None = None) -> str:
             continue
         return name
     return "UTC"
+
+
+CREDENTIAL_WORKER_TLS_KEY: Final = "worker-tls-key"
 
 
 def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -223,6 +229,43 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _admin_tokens(value: Any, name: str) -> TokenSet:
+    return parse_tokens(value, name, kind="admin")
+
+
+def _worker_tokens(value: Any, name: str) -> TokenSet:
+    return parse_tokens(value, name, kind="worker")
+
+
+def _words(value: Any, name: str) -> tuple[str, ...]:
+    """A list of words: a TOML array, or comma-separated text (the environment)."""
+    if isinstance(value, str):
+        items = [w.strip() for w in value.split(",") if w.strip()]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise ConfigError(f"{name}: expected a list of words, got {value!r}")
+    if not all(isinstance(w, str) and w.strip() for w in items):
+        raise ConfigError(f"{name}: expected a list of words, got {value!r}")
+    Redactor(keys=tuple(items))  # refuses a word without letters or digits
+    return tuple(items)
+
+
+def _patterns(value: Any, name: str) -> tuple[str, ...]:
+    """Regular expressions: a TOML array, or a JSON array (the environment)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else []
+        except ValueError:
+            raise ConfigError(
+                f"{name}: expected a JSON array of regular expressions, got {value!r}"
+            ) from None
+    if not isinstance(value, list | tuple) or not all(isinstance(p, str) and p for p in value):
+        raise ConfigError(f"{name}: expected a list of regular expressions, got {value!r}")
+    Redactor(patterns=tuple(value))  # compiles each: a bad one is named
+    return tuple(value)
+
+
 def parse_listen(listen: str, *, setting: str, allow_remote: bool = False) -> tuple[str, int]:
     """``host:port`` (``[v6]:port`` for IPv6) -> (host, port); a non-loopback host is
     refused unless ``allow_remote``. Port 0 picks a free port. Errors name ``setting``."""
@@ -361,14 +404,44 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         name="worker_listen",
         convert=_optional_text,
         default=None,
-        help="host:port of a TCP listener for workers too (loopback only; needs worker_token)",
+        help="host:port of a TCP listener for workers too; anything but loopback needs "
+        "worker_tls_cert/worker_tls_key and worker_tokens",
+        unset="Unix socket only",
     ),
     Setting(
         name="worker_token",
         convert=_optional_text,
         default=None,
         secret=True,
-        help="shared secret TCP workers send in hello (required with worker_listen)",
+        help="shared secret TCP workers send in hello (a loopback worker_listen only)",
+    ),
+    Setting(
+        name="worker_tokens",
+        convert=_worker_tokens,
+        default=TokenSet(),
+        help="named worker tokens: hash, namespaces, types (tables; see docs/worker-protocol.md)",
+        unset="none",
+    ),
+    Setting(
+        name="worker_tls_cert",
+        convert=_path,
+        default=None,
+        help="PEM certificate (chain) of the TCP listener: workers connect over TLS",
+        unset="plain TCP (loopback only)",
+    ),
+    Setting(
+        name="worker_tls_key",
+        convert=_path,
+        default=None,
+        help="its private key, a root-only file (credential worker-tls-key under systemd)",
+        unset="none",
+    ),
+    Setting(
+        name="worker_tls_ca",
+        convert=_path,
+        default=None,
+        help="CA bundle: workers must also present a certificate it signed (mutual TLS)",
+        unset="no client certificate asked",
     ),
     Setting(
         name="admin_listen",
@@ -396,6 +469,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         convert=_path,
         default=None,
         help="file holding the admin token (credential admin-token under systemd)",
+        unset="none",
+    ),
+    Setting(
+        name="admin_tokens",
+        convert=_admin_tokens,
+        default=TokenSet(),
+        help="named admin API tokens: hash, namespaces, access read|operate (tables)",
         unset="none",
     ),
     Setting(
@@ -517,6 +597,20 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         help="file holding the webhook secret (credential alert-webhook-secret under systemd)",
         unset="none",
     ),
+    Setting(
+        name="redact_keys",
+        convert=_words,
+        default=(),
+        help="more secret key words, besides password, secret, token, api_key, ...",
+        unset="the built-in words only",
+    ),
+    Setting(
+        name="redact_patterns",
+        convert=_patterns,
+        default=(),
+        help="regular expressions whose matches are redacted (a 'secret' group: only it)",
+        unset="the built-in rules only",
+    ),
 )
 _BY_NAME: Final = {s.name: s for s in SETTINGS}
 
@@ -554,10 +648,15 @@ class Config:
     worker_socket: Path | None = None
     worker_listen: str | None = None
     worker_token: str | None = None
+    worker_tokens: TokenSet = attrs.field(factory=TokenSet)
+    worker_tls_cert: Path | None = None
+    worker_tls_key: Path | None = None
+    worker_tls_ca: Path | None = None
     admin_listen: str | None = None
     admin_allow_remote: bool = False
     admin_token: str | None = None
     admin_token_file: Path | None = None
+    admin_tokens: TokenSet = attrs.field(factory=TokenSet)
     metrics_public: bool = False
     metrics_max_jobs: int = 500
     retention: float = 30 * 86400.0
@@ -575,6 +674,8 @@ class Config:
     alert_webhook: str | None = None
     alert_webhook_secret: str | None = None
     alert_webhook_secret_file: Path | None = None
+    redact_keys: tuple[str, ...] = ()
+    redact_patterns: tuple[str, ...] = ()
     #: ``$CREDENTIALS_DIRECTORY`` (systemd's credentials for the service), if set.
     credentials_dir: Path | None = None
     #: The file the settings were read from, if any.
@@ -664,6 +765,31 @@ class Config:
                 "alert_smtp_user is set but no alert_smtp_password or alert_smtp_password_file"
             )
 
+    def redactor(self) -> Redactor:
+        """The redaction rules these settings ask for (:mod:`coordinator.redact`)."""
+        return Redactor(keys=self.redact_keys, patterns=self.redact_patterns)
+
+    def worker_tls_key_path(self) -> Path | None:
+        """The TCP listener's private key: the service's credential ``worker-tls-key``,
+        else ``worker_tls_key``."""
+        return self._credential(CREDENTIAL_WORKER_TLS_KEY) or self.worker_tls_key
+
+    def admin_scopes(self) -> TokenSet:
+        """Every admin API token: ``admin_tokens``, plus the single ``admin_token`` (or
+        its file or credential) as ``admin``, which reaches every namespace."""
+        token = self.admin_token_value()
+        if not token:
+            return self.admin_tokens
+        if self.admin_tokens.named("admin") is not None:
+            raise ConfigError(
+                "admin_tokens: the name 'admin' belongs to admin_token; choose another"
+            )
+        try:
+            token = check_token(token, "admin token")
+        except InvalidInput as exc:
+            raise ConfigError(str(exc)) from None
+        return self.admin_tokens.with_scope(single(token, name="admin"))
+
     def database_dsn(self) -> str | None:
         """``dsn`` with the password from the credential ``dsn-password`` or from
         ``dsn_password_file`` put in (the one place a password joins the DSN)."""
@@ -702,6 +828,21 @@ class Config:
             value = getattr(self, s.name)
             if s.secret and value:
                 value = _redact_dsn(str(value)) if s.name == "dsn" else "***"
+            if isinstance(value, TokenSet):
+                value = {
+                    scope.name: {
+                        "namespaces": sorted(scope.namespaces or ["*"]),
+                        **({"access": scope.access} if s.name == "admin_tokens" else {}),
+                        **(
+                            {"types": sorted(scope.types or ["*"])}
+                            if s.name == "worker_tokens"
+                            else {}
+                        ),
+                    }
+                    for scope in value.scopes
+                }
+            elif isinstance(value, tuple):
+                value = list(value)
             out[s.name] = str(value) if isinstance(value, Path) else value
         return out
 
@@ -728,8 +869,17 @@ class Config:
 
 
 def _shown(setting: Setting, value: Any) -> str:
-    if value is None:
+    if value is None or (isinstance(value, dict | list) and not value):
         return f"(unset: {setting.unset})" if setting.unset else "(unset)"
+    if isinstance(value, dict):  # named tokens (their hashes are not shown)
+        return "; ".join(
+            f"{name}: {', '.join(v['namespaces'])}"
+            + (f" ({v['access']})" if "access" in v else "")
+            + (f" types {', '.join(v['types'])}" if "types" in v else "")
+            for name, v in value.items()
+        )
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
     if setting.unit == "duration":
         from .schedule import format_duration
 

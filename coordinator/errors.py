@@ -73,3 +73,15 @@ class ConfigError(CoordinatorError):
     """The configuration (file, environment or flags) is incomplete or wrong."""
 
     exit_code = 2
+
+
+class PermissionDenied(CoordinatorError, PermissionError):
+    """The caller may not do this in that namespace (a PostgreSQL grant, an admin
+    token's or a worker token's scope); the message is
+    ``permission denied for namespace "billing"``."""
+
+    def __init__(self, namespace: str | None, detail: str | None = None) -> None:
+        what = f'namespace "{namespace}"' if namespace is not None else "this namespace"
+        super().__init__(f"permission denied for {what}" + (f" ({detail})" if detail else ""))
+        self.namespace = namespace
+        self.detail = detail

@@ -5,7 +5,8 @@ refresh was done, a result is held...) and hand them to one :class:`EventBus`. T
 writes each one as a log line (its ``NAME`` is the stable log event name scripts and
 tests wait for) and passes the value itself to its subscribers: the metrics, and the
 live streams of the admin face. A subscriber matches on the type, never on a log
-string, so renaming a log field cannot silently break a metric.
+string, so renaming a log field cannot silently break a metric. An event's text is
+redacted (:mod:`coordinator.redact`) before anyone sees it.
 
 Layering: a value module. It imports nothing of the daemon; ``admin/`` and the
 executors import it freely.
@@ -21,6 +22,7 @@ from typing import Any, ClassVar, Final
 import attrs
 import trio
 
+from . import redact
 from .log import EventLog, Level
 
 #: Events a slow stream subscriber may fall behind by before it is told it missed some.
@@ -373,6 +375,21 @@ class RetentionPruned(Event):
 
 
 @attrs.frozen(kw_only=True)
+class SchedulesDeclared(Event):
+    """A worker's declared schedules were synced into a namespace (or found unchanged)."""
+
+    NAME: ClassVar[str] = "worker.declared"
+    worker: str
+    namespace: str
+    jobs: int
+    created: int = 0
+    updated: int = 0
+    paused: int = 0
+    #: Nothing differed from what was stored: nothing was written (``None``: it did).
+    unchanged: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
 class WorkerConnected(Event):
     """A worker said hello and serves ``types``."""
 
@@ -475,9 +492,10 @@ class EventBus:
     _streams: list[EventStream] = attrs.field(factory=list)
 
     def emit(self, event: Event) -> None:
+        event = _redacted(event)
         level = event.level()
         if self.log.wants(level):
-            self.log.event(event.NAME, level, **event.fields())
+            self.log.write(event.NAME, level, event.fields(), redacted=True)
         for subscriber in self._subscribers:
             try:
                 subscriber(event)
@@ -506,6 +524,23 @@ class EventBus:
         stream.receive.close()
         if stream in self._streams:
             self._streams.remove(stream)
+
+
+def _redacted(event: Event) -> Event:
+    """``event`` with its text redacted (:mod:`coordinator.redact`), before the log, the
+    metrics, the live streams or an alert see it: a run's error, a progress message, a
+    wake's payload. The same object when nothing in it looks secret."""
+    rules = redact.default()
+    changes: dict[str, Any] = {}
+    for field in attrs.fields(type(event)):
+        value = getattr(event, field.name)
+        if isinstance(value, str | dict | list | tuple) and value:
+            cleaned = rules.value(value)
+            if isinstance(value, tuple):
+                cleaned = tuple(cleaned)
+            if cleaned != value:
+                changes[field.name] = cleaned
+    return attrs.evolve(event, **changes) if changes else event
 
 
 def milliseconds(seconds: float) -> float:
@@ -541,6 +576,7 @@ __all__ = [
     "RunProgress",
     "RunStarted",
     "RunStopRequested",
+    "SchedulesDeclared",
     "StateChanged",
     "WorkerConnected",
     "WorkerDisconnected",

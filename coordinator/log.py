@@ -3,7 +3,8 @@
 ``ts=... level=info event=job.run job=default/backup outcome=succeeded`` (logfmt) by
 default, JSON lines with ``--log-format json``. Under systemd, when ``JOURNAL_STREAM``
 says stderr is the journal, each line gets a ``<N>`` priority prefix so journald files it
-at the right level. Event names are stable: scripts and tests wait for them.
+at the right level. Event names are stable: scripts and tests wait for them. Every
+field is redacted before it is written (:mod:`coordinator.redact`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
 import attrs
 
+from . import redact
 from .text import CONTROL
 
 #: A logfmt value is quoted when it holds a space, a quote, ``=``, a backslash or a
@@ -80,9 +82,18 @@ class EventLog:
         return bool(self.observers) or _LEVELS[level] >= _LEVELS[self.level]
 
     def event(self, name: str, level: Level = "info", **fields: Any) -> None:
+        self.write(name, level, fields)
+
+    def write(
+        self, name: str, level: Level, fields: Mapping[str, Any], *, redacted: bool = False
+    ) -> None:
+        """Write one line. Its fields are redacted first (:mod:`coordinator.redact`: a
+        secret never reaches the log), unless the caller already did (``redacted``)."""
         written = _LEVELS[level] >= _LEVELS[self.level]
         if not written and not self.observers:
             return
+        if not redacted:
+            fields = redact.default().fields(fields)
         ts = datetime.now(UTC)
         record = {"ts": ts.isoformat(timespec="milliseconds"), "level": level, "event": name}
         record.update({k: v for k, v in fields.items() if v is not None})

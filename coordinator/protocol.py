@@ -3,8 +3,9 @@
 A connection carries newline-delimited JSON (UTF-8) in both directions: one object per
 line, at most :data:`MAX_LINE` bytes without the newline. Every object has ``"v": 1``
 and a ``"type"``; unknown fields are ignored (room to grow), an unknown type is an
-error. Workers send ``hello`` (first), ``progress``, ``checkpoint``, ``finding``,
-``result`` and ``bye``; the daemon sends ``welcome``, ``call``, ``cancel`` and ``error``.
+error. Workers send ``hello`` (first), ``declare`` (the schedules their code carries),
+``progress``, ``checkpoint``, ``finding``, ``result`` and ``bye``; the daemon sends
+``welcome``, ``declared``, ``call``, ``cancel`` and ``error``.
 
 Each message is a frozen attrs value whose validators hold the protocol's limits, so a
 message built by the daemon or by the SDK is as valid as one that was parsed.
@@ -18,6 +19,7 @@ Layering: imports nothing from the shell (only :mod:`coordinator.errors`).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -28,8 +30,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypeAlias, cast
 import attrs
 import trio
 
-from .errors import CoordinatorError
-from .text import storable
+from .errors import CoordinatorError, InvalidInput
+from .text import check_job_name, check_namespace, storable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -121,6 +123,17 @@ def default_socket_path() -> Path:
     if xdg:
         return Path(xdg) / "coordinator" / "worker.sock"
     return Path(f"/tmp/coordinator-{os.geteuid()}") / "worker.sock"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address or ``localhost``) is a loopback address: a TCP
+    listener anywhere else serves other hosts, which needs TLS and workers' own tokens."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 #: Most bytes gathered into one write by :func:`gather_lines`.
@@ -494,6 +507,146 @@ class Result:
         return out
 
 
+#: The schedule keys of a declared job (as in a manifest), exactly one per job.
+SCHEDULE_KEYS: Final = ("cron", "every", "at", "manual")
+#: Most jobs one ``declare`` may list.
+MAX_DECLARED: Final = 1024
+_DECLARED_KEYS: Final = frozenset(
+    {"name", "job_type", *SCHEDULE_KEYS, "timezone", "timeout", "priority", "idempotent",
+     "paused", "params"}
+)  # fmt: skip
+
+
+def _check_declared_name(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+    try:
+        check_job_name(value, "declare: 'name'")
+    except InvalidInput as exc:
+        raise ProtocolError(str(exc)) from None
+
+
+@attrs.frozen(kw_only=True)
+class DeclaredJob:
+    """One job a worker declares (``declare.jobs``): a manifest entry whose target is
+    the worker's own job type."""
+
+    #: The job's name in the namespace (the SDK uses the job type).
+    name: str = attrs.field(validator=_check_declared_name)
+    #: One of the worker's ``types``: the job's target.
+    job_type: str = attrs.field(validator=_check_name("declare"))
+    #: ``cron`` | ``every`` | ``at`` | ``manual``, and its expression (``None`` for manual).
+    schedule: str = attrs.field(validator=attrs.validators.in_(SCHEDULE_KEYS))
+    expression: str | None = attrs.field(
+        default=None, validator=_check_optional_text("declare", MAX_NAME)
+    )
+    #: IANA timezone of a cron expression.
+    timezone: str | None = attrs.field(
+        default=None, validator=_check_optional_text("declare", MAX_NAME)
+    )
+    #: A duration with its unit (``10m``), or ``None``.
+    timeout: str | None = attrs.field(
+        default=None, validator=_check_optional_text("declare", MAX_NAME)
+    )
+    priority: str | None = attrs.field(
+        default=None, validator=_check_optional_text("declare", MAX_NAME)
+    )
+    idempotent: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    paused: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    params: dict[str, Any] = attrs.field(factory=dict, validator=attrs.validators.instance_of(dict))
+
+    def __attrs_post_init__(self) -> None:
+        if (self.schedule == "manual") != (self.expression is None):
+            raise ProtocolError(
+                f"declare: job {self.name!r}: "
+                + ("manual takes no expression" if self.schedule == "manual" else
+                   f"'{self.schedule}' needs an expression")
+            )  # fmt: skip
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "job_type": self.job_type}
+        out[self.schedule] = True if self.schedule == "manual" else self.expression
+        for key in ("timezone", "timeout", "priority"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.idempotent:
+            out["idempotent"] = True
+        if self.paused:
+            out["paused"] = True
+        if self.params:
+            out["params"] = self.params
+        return out
+
+
+def _check_declared(_inst: object, _attr: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
+    if len(value) > MAX_DECLARED:
+        raise ProtocolError(f"declare: at most {MAX_DECLARED} jobs, not {len(value)}")
+    names = [job.name for job in value]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ProtocolError(f"declare: job {twice!r} is declared twice")
+
+
+def _job_tuple(value: Iterable[DeclaredJob]) -> tuple[DeclaredJob, ...]:
+    return tuple(value)
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _check_declared_namespace(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+    try:
+        check_namespace(value, "declare: 'namespace'")
+    except InvalidInput as exc:
+        raise ProtocolError(str(exc)) from None
+
+
+@attrs.frozen(kw_only=True)
+class Declare:
+    """worker → daemon, after ``hello``: the complete set of jobs the worker's code
+    schedules in ``namespace`` (a manifest, sent by the code). The daemon syncs it with
+    the manifest's semantics: listed jobs are created or updated when they differ, the
+    namespace's other jobs are paused."""
+
+    TYPE: ClassVar[str] = "declare"
+
+    namespace: str = attrs.field(validator=_check_declared_namespace)
+    jobs: tuple[DeclaredJob, ...] = attrs.field(converter=_job_tuple, validator=_check_declared)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "jobs": [job.to_wire() for job in self.jobs]}
+
+
+@attrs.frozen(kw_only=True)
+class Declared:
+    """daemon → worker: what a ``declare`` did (``ok``), or why nothing was applied."""
+
+    TYPE: ClassVar[str] = "declared"
+
+    namespace: str = attrs.field(validator=attrs.validators.instance_of(str))
+    #: Applied (or nothing needed applying).
+    ok: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    created: int = 0
+    updated: int = 0
+    paused: int = 0
+    #: Nothing differed from what was stored: nothing was written.
+    unchanged: bool = False
+    #: ``job: field: reason`` for each problem (``ok`` false: nothing applied).
+    problems: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    #: Why it could not be applied otherwise (the database...), if so.
+    error: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"namespace": self.namespace, "ok": self.ok}
+        if self.ok:
+            out.update(created=self.created, updated=self.updated, paused=self.paused)
+            out["unchanged"] = self.unchanged
+        if self.problems:
+            out["problems"] = list(self.problems)
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
 @attrs.frozen(kw_only=True)
 class Bye:
     """worker → daemon: send me nothing new; close once my calls have their results."""
@@ -603,8 +756,8 @@ class Error:
         return {"message": self.message}
 
 
-WorkerMessage: TypeAlias = Hello | Progress | Checkpoint | Finding | Result | Bye
-DaemonMessage: TypeAlias = Welcome | Call | Cancel | Error
+WorkerMessage: TypeAlias = Hello | Declare | Progress | Checkpoint | Finding | Result | Bye
+DaemonMessage: TypeAlias = Welcome | Declared | Call | Cancel | Error
 Message: TypeAlias = WorkerMessage | DaemonMessage
 
 
@@ -640,14 +793,14 @@ def parse(line: bytes | str) -> Message:
 def parse_from_worker(line: bytes | str) -> WorkerMessage:
     """A message a worker may send; a daemon-side type is refused."""
     message = _parse(line, _FROM_WORKER)
-    assert isinstance(message, Hello | Progress | Checkpoint | Finding | Result | Bye)
+    assert isinstance(message, Hello | Declare | Progress | Checkpoint | Finding | Result | Bye)
     return message
 
 
 def parse_from_daemon(line: bytes | str) -> DaemonMessage:
     """A message the daemon may send; a worker-side type is refused."""
     message = _parse(line, _FROM_DAEMON)
-    assert isinstance(message, Welcome | Call | Cancel | Error)
+    assert isinstance(message, Welcome | Declared | Call | Cancel | Error)
     return message
 
 
@@ -818,6 +971,61 @@ def _read_result(obj: dict[str, Any]) -> Result:
     )
 
 
+def _read_declared_job(index: int, raw: object) -> DeclaredJob:
+    where = f"declare: jobs[{index}]"
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{where} must be a JSON object")
+    unknown = sorted(set(raw) - _DECLARED_KEYS)
+    if unknown:
+        raise ProtocolError(f"{where}: unknown key {unknown[0]!r}")
+    given = [key for key in SCHEDULE_KEYS if raw.get(key) is not None]
+    if len(given) != 1:
+        raise ProtocolError(f"{where}: give exactly one of {', '.join(SCHEDULE_KEYS)}")
+    key = given[0]
+    if key == "manual":
+        if raw["manual"] is not True:
+            raise ProtocolError(f"{where}: 'manual' must be true")
+        expression = None
+    else:
+        expression = _field(raw, where, key, str)
+    return DeclaredJob(
+        name=_field(raw, where, "name", str),
+        job_type=_field(raw, where, "job_type", str),
+        schedule=key,
+        expression=expression,
+        timezone=_optional(raw, where, "timezone", str),
+        timeout=_optional(raw, where, "timeout", str),
+        priority=_optional(raw, where, "priority", str),
+        idempotent=_optional(raw, where, "idempotent", bool) or False,
+        paused=_optional(raw, where, "paused", bool) or False,
+        params=_optional(raw, where, "params", dict) or {},
+    )
+
+
+def _read_declare(obj: dict[str, Any]) -> Declare:
+    jobs = _field(obj, "declare", "jobs", list)
+    if len(jobs) > MAX_DECLARED:
+        raise ProtocolError(f"declare: at most {MAX_DECLARED} jobs, not {len(jobs)}")
+    return Declare(
+        namespace=_field(obj, "declare", "namespace", str),
+        jobs=tuple(_read_declared_job(i, raw) for i, raw in enumerate(jobs)),
+    )
+
+
+def _read_declared(obj: dict[str, Any]) -> Declared:
+    problems = _optional(obj, "declared", "problems", list) or []
+    return Declared(
+        namespace=_field(obj, "declared", "namespace", str),
+        ok=_field(obj, "declared", "ok", bool),
+        created=_optional(obj, "declared", "created", int) or 0,
+        updated=_optional(obj, "declared", "updated", int) or 0,
+        paused=_optional(obj, "declared", "paused", int) or 0,
+        unchanged=_optional(obj, "declared", "unchanged", bool) or False,
+        problems=tuple(str(p) for p in problems),
+        error=_optional(obj, "declared", "error", str),
+    )
+
+
 def _read_bye(_obj: dict[str, Any]) -> Bye:
     return Bye()
 
@@ -855,10 +1063,14 @@ def _read_error(obj: dict[str, Any]) -> Error:
     return Error(message=_optional(obj, "error", "message", str) or "")
 
 
-_FROM_WORKER: Final = frozenset({"hello", "progress", "checkpoint", "finding", "result", "bye"})
-_FROM_DAEMON: Final = frozenset({"welcome", "call", "cancel", "error"})
+_FROM_WORKER: Final = frozenset(
+    {"hello", "declare", "progress", "checkpoint", "finding", "result", "bye"}
+)
+_FROM_DAEMON: Final = frozenset({"welcome", "declared", "call", "cancel", "error"})
 _READERS: Final[dict[str, Callable[[dict[str, Any]], Message]]] = {
     "hello": _read_hello,
+    "declare": _read_declare,
+    "declared": _read_declared,
     "progress": _read_progress,
     "checkpoint": _read_checkpoint,
     "finding": _read_finding,

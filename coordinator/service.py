@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import random
 import socket
+import ssl
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Literal, cast
 
 import trio
 
+from . import redact
 from .alerts import Alerter, EmailSink, Sink, WebhookSink
 from .clock import SystemWallClock
 from .config import local_timezone, parse_listen
@@ -28,8 +30,10 @@ from .events import EventBus
 from .executors import ExecExecutor
 from .executors.worker import WorkerExecutor, default_socket_path
 from .log import EventLog, Level
+from .protocol import is_loopback
 from .schedule import parse_prune_at
 from .spool import Spool, SpoolError
+from .tokens import TokenSet
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -49,6 +53,8 @@ def build_daemon(
     worker_socket: Path | None = None,
     worker_listen: str | None = None,
     worker_token: str | None = None,
+    worker_tokens: TokenSet | None = None,
+    worker_tls: ssl.SSLContext | None = None,
     notify: Callable[[str], None] | None = None,
     handle_signals: bool = True,
     jitter: Callable[[], float] | None = None,
@@ -56,15 +62,42 @@ def build_daemon(
     alert_window: float = 6 * 3600.0,
 ) -> Daemon:
     """A daemon with both executors: commands, and workers on ``worker_socket`` (default
-    :func:`~coordinator.executors.worker.default_socket_path`) and, if given, on the
-    loopback TCP address ``worker_listen`` with ``worker_token``. ``jitter`` (default
-    :func:`random.random`) draws the jitter of retry delays. When any ``alert_sinks`` are
-    given, an :class:`~coordinator.alerts.Alerter` is subscribed to its events (none
-    otherwise: no alert configured costs nothing)."""
+    :func:`~coordinator.executors.worker.default_socket_path`) and, if given, on the TCP
+    address ``worker_listen``: on loopback with ``worker_token`` or ``worker_tokens``; on
+    any other address (workers on other hosts) only with ``worker_tls`` and
+    ``worker_tokens`` -- plain TCP there is refused (:class:`ConfigError`, one line).
+    ``jitter`` (default :func:`random.random`) draws the jitter of retry delays. When any
+    ``alert_sinks`` are given, an :class:`~coordinator.alerts.Alerter` is subscribed to
+    its events (none otherwise: no alert configured costs nothing)."""
     events = EventBus(log=log)
-    tcp = parse_listen(worker_listen, setting="worker_listen") if worker_listen else None
-    if tcp is not None and not worker_token:
-        raise ConfigError("worker_listen is set but worker_token is not: TCP workers need one")
+    tokens = worker_tokens if worker_tokens is not None else TokenSet()
+    tcp = None
+    if worker_listen:
+        tcp = parse_listen(worker_listen, setting="worker_listen", allow_remote=True)
+        if not is_loopback(tcp[0]):
+            if worker_tls is None:
+                raise ConfigError(
+                    f"worker_listen: {tcp[0]} is not a loopback address: workers on other "
+                    "hosts connect over TLS only (set worker_tls_cert and worker_tls_key); "
+                    "refusing plain TCP"
+                )
+            if not tokens:
+                raise ConfigError(
+                    f"worker_listen: {tcp[0]} is not a loopback address: each worker on "
+                    "another host needs a token of its own (worker_tokens)"
+                )
+            if worker_token:
+                raise ConfigError(
+                    "worker_token: a shared token is for a loopback worker_listen only; "
+                    "give each worker its own in worker_tokens"
+                )
+        elif not worker_token and not tokens:
+            raise ConfigError(
+                "worker_listen is set but neither worker_token nor worker_tokens is: TCP "
+                "workers need a token"
+            )
+    elif worker_tls is not None:
+        raise ConfigError("worker_tls_cert is set but worker_listen is not")
     executors: dict[str, Executor] = {
         "exec": ExecExecutor(clock=clock),
         "worker": WorkerExecutor(
@@ -73,6 +106,8 @@ def build_daemon(
             socket_path=worker_socket or default_socket_path(),
             tcp=tcp,
             token=worker_token,
+            tokens=tokens,
+            tls=worker_tls,
         ),
     }
     daemon = Daemon(
@@ -95,6 +130,10 @@ def build_daemon(
             window=timedelta(seconds=alert_window),
             failed=lambda purpose, exc, attempt: daemon.policy.failed(purpose, exc, attempt),
             recovered=daemon.policy.recovered,
+            # The rules in force when the alert is written (the configured ones: serve()
+            # installs them first). Outcomes are redacted at the settlement already; this
+            # is #16's one place for an alert's text, so nothing reaches a sink unredacted.
+            redact=lambda text: redact.default().text(text),
         )
         events.subscribe(alerter.observe)
         daemon.companions.append(alerter)
@@ -128,6 +167,40 @@ def _alerter(daemon: Daemon) -> Alerter | None:
     return next((c for c in daemon.companions if isinstance(c, Alerter)), None)
 
 
+def worker_tls_context(config: Config) -> ssl.SSLContext | None:
+    """The worker listener's TLS (``worker_tls_cert``, ``worker_tls_key`` -- the service's
+    credential ``worker-tls-key`` first --, ``worker_tls_ca`` for client certificates),
+    or ``None``; a file that cannot be loaded is a :class:`ConfigError` naming it."""
+    cert, key, ca = config.worker_tls_cert, config.worker_tls_key_path(), config.worker_tls_ca
+    if cert is None and key is None:
+        if ca is not None:
+            raise ConfigError("worker_tls_ca is set but worker_tls_cert is not")
+        return None
+    if cert is None or key is None:
+        missing = "worker_tls_key" if cert is not None else "worker_tls_cert"
+        raise ConfigError(
+            f"{missing}: required with {'worker_tls_cert' if cert else 'worker_tls_key'}"
+        )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"worker_tls_cert/worker_tls_key: cannot load {cert} with {key}: "
+            f"{getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    if ca is not None:
+        try:
+            context.load_verify_locations(cafile=ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"worker_tls_ca: cannot load {ca}: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 def event_log(config: Config) -> EventLog:
     """The event log ``config`` asks for (stderr, its format and level)."""
     return EventLog(format=_log_format(config.log_format), level=_log_level(config.log_level))
@@ -143,6 +216,7 @@ async def serve(
 ) -> int:
     """Run the daemon for ``config`` against ``dsn`` until it stops; the exit status.
     ``log`` (default :func:`event_log`) lets a caller observe the events (the demo)."""
+    redact.install(config.redactor())  # before anything is logged, stored or served
     log = log if log is not None else event_log(config)
     try:
         Spool(config.spool_path).check()
@@ -166,6 +240,8 @@ async def serve(
         worker_socket=config.worker_socket,
         worker_listen=config.worker_listen,
         worker_token=config.worker_token,
+        worker_tokens=config.worker_tokens,
+        worker_tls=worker_tls_context(config),
         notify=notify,
         alert_sinks=alert_sinks(config),
         alert_window=config.alert_window,
@@ -201,9 +277,11 @@ async def _start_admin(
     changed)."""
     from .admin import Metrics, make_app, serve_admin
 
-    token = config.admin_token_value()
-    if not token:
-        raise ConfigError("admin_listen is set but no admin_token or admin_token_file is")
+    tokens = config.admin_scopes()
+    if not tokens:
+        raise ConfigError(
+            "admin_listen is set but no admin_token, admin_token_file or admin_tokens is"
+        )
     assert config.admin_listen is not None
     metrics = Metrics(
         status=partial(daemon.status, deadlines=config.metrics_max_jobs),
@@ -213,7 +291,7 @@ async def _start_admin(
     daemon.events.subscribe(metrics.observe)
     app = make_app(
         dsn=dsn,
-        token=token,
+        tokens=tokens,
         status=daemon.status,
         metrics=metrics,
         audit=lambda record: log.info("audit", **record),

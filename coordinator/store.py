@@ -193,6 +193,17 @@ class PruneBatch:
 
 
 @attrs.frozen(kw_only=True)
+class Declared:
+    """What syncing a worker's declaration did."""
+
+    created: int
+    updated: int
+    paused: int
+    #: Nothing differed: nothing was written.
+    unchanged: bool
+
+
+@attrs.frozen(kw_only=True)
 class LostRun:
     """A run found pending/running at startup: a previous daemon died during it."""
 
@@ -263,6 +274,10 @@ SELECT * FROM coordinator._claim_many($1, $2, $3, $4, $5, $6)
 _SETTLE_MANY = "SELECT * FROM coordinator._settle_many($1)"
 
 _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1)"
+
+# A worker's declared schedules (migrations/0014): coordinator.sync, only when it would
+# change something.
+_DECLARE = "SELECT * FROM coordinator._declare($1, $2::text::jsonb)"
 
 # A spooled result PostgreSQL refused at start: its outcome is unknown to the database,
 # so the run waits for an operator, with the reason; a recoverable run pauses at its last
@@ -835,6 +850,19 @@ class Store:
             resume=None if nxt is None else (nxt, row["next_after"]),
         )
 
+    async def declare(self, namespace: str, entries: Sequence[dict[str, Any]]) -> Declared:
+        """Sync a worker's declared schedules into ``namespace`` (one statement; nothing
+        is written when nothing differs). The caller checked the worker's right to it."""
+        row = await self._call(
+            "declare", "fetchrow", _DECLARE, namespace, json.dumps(list(entries), default=str)
+        )
+        return Declared(
+            created=row["created"],
+            updated=row["updated"],
+            paused=row["paused"],
+            unchanged=bool(row["unchanged"]),
+        )
+
     async def sweep_lost(self) -> list[LostRun]:
         """Mark runs left pending/running by a dead daemon (startup only)."""
         rows = await self._call("sweep_lost", "fetch", _SWEEP_LOST, self.instance)
@@ -879,6 +907,7 @@ __all__ = [
     "AlertWindow",
     "ClaimResult",
     "ConnectionPool",
+    "Declared",
     "JobEntry",
     "JobState",
     "LostRun",

@@ -14,12 +14,28 @@
             await ctx.progress(100 * (i + 1) / len(rows), message=f"row {row.id}")
         return len(rows)                      # or {"count": n, "extra": {...}}, or None
 
+A handler may carry its schedule, next to the code (``Worker(namespace=...)`` is then
+required: the worker declares the namespace's complete job set when it connects, and
+the daemon syncs it with a manifest's semantics -- new jobs created, changed ones
+updated, those no longer declared paused)::
+
+    worker = Worker(namespace="reports")
+
+    @worker.job("reports.daily", cron="0 6 * * *", timezone="Europe/Berlin", timeout="10m")
+    async def daily(ctx): ...
+
+    @worker.job("reports.sweep", every="15m")
+    async def sweep(ctx): ...
+
+    @worker.job("reports.rebuild", manual=True)
+    async def rebuild(ctx): ...
+
 Run it with ``coordinator worker mymodule:worker`` (or ``await worker.run(path)``). The
-worker connects to the daemon's socket, says which types it serves, runs up to
-``capacity`` calls at once, and reconnects with capped exponential backoff (0.5 s up to
-30 s) whenever the connection drops. A handler that raises reports a failure with the
-exception's message; a handler whose job times out (or whose daemon stops) sees
-``ctx.cancelled`` set and is then cancelled (trio cancellation).
+worker connects to the daemon's socket (or over TCP, TLS for another host), says which
+types it serves, runs up to ``capacity`` calls at once, and reconnects with capped
+exponential backoff (0.5 s up to 30 s) whenever the connection drops. A handler that
+raises reports a failure with the exception's message; a handler whose job times out (or
+whose daemon stops) sees ``ctx.cancelled`` set and is then cancelled (trio cancellation).
 
 A recoverable job's handler resumes from ``ctx.cursor``, reports ``await
 ctx.checkpoint(cursor, count=delta)`` between batches and ``await ctx.finding(...)`` as it
@@ -42,10 +58,11 @@ import math
 import os
 import signal
 import socket
+import ssl
 import sys
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, TypeAlias, TypeVar
 
@@ -65,6 +82,9 @@ from .protocol import (
     Cancel,
     Category,
     Checkpoint,
+    Declare,
+    Declared,
+    DeclaredJob,
     Error,
     Finding,
     FindingItem,
@@ -79,6 +99,7 @@ from .protocol import (
     default_socket_path,
     encode,
     gather_lines,
+    is_loopback,
     parse_from_daemon,
 )
 from .text import ERROR_MESSAGE_LIMIT, clip
@@ -94,6 +115,7 @@ __all__ = [
     "build_parser",
     "load",
     "main",
+    "tls_context",
 ]
 
 logger = logging.getLogger("coordinator.worker")
@@ -371,6 +393,86 @@ def _worker_id(value: str | None) -> str:
     return f"{socket.gethostname()}-{os.getpid()}" if value is None else str(value)
 
 
+def _duration(value: str | timedelta | None, what: str) -> str | None:
+    """A duration as the daemon reads it (``10m``, ``90s``); a timedelta in seconds."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, timedelta):
+        micros = value // timedelta(microseconds=1)
+        if micros % 1000:
+            raise ValueError(f"{what}: at most millisecond precision, not {value!r}")
+        return f"{micros // 1000}ms" if micros % 1_000_000 else f"{micros // 1_000_000}s"
+    raise TypeError(f"{what} must be a duration such as '10m' or a timedelta, not {value!r}")
+
+
+def _declared(
+    job_type: str,
+    *,
+    name: str | None,
+    cron: str | None,
+    every: str | timedelta | None,
+    at: str | datetime | None,
+    manual: bool,
+    timezone: str | None,
+    timeout: str | timedelta | None,
+    priority: str | None,
+    idempotent: bool,
+    paused: bool,
+    params: Mapping[str, Any] | None,
+) -> DeclaredJob | None:
+    """The declaration a ``@worker.job`` carries, or ``None`` when it carries none."""
+    given = [
+        key
+        for key, value in (("cron", cron), ("every", every), ("at", at), ("manual", manual))
+        if value not in (None, False)
+    ]
+    if not given:
+        extras = {"timezone": timezone, "timeout": timeout, "priority": priority,
+                  "params": params, "name": name}  # fmt: skip
+        if any(v is not None for v in extras.values()) or idempotent or paused:
+            raise ValueError(
+                f"{job_type!r}: a schedule (cron, every, at or manual=True) is needed to "
+                "declare the job"
+            )
+        return None
+    if len(given) > 1:
+        raise ValueError(f"{job_type!r}: give one of cron, every, at or manual, not {given}")
+    if timezone is not None and cron is None:
+        raise ValueError(f"{job_type!r}: timezone only applies to cron")
+    if manual is not True and manual is not False:
+        raise TypeError(f"{job_type!r}: manual must be True or False")
+    expression: str | None
+    if cron is not None:
+        expression = cron
+    elif every is not None:
+        expression = _duration(every, "every")
+    elif at is not None:
+        if isinstance(at, datetime):
+            if at.utcoffset() is None:
+                raise ValueError(f"{job_type!r}: at needs an aware datetime")
+            expression = at.isoformat()
+        else:
+            expression = at
+    else:
+        expression = None
+    try:
+        json.dumps(dict(params or {}), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{job_type!r}: params must be JSON: {exc}") from None
+    return DeclaredJob(
+        name=name or job_type,
+        job_type=job_type,
+        schedule=given[0],
+        expression=expression,
+        timezone=timezone,
+        timeout=_duration(timeout, "timeout"),
+        priority=priority,
+        idempotent=idempotent,
+        paused=paused,
+        params=dict(params or {}),
+    )
+
+
 @attrs.define(eq=False)
 class Worker:
     """A set of job handlers served over one connection to the daemon."""
@@ -385,7 +487,13 @@ class Worker:
     #: The same for a recoverable job's handler: time to reach a safe boundary and raise
     #: :class:`Paused` (keep it under the daemon's cancel grace, 10 s by default).
     pause_grace: float = attrs.field(default=5.0, kw_only=True)
+    #: The namespace whose jobs this worker's code declares (``@worker.job(...,
+    #: cron=...)``): every job of it is the code's; ``None``: it declares nothing.
+    namespace: str | None = attrs.field(default=None, kw_only=True)
+    #: The daemon's answer to the last declaration (``ok``, or the problems), if any.
+    last_declared: Declared | None = attrs.field(default=None, init=False)
     _handlers: dict[str, Handler] = attrs.field(factory=dict, init=False)
+    _declared: dict[str, DeclaredJob] = attrs.field(factory=dict, init=False)
     _stop: trio.Event | None = attrs.field(default=None, init=False)
 
     @property
@@ -393,10 +501,51 @@ class Worker:
         """The job types handled, in registration order."""
         return list(self._handlers)
 
-    def job(self, job_type: str) -> Callable[[_H], _H]:
-        """Decorator: ``@worker.job("type")`` on ``async def handler(ctx)``."""
+    @property
+    def declared(self) -> list[DeclaredJob]:
+        """The jobs this worker declares, in registration order."""
+        return list(self._declared.values())
+
+    def job(
+        self,
+        job_type: str,
+        *,
+        cron: str | None = None,
+        every: str | timedelta | None = None,
+        at: str | datetime | None = None,
+        manual: bool = False,
+        timezone: str | None = None,
+        timeout: str | timedelta | None = None,
+        priority: str | None = None,
+        idempotent: bool = False,
+        paused: bool = False,
+        params: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> Callable[[_H], _H]:
+        """Decorator: ``@worker.job("type")`` on ``async def handler(ctx)``.
+
+        With a schedule -- ``cron="0 6 * * *"`` (and ``timezone``), ``every="15m"``,
+        ``at="2026-12-24T18:00:00+01:00"`` or ``manual=True`` -- the handler also declares
+        the job ``name`` (default: the job type) of the worker's ``namespace``, targeting
+        this type, with ``timeout``, ``priority``, ``idempotent``, ``paused`` and
+        ``params`` as a manifest entry has them. The daemon checks the expression.
+        """
         if not isinstance(job_type, str) or not job_type.strip():
             raise ValueError("a job type must be a non-empty string")
+        declared = _declared(
+            job_type,
+            name=name,
+            cron=cron,
+            every=every,
+            at=at,
+            manual=manual,
+            timezone=timezone,
+            timeout=timeout,
+            priority=priority,
+            idempotent=idempotent,
+            paused=paused,
+            params=params,
+        )
 
         def register(handler: _H) -> _H:
             func: Any = handler
@@ -404,7 +553,11 @@ class Worker:
                 raise TypeError(f"handler for {job_type!r} must be an async function")
             if job_type in self._handlers:
                 raise ValueError(f"job type {job_type!r} already has a handler")
+            if declared is not None and any(d.name == declared.name for d in self.declared):
+                raise ValueError(f"job {declared.name!r} is declared twice")
             self._handlers[job_type] = handler
+            if declared is not None:
+                self._declared[job_type] = declared
             return handler
 
         return register
@@ -420,13 +573,25 @@ class Worker:
         address: str | os.PathLike[str] | tuple[str, int],
         *,
         token: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Serve until :meth:`stop` (or cancellation): a path is the daemon's Unix
-        socket, ``(host, port)`` its loopback TCP listener (which needs ``token``).
-        ``task_status.started()`` once the daemon first welcomed this worker."""
+        socket, ``(host, port)`` its TCP listener (which needs ``token``), over TLS with
+        ``tls`` (a client context: :func:`tls_context`; the certificate must name
+        ``server_hostname``, default the host). ``task_status.started()`` once the
+        daemon first welcomed this worker."""
         if not self._handlers:
             raise ValueError("no job types: register handlers with @worker.job(TYPE)")
+        if self._declared and self.namespace is None:
+            raise ValueError(
+                "handlers declare schedules ("
+                + ", ".join(d.name for d in self.declared)
+                + "): give the worker its namespace, Worker(namespace=...) or --namespace"
+            )
+        if self.namespace is not None:
+            Declare(namespace=self.namespace, jobs=self.declared)  # checks the names
         stop = self._stop = trio.Event()
         attempt = 0
         started = False
@@ -441,7 +606,7 @@ class Worker:
 
         while not stop.is_set():
             try:
-                stream = await _connect(address)
+                stream = await _connect(address, tls, server_hostname)
             except OSError as exc:
                 logger.warning("cannot connect to %s: %s", where, exc.strerror or exc)
             else:
@@ -469,12 +634,18 @@ class Worker:
                 worker=self.worker_id, types=self.types, capacity=self.capacity, token=token
             )
             await session.send(hello)
+            if self.namespace is not None:
+                # The namespace's complete job set, as the code says (even if empty).
+                await session.send(Declare(namespace=self.namespace, jobs=self.declared))
             try:
                 await self._read_loop(stream, session, nursery, welcomed)
             except ProtocolError as exc:
                 logger.error("the daemon sent a bad message (%s); reconnecting", exc)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                logger.warning("connection to the daemon lost")
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                if isinstance(exc.__cause__, ssl.SSLError):
+                    logger.error("TLS with the daemon failed: %s", exc.__cause__)
+                else:
+                    logger.warning("connection to the daemon lost")
             if session.running:
                 logger.warning(
                     "connection closed with %d call(s) running; cancelling them",
@@ -511,9 +682,27 @@ class Worker:
                     self._on_call(session, message, nursery)
                 elif isinstance(message, Cancel):
                     self._on_cancel(session, message, nursery)
+                elif isinstance(message, Declared):
+                    self._on_declared(message)
                 elif isinstance(message, Error):
                     logger.error("the daemon refused this worker: %s", message.message)
                     return
+
+    def _on_declared(self, declared: Declared) -> None:
+        self.last_declared = declared
+        if declared.ok and declared.unchanged:
+            logger.info("schedules of %s: unchanged", declared.namespace)
+        elif declared.ok:
+            logger.info(
+                "schedules of %s: %d created, %d updated, %d paused",
+                declared.namespace,
+                declared.created,
+                declared.updated,
+                declared.paused,
+            )
+        else:
+            why = "; ".join(declared.problems) or declared.error or "refused"
+            logger.error("schedules of %s not applied: %s", declared.namespace, why)
 
     async def _on_stop(self, session: _Session, connection: trio.CancelScope) -> None:
         """On :meth:`stop`: say ``bye`` and let the daemon close the connection once the
@@ -626,11 +815,45 @@ async def _cancel_after(scope: trio.CancelScope, delay: float) -> None:
     scope.cancel()
 
 
-async def _connect(address: str | os.PathLike[str] | tuple[str, int]) -> trio.abc.Stream:
+async def _connect(
+    address: str | os.PathLike[str] | tuple[str, int],
+    tls: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
+) -> trio.abc.Stream:
     if isinstance(address, tuple):
         host, port = address
-        return await trio.open_tcp_stream(host, port)
+        if tls is None:
+            return await trio.open_tcp_stream(host, port)
+        tcp = await trio.open_tcp_stream(host, port)
+        stream = trio.SSLStream(
+            tcp, tls, server_hostname=server_hostname or host, https_compatible=False
+        )
+        try:
+            await stream.do_handshake()
+        except trio.BrokenResourceError as exc:
+            await trio.aclose_forcefully(stream)
+            cause = exc.__cause__
+            raise OSError(f"TLS handshake with {host}:{port} failed: {cause or exc}") from exc
+        return stream
     return await trio.open_unix_socket(os.fspath(address))
+
+
+def tls_context(
+    ca: str | os.PathLike[str] | None = None,
+    *,
+    cert: str | os.PathLike[str] | None = None,
+    key: str | os.PathLike[str] | None = None,
+) -> ssl.SSLContext:
+    """A client TLS context for :meth:`Worker.run`: the daemon's certificate checked
+    against ``ca`` (else the system's CAs); ``cert``/``key``: this worker's own
+    certificate, for a daemon that asks for one (``worker_tls_ca``)."""
+    context = ssl.create_default_context(
+        ssl.Purpose.SERVER_AUTH, cafile=os.fspath(ca) if ca is not None else None
+    )
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert is not None:
+        context.load_cert_chain(os.fspath(cert), os.fspath(key) if key is not None else None)
+    return context
 
 
 def _result(run_id: int, value: object) -> Result:
@@ -727,9 +950,30 @@ def build_parser(prog: str = "coordinator worker") -> argparse.ArgumentParser:
         help="the daemon's worker socket (default: $COORDINATOR_WORKER_SOCKET, else "
         "worker_socket in the configuration file, else the daemon's default runtime path)",
     )
-    where.add_argument("--tcp", metavar="HOST:PORT", help="connect over loopback TCP instead")
+    where.add_argument(
+        "--tcp", metavar="HOST:PORT", help="connect over TCP instead (another host: with TLS)"
+    )
     parser.add_argument(
-        "--token", help="shared token for --tcp (default: $COORDINATOR_WORKER_TOKEN)"
+        "--token",
+        help="the token for --tcp (default: $COORDINATOR_WORKER_TOKEN; --token-file keeps it "
+        "out of ps)",
+    )
+    parser.add_argument("--token-file", metavar="FILE", help="read the token from FILE")
+    parser.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="connect over TLS, checking the daemon's certificate against this CA bundle",
+    )
+    parser.add_argument(
+        "--tls", action="store_true", help="connect over TLS, trusting the system's CAs"
+    )
+    parser.add_argument("--tls-cert", metavar="FILE", help="this worker's certificate (mutual TLS)")
+    parser.add_argument("--tls-key", metavar="FILE", help="its private key")
+    parser.add_argument(
+        "--tls-server-name", metavar="NAME", help="the name the daemon's certificate carries"
+    )
+    parser.add_argument(
+        "--namespace", help="the namespace the handlers' schedules go to (overrides the Worker's)"
     )
     parser.add_argument("--id", dest="worker_id", help="worker id (overrides the Worker's)")
     parser.add_argument("--capacity", type=int, help="calls at once (overrides the Worker's)")
@@ -761,6 +1005,15 @@ def load(target: str) -> Worker:
     return obj
 
 
+@attrs.frozen(kw_only=True)
+class _Prepared:
+    worker: Worker
+    address: Path | tuple[str, int]
+    token: str | None
+    tls: ssl.SSLContext | None
+    server_hostname: str | None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``coordinator worker MODULE:OBJECT [--socket PATH | --tcp HOST:PORT]``: run the
     worker until SIGINT/SIGTERM (the first leaves cleanly, letting running calls finish;
@@ -769,7 +1022,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prepared = _prepare(argv)
     if isinstance(prepared, int):
         return prepared
-    trio.run(_serve_until_signalled, *prepared)
+    trio.run(_serve_until_signalled, prepared)
     return 0
 
 
@@ -778,13 +1031,11 @@ async def amain(argv: Sequence[str] | None = None) -> int:
     prepared = _prepare(argv)
     if isinstance(prepared, int):
         return prepared
-    await _serve_until_signalled(*prepared)
+    await _serve_until_signalled(prepared)
     return 0
 
 
-def _prepare(
-    argv: Sequence[str] | None,
-) -> int | tuple[Worker, Path | tuple[str, int], str | None]:
+def _prepare(argv: Sequence[str] | None) -> int | _Prepared:
     """Parse, set up logging and load the worker; an exit status if that fails."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -798,17 +1049,57 @@ def _prepare(
             worker.worker_id = args.worker_id
         if args.capacity is not None:
             worker.capacity = args.capacity
+        if args.namespace:
+            worker.namespace = args.namespace
         address = _address(args)
-    except ValueError as exc:
+        token = _token(args)
+        tls = _tls(args)
+    except (ValueError, OSError, ssl.SSLError) as exc:
         print(f"coordinator worker: {exc}", file=sys.stderr)
         return 2
-    token = args.token or os.environ.get("COORDINATOR_WORKER_TOKEN") or None
     if isinstance(address, tuple) and not token:
         print(
-            "coordinator worker: --tcp needs --token (or COORDINATOR_WORKER_TOKEN)", file=sys.stderr
+            "coordinator worker: --tcp needs --token, --token-file or COORDINATOR_WORKER_TOKEN",
+            file=sys.stderr,
         )
         return 2
-    return worker, address, token
+    if isinstance(address, tuple) and tls is None and not is_loopback(address[0]):
+        print(
+            f"coordinator worker: --tcp {address[0]} is not a loopback address: connect over "
+            "TLS (--tls-ca FILE, or --tls)",
+            file=sys.stderr,
+        )
+        return 2
+    return _Prepared(
+        worker=worker,
+        address=address,
+        token=token,
+        tls=tls,
+        server_hostname=args.tls_server_name,
+    )
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token_file:
+        try:
+            text = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"--token-file: {args.token_file}: {exc.strerror or exc}") from None
+        if not text:
+            raise ValueError(f"--token-file: {args.token_file} is empty")
+        return text
+    return args.token or os.environ.get("COORDINATOR_WORKER_TOKEN") or None
+
+
+def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    wanted = args.tls or args.tls_ca or args.tls_cert
+    if not wanted:
+        return None
+    if not args.tcp:
+        raise ValueError("--tls-ca, --tls and --tls-cert need --tcp")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    return tls_context(args.tls_ca, cert=args.tls_cert, key=args.tls_key)
 
 
 def _address(args: argparse.Namespace) -> Path | tuple[str, int]:
@@ -832,12 +1123,16 @@ def _address(args: argparse.Namespace) -> Path | tuple[str, int]:
     return Path(configured) if configured is not None else default_socket_path()
 
 
-async def _serve_until_signalled(
-    worker: Worker, address: Path | tuple[str, int], token: str | None
-) -> None:
+async def _serve_until_signalled(prepared: _Prepared) -> None:
+    worker = prepared.worker
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, worker, nursery.cancel_scope)
-        await worker.run(address, token=token)
+        await worker.run(
+            prepared.address,
+            token=prepared.token,
+            tls=prepared.tls,
+            server_hostname=prepared.server_hostname,
+        )
         nursery.cancel_scope.cancel()
 
 

@@ -4,13 +4,19 @@ hypercorn's trio worker.
 Off unless a listen address is configured; loopback only unless remote listening is
 explicitly allowed. Who may do what (the guard, :class:`_Guard`):
 
-- ``/api/*`` and ``/metrics`` need ``Authorization: Bearer <token>``, compared with
-  :func:`hmac.compare_digest` (constant time by construction): 401 when missing, 403
-  when wrong. ``/metrics`` is open with ``metrics_public``; ``/healthz`` always is.
+- ``/api/*`` and ``/metrics`` need ``Authorization: Bearer <token>``: 401 when missing,
+  403 when no configured token matches (:class:`~coordinator.tokens.TokenSet`: found by
+  hash, compared in constant time). ``/metrics`` is open with ``metrics_public``;
+  ``/healthz`` always is.
 - The web page (``/``, ``/jobs/...``, ``/runs/...``, ``/status``, ``/ui/...``) needs a
-  session cookie from its sign-in form (:mod:`coordinator.admin.web`); without one a
-  page redirects to ``/signin`` and anything else is 401. ``/signin`` and ``/static``
-  are open.
+  session cookie from its sign-in form (:mod:`coordinator.admin.web`), which names the
+  token it signed in with; without one a page redirects to ``/signin`` and anything else
+  is 401. ``/signin`` and ``/static`` are open.
+- Each token has a name and a scope (namespaces, ``read`` or ``operate``); what a
+  request may see and do is decided in :mod:`coordinator.admin.access`, for the API and
+  the page alike: outside its namespaces a job path is ``permission_denied`` (403), a
+  run id ``run_not_found`` (404); listings, the status and the live events leave the
+  rest out.
 - Every response carries a strict Content-Security-Policy and friends.
 
 Cost model (promise 1 holds with the API enabled): nothing here runs unless a request
@@ -24,7 +30,7 @@ Errors have one shape, ``{"error": code, "message": text}``:
 ====  ========================================================================
 400   ``invalid_input`` (a bad parameter or body), ``too_large`` is 413
 401   ``unauthorized`` (no bearer token)
-403   ``forbidden`` (wrong token)
+403   ``forbidden`` (wrong token), ``permission_denied`` (outside the token's scope)
 404   ``job_not_found``, ``run_not_found``, ``not_found`` (no such endpoint)
 405   ``method_not_allowed``
 409   ``conflict`` (e.g. resolving a run that is not unresolved)
@@ -33,7 +39,7 @@ Errors have one shape, ``{"error": code, "message": text}``:
 ====  ========================================================================
 
 Every POST, allowed or not, is passed to ``audit`` once its status is known: method,
-path, status, remote address, and the run it concerned.
+path, status, remote address, the token's name, and the run it concerned.
 
 Job names may contain ``/``: clients percent-encode them (:mod:`coordinator.admin.paths`).
 
@@ -45,7 +51,6 @@ buckets (:mod:`coordinator.buckets`), one aggregate.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import re
@@ -77,15 +82,19 @@ from ..errors import (
     DatabaseUnavailable,
     InvalidInput,
     JobNotFound,
+    PermissionDenied,
     RunNotFound,
 )
 from ..events import EventBus
 from ..schedule import parse_duration
 from ..status import DaemonStatus
+from ..tokens import MIN_TOKEN_LENGTH as _MIN_TOKEN_LENGTH
+from ..tokens import TokenSet, check_token, single
+from . import access
 from .live import EventSourceResponse
 from .metrics import CONTENT_TYPE, Metrics
 from .paths import KeepEncodedSlashes, job_key
-from .session import SESSION_COOKIE
+from .session import SESSION_COOKIE, Sessions, holder
 from .web import SESSION_KEY, Web, html_error
 
 if TYPE_CHECKING:
@@ -96,14 +105,12 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-    from .session import Sessions
-
 
 __all__ = ["APP_ADMIN", "make_app", "serve_admin"]
 
 #: ``application_name`` of the API's database sessions.
 #: Shortest token accepted: an empty or short token would leave the API open.
-MIN_TOKEN_LENGTH: Final = 16
+MIN_TOKEN_LENGTH: Final = _MIN_TOKEN_LENGTH
 #: Largest request body read (resolve's is a few bytes).
 MAX_BODY: Final = 64 * 1024
 #: Requests talking to the database at once (each holds one connection).
@@ -144,6 +151,8 @@ def _from_coordinator_error(exc: CoordinatorError) -> JSONResponse:
         return _error(404, "run_not_found", str(exc))
     if isinstance(exc, Conflict):
         return _error(409, "conflict", str(exc))
+    if isinstance(exc, PermissionDenied):
+        return _error(403, "permission_denied", str(exc))
     if isinstance(exc, DatabaseUnavailable):
         return _error(503, "database_unavailable", str(exc))
     return _error(500, "database_error", str(exc))
@@ -199,14 +208,14 @@ class _Guard:
         self,
         app: ASGIApp,
         *,
-        token: bytes,
+        tokens: TokenSet,
         public: frozenset[str],
         audit: Callable[[dict[str, Any]], None],
         sessions: Sessions,
         clock: WallClock,
     ) -> None:
         self.app = app
-        self.token = token
+        self.tokens = tokens
         self.public = public
         self.audit = audit
         self.sessions = sessions
@@ -235,7 +244,7 @@ class _Guard:
             await send(message)
 
         try:
-            denied = self._admit(scope)
+            denied = self._admit(scope, notes)
             if denied is not None:
                 await denied(scope, receive, send_audited)
             else:
@@ -243,16 +252,17 @@ class _Guard:
         finally:
             audit(500)  # no answer was started: an error (logged by the server) or a cancel
 
-    def _admit(self, scope: Scope) -> Response | None:
-        """``None`` to let the request in, else the answer that refuses it."""
+    def _admit(self, scope: Scope, notes: dict[str, Any]) -> Response | None:
+        """``None`` to let the request in (its token's scope recorded for the handlers
+        and named in the audit), else the answer that refuses it."""
         path: str = scope["path"]
         if path in self.public or path.startswith("/static/"):
             return None
         if path.startswith("/api/") or path == "/metrics":
-            return self._check(scope)
-        return self._check_session(scope)
+            return self._check(scope, notes)
+        return self._check_session(scope, notes)
 
-    def _check_session(self, scope: Scope) -> Response | None:
+    def _check_session(self, scope: Scope, notes: dict[str, Any]) -> Response | None:
         jar: SimpleCookie = SimpleCookie()
         for key, value in scope["headers"]:
             if key == b"cookie":
@@ -264,14 +274,17 @@ class _Guard:
         nonce = self.sessions.nonce(
             morsel.value if morsel is not None else None, self.clock.now().timestamp()
         )
-        if nonce is not None:
+        token = self.tokens.named(holder(nonce) or "") if nonce is not None else None
+        if nonce is not None and token is not None:
             scope[SESSION_KEY] = nonce
+            scope[access.TOKEN_KEY] = token
+            notes["token"] = token.name
             return None
         if scope["method"] == "GET" and not scope["path"].startswith("/ui/"):
             return Response(status_code=303, headers={"Location": "/signin"})
         return _error(401, "unauthorized", "sign in first (/signin)")
 
-    def _check(self, scope: Scope) -> Response | None:
+    def _check(self, scope: Scope, notes: dict[str, Any]) -> Response | None:
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
         scheme, _, credentials = (header or b"").strip().partition(b" ")
         credentials = credentials.strip()
@@ -282,8 +295,11 @@ class _Guard:
                 "a bearer token is required (Authorization: Bearer <token>)",
                 **{"WWW-Authenticate": 'Bearer realm="coordinator"'},
             )
-        if not hmac.compare_digest(credentials, self.token):
+        token = self.tokens.find(credentials)
+        if token is None:
             return _error(403, "forbidden", "the bearer token is not valid")
+        scope[access.TOKEN_KEY] = token
+        notes["token"] = token.name
         return None
 
 
@@ -429,34 +445,48 @@ class _Api:
         status = self.status_of()
         return JSONResponse({"state": status.role}, status_code=200 if status.healthy else 503)
 
-    async def status(self, _request: Request) -> Response:
-        return JSONResponse(self.status_of().to_json())
+    async def status(self, request: Request) -> Response:
+        return JSONResponse(access.status_for(self.status_of(), request).to_json())
 
-    async def metrics_text(self, _request: Request) -> Response:
-        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+    async def metrics_text(self, request: Request) -> Response:
+        # A scoped token sees the per-job series of its namespaces only; a public scrape
+        # (metrics_public, no token) is the operator's choice to show everything.
+        scoped = access.TOKEN_KEY in request.scope
+        return Response(
+            self.metrics.render(access.namespaces(request) if scoped else None),
+            media_type=CONTENT_TYPE,
+        )
 
-    async def events(self, _request: Request) -> Response:
-        """The daemon's events as server-sent events, until the client goes."""
+    async def events(self, request: Request) -> Response:
+        """The daemon's events as server-sent events, until the client goes (those the
+        token may see)."""
         if self.bus is None:
             return _error(404, "not_found", "no event stream is served here")
-        return EventSourceResponse(self.bus)
+        token = access.token_of(request)
+        return EventSourceResponse(self.bus, visible=lambda e: access.event_visible(e, token))
 
     # -- reads --------------------------------------------------------------------------
 
     async def jobs(self, request: Request) -> Response:
         namespace = request.query_params.get("namespace") or None
+        if namespace is not None:
+            access.require(request, namespace)
         async with self.db() as conn:
-            jobs = await aio(client.list_jobs)(conn, namespace=namespace)
+            jobs = await aio(client.list_jobs)(
+                conn, namespace=namespace, namespaces=access.namespaces(request)
+            )
         return JSONResponse({"jobs": [_job_json(j) for j in jobs]})
 
     async def job(self, request: Request) -> Response:
         ns, name = job_key(request)
+        access.require(request, ns)
         async with self.db() as conn:
             job = await aio(client.get_job)(conn, name, namespace=ns)
         return JSONResponse(_job_json(job))
 
     async def job_runs(self, request: Request) -> Response:
         ns, name = job_key(request)
+        access.require(request, ns)
         status = request.query_params.get("status") or None
         limit = _limit(request)
         async with self.db() as conn:
@@ -472,7 +502,13 @@ class _Api:
         before_text = request.query_params.get("before")
         before = _positive(before_text, "before") if before_text else None
         async with self.db() as conn:
-            runs = await aio(client.list_runs)(conn, status=status, limit=limit, before=before)
+            runs = await aio(client.list_runs)(
+                conn,
+                status=status,
+                limit=limit,
+                before=before,
+                namespaces=access.namespaces(request),
+            )
         return JSONResponse({"runs": [r.to_json() for r in runs]})
 
     async def stats(self, request: Request) -> Response:
@@ -480,6 +516,7 @@ class _Api:
         offset, or a duration back from now such as ``48h`` or ``180d``; default 7 days)
         until ``?until=`` (default now)."""
         ns, name = job_key(request)
+        access.require(request, ns)
         now = self.clock.now()
         until = _instant(request.query_params.get("until"), "until", now) or now
         since = _instant(request.query_params.get("since") or "7d", "since", until)
@@ -492,6 +529,7 @@ class _Api:
         run_id = _run_id(request)
         async with self.db() as conn:
             run = await aio(client.get_run)(conn, run_id)
+        access.check_run(request, run_id, run.namespace, operate=False)
         return JSONResponse(run.to_json())
 
     async def findings(self, request: Request) -> Response:
@@ -514,6 +552,7 @@ class _Api:
         paused one is resumed)."""
         ns, name = job_key(request)
         _note(request, job=f"{ns}/{name}")
+        access.require(request, ns, operate=True)
         force = _flag(request, "force")
         _note(request, force=force or None)
         async with self.db() as conn:
@@ -550,6 +589,8 @@ class _Api:
         run_id = _run_id(request)
         _note(request, run=run_id)
         async with self.db() as conn:
+            run = await aio(client.get_run)(conn, run_id)
+            access.check_run(request, run_id, run.namespace, operate=True)
             await aio(client.cancel_run)(conn, run_id)
         return JSONResponse({"run": run_id, "status": "cancelled"})
 
@@ -562,6 +603,8 @@ class _Api:
             raise InvalidInput("as", f"must be one of {', '.join(client.RESOLUTIONS)}")
         _note(request, resolved_as=outcome)
         async with self.db() as conn:
+            run = await aio(client.get_run)(conn, run_id)
+            access.check_run(request, run_id, run.namespace, operate=True)
             current = await aio(client.resolve)(conn, run_id, outcome)
         retry_run = current if current != run_id else None
         _note(request, retry_run=retry_run)
@@ -571,7 +614,8 @@ class _Api:
 def make_app(
     *,
     dsn: str,
-    token: str,
+    token: str | None = None,
+    tokens: TokenSet | None = None,
     status: Callable[[], DaemonStatus],
     metrics: Metrics,
     audit: Callable[[dict[str, Any]], None],
@@ -581,18 +625,28 @@ def make_app(
 ) -> Starlette:
     """The admin API and web page as an ASGI app (serve it with :func:`serve_admin`).
 
-    ``audit`` receives one dict per POST (``method``, ``path``, ``status``, ``remote``,
-    and ``run``/``job``/... when known); the daemon logs it as an ``audit`` event.
+    ``tokens`` are the named, scoped tokens; ``token``, the single all-powerful one (named
+    ``admin``). ``audit`` receives one dict per POST (``method``, ``path``, ``status``,
+    ``remote``, ``token``, and ``run``/``job``/... when known); the daemon logs it as an
+    ``audit`` event.
     ``metrics_public`` lets ``/metrics`` be scraped without the token. ``events`` is the
     daemon's bus: the live page and ``/api/events`` follow it (without it they have no
     stream). ``clock`` gives wall time (ages, sessions, the stats' default span).
     """
-    token = token.strip()
-    if len(token) < MIN_TOKEN_LENGTH:
-        raise ConfigError(f"admin token: must be at least {MIN_TOKEN_LENGTH} characters")
+    scopes = tokens if tokens is not None else TokenSet()
+    sessions = Sessions.random()
+    if token is not None:
+        try:
+            token = check_token(token, "admin token")
+        except InvalidInput as exc:
+            raise ConfigError(str(exc)) from None
+        scopes = scopes.with_scope(single(token, name="admin"))
+        sessions = Sessions.for_token(token)  # sessions outlive a restart, not a new token
+    if not scopes:
+        raise ConfigError("admin API: no token (admin_token, admin_token_file or admin_tokens)")
     wall = clock if clock is not None else SystemWallClock()
     api = _Api(dsn=dsn, status_of=status, metrics=metrics, clock=wall, bus=events)
-    web = Web(token=token, status_of=status, db=api.db, clock=wall, bus=events)
+    web = Web(tokens=scopes, status_of=status, db=api.db, clock=wall, sessions=sessions, bus=events)
     public = {"/healthz", "/signin"} | ({"/metrics"} if metrics_public else set())
     routes = [
         Route("/healthz", api.healthz, methods=["GET"]),
@@ -618,7 +672,7 @@ def make_app(
             Middleware(KeepEncodedSlashes),
             Middleware(
                 _Guard,
-                token=token.encode(),
+                tokens=scopes,
                 public=frozenset(public),
                 audit=audit,
                 sessions=web.sessions,

@@ -55,6 +55,8 @@ from ..events import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from starlette.types import Receive, Scope, Send
 
 #: Events an open view may fall behind by before it is told to reload.
@@ -136,7 +138,7 @@ class EventSourceResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, bus: EventBus) -> None:
+    def __init__(self, bus: EventBus, *, visible: Callable[[Event], bool] | None = None) -> None:
         # Not Response.__init__: it would declare an empty body (Content-Length: 0).
         self.status_code = 200
         self.background = None
@@ -146,6 +148,8 @@ class EventSourceResponse(Response):
             (b"x-accel-buffering", b"no"),
         ]
         self.bus = bus
+        #: Which events this client may see (an admin token's scope); ``None``: all.
+        self.visible = visible
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         stream = self.bus.open_stream(VIEW_BUFFER)
@@ -162,6 +166,8 @@ class EventSourceResponse(Response):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope, gone)
                 async for event in stream:
+                    if self.visible is not None and not self.visible(event):
+                        continue
                     found = message(event)
                     if found is not None:
                         chunk = encode(*found)

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
+import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -350,9 +351,13 @@ class Metrics:
 
     # -- output -------------------------------------------------------------------------
 
-    def render(self) -> bytes:
-        """Everything, in the Prometheus text format (:data:`CONTENT_TYPE`)."""
-        return generate_latest(self.registry)
+    def render(self, namespaces: frozenset[str] | None = None) -> bytes:
+        """Everything, in the Prometheus text format (:data:`CONTENT_TYPE`); with
+        ``namespaces`` (a scoped admin token's), the per-job series of other namespaces
+        are left out (the daemon-wide series stay: they name no job)."""
+        if namespaces is None:
+            return generate_latest(self.registry)
+        return generate_latest(_Scoped(self.registry, namespaces))
 
     # -- event handlers -----------------------------------------------------------------
 
@@ -413,3 +418,22 @@ _HANDLERS: Final[dict[type[Event], Callable[[Metrics, Any], None]]] = {
     AlertFailed: lambda m, e: m.alert_failures.labels(sink=e.sink).inc(),
     RetentionPruned: Metrics._pruned,
 }
+
+
+@attrs.frozen
+class _Scoped:
+    """A registry's collection without the samples of namespaces outside ``namespaces``
+    (what :func:`generate_latest` reads: anything with ``collect()``)."""
+
+    registry: CollectorRegistry
+    namespaces: frozenset[str]
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            kept.samples = [
+                s
+                for s in metric.samples
+                if s.labels.get("namespace", None) in (None, *self.namespaces)
+            ]
+            yield kept

@@ -1,11 +1,15 @@
 """Sign-in sessions of the web page, and their CSRF tokens.
 
-The page signs in with the admin token once, through a form; the answer sets a session
+The page signs in with an admin token once, through a form; the answer sets a session
 cookie (``HttpOnly``, ``SameSite=Strict``, ``Secure`` over HTTPS), so the token itself is
 never in a URL, in page source, or in the cookie. A session is stateless and signed:
 ``v1.<expires>.<nonce>.<mac>``, the MAC an HMAC-SHA256 under a key derived from the
-admin token, so sessions survive a daemon restart and die with a token change. Signing
-out revokes the session's nonce in memory (until it would have expired anyway).
+single admin token (sessions survive a daemon restart and die with a token change) or,
+when only named tokens are configured (the configuration holds their hashes, which are
+no secret), from a random key of the process (sessions end with it). The nonce names
+the token the session signed in with (``<random>~<name>``, the name base64url-encoded),
+so the page shows only what that token may see (:mod:`coordinator.admin.access`).
+Signing out revokes the session's nonce in memory (until it would have expired anyway).
 
 Every POST of the page carries a CSRF token bound to its session (an HMAC of the nonce
 under another derived key); the sign-in form's token is bound to a short-lived
@@ -16,6 +20,8 @@ Pure apart from :mod:`secrets`: the clock is passed in (seconds since the epoch)
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import secrets
@@ -53,16 +59,32 @@ class Sessions:
     def for_token(cls, token: str) -> Sessions:
         return cls(_key(token, "session"), _key(token, "csrf"))
 
+    @classmethod
+    def random(cls) -> Sessions:
+        """Keys of this process only (no secret token to derive them from)."""
+        return cls.for_token(secrets.token_urlsafe(32))
+
     # -- sessions -----------------------------------------------------------------------
 
-    def issue(self, now: float, *, kind: str = "s", lifetime: int = SESSION_SECONDS) -> str:
-        """A new signed value (``kind`` ``s`` for a session, ``p`` for a sign-in form)."""
-        body = f"v1{kind}.{int(now) + lifetime}.{secrets.token_urlsafe(18)}"
+    def issue(
+        self,
+        now: float,
+        *,
+        kind: str = "s",
+        lifetime: int = SESSION_SECONDS,
+        holder: str | None = None,
+    ) -> str:
+        """A new signed value (``kind`` ``s`` for a session, ``p`` for a sign-in form);
+        ``holder``: the name of the token that signed in (see :func:`holder`)."""
+        nonce = secrets.token_urlsafe(18)
+        if holder is not None:
+            nonce += "~" + base64.urlsafe_b64encode(holder.encode()).decode().rstrip("=")
+        body = f"v1{kind}.{int(now) + lifetime}.{nonce}"
         return f"{body}.{_mac(self._session_key, body)}"
 
     def nonce(self, value: str | None, now: float, *, kind: str = "s") -> str | None:
         """The nonce of a valid, unexpired, unrevoked ``value``, else ``None``."""
-        if not value or len(value) > 200:
+        if not value or len(value) > 400:
             return None
         body, _, mac = value.rpartition(".")
         parts = body.split(".")
@@ -96,6 +118,17 @@ class Sessions:
         return hmac.compare_digest(token.encode(), self.csrf(nonce).encode())
 
 
+def holder(nonce: str | None) -> str | None:
+    """The token name a session's nonce carries (``None``: none, or not readable)."""
+    if not nonce or "~" not in nonce:
+        return None
+    encoded = nonce.rsplit("~", 1)[1]
+    try:
+        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
 def token_matches(given: str, token: str) -> bool:
     """The sign-in form's token is the admin token (constant time)."""
     return hmac.compare_digest(given.strip().encode(), token.encode())
@@ -107,5 +140,6 @@ __all__ = [
     "SESSION_COOKIE",
     "SESSION_SECONDS",
     "Sessions",
+    "holder",
     "token_matches",
 ]

@@ -9,9 +9,12 @@ post in the background and the page follows the daemon's events
 event sends nothing, and the server no SQL.
 
 Authentication (checked by the guard in :mod:`coordinator.admin.http`): a sign-in form
-takes the admin token and sets a session cookie (:mod:`coordinator.admin.session`);
-every POST carries the session's CSRF token; responses carry a strict
+takes an admin token and sets a session cookie (:mod:`coordinator.admin.session`) that
+names the token; every POST carries the session's CSRF token; responses carry a strict
 Content-Security-Policy (scripts and styles from ``/static`` only, no inline code).
+What the page shows and does is what the token may (:mod:`coordinator.admin.access`,
+which the API asks too): its namespaces' jobs and runs, the status's running calls of
+those namespaces, their live events; actions need ``operate``.
 
 Cost: each view is one short connection and one to three statements
 (:mod:`coordinator.client`): the jobs view reads the jobs and their sparklines' counts
@@ -45,14 +48,15 @@ from starlette.templating import Jinja2Templates
 from .. import buckets, client
 from ..clock import WallClock
 from ..db import aio
-from ..errors import CoordinatorError, InvalidInput
+from ..errors import CoordinatorError, InvalidInput, JobNotFound
 from ..events import EventBus
 from ..model import Target
 from ..status import DaemonStatus
-from . import present
+from ..tokens import TokenSet
+from . import access, present
 from .live import EventSourceResponse
 from .paths import job_key
-from .session import PRESESSION_COOKIE, SESSION_COOKIE, Sessions, token_matches
+from .session import PRESESSION_COOKIE, SESSION_COOKIE, Sessions
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -150,17 +154,18 @@ def _pretty(value: Any) -> str:
 class Web:
     """The page's handlers (see :func:`coordinator.admin.http.make_app` for wiring)."""
 
-    token: str
+    #: The admin tokens one may sign in with.
+    tokens: TokenSet
     status_of: Callable[[], DaemonStatus]
     #: One short database connection per request (shared limiter with the API).
     db: Callable[[], AbstractAsyncContextManager[Connection]]
     clock: WallClock
+    #: Signs sessions (keys from the single admin token, else the process's own).
+    sessions: Sessions = attrs.field(factory=Sessions.random)
     bus: EventBus | None = None
-    sessions: Sessions = attrs.field(init=False)
     templates: Jinja2Templates = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.sessions = Sessions.for_token(self.token)
         self.templates = Jinja2Templates(env=_environment())
 
     def routes(self) -> list[Route | Mount]:
@@ -197,7 +202,7 @@ class Web:
     ) -> Response:
         now = self._now()
         nonce = request.scope.get(SESSION_KEY)
-        status = context.setdefault("status", self.status_of())
+        status = context.setdefault("status", access.status_for(self.status_of(), request))
         fragment = request.url.path.startswith("/ui/")
         response = self.templates.TemplateResponse(
             request,
@@ -233,9 +238,9 @@ class Web:
         if state not in {key for key, _ in present.STATE_FILTERS}:
             raise InvalidInput("state", "not one of the offered filters")
         span_key, chosen = self._buckets(request)
-        status = self.status_of()
+        status = access.status_for(self.status_of(), request)
         async with self.db() as conn:
-            every = await aio(client.list_jobs)(conn)
+            every = await aio(client.list_jobs)(conn, namespaces=access.namespaces(request))
             jobs = [
                 job
                 for job in every
@@ -266,9 +271,9 @@ class Web:
         job_id = _int_param(request, "job_id")
         state = request.query_params.get("state") or ""
         span_key, chosen = self._buckets(request)
-        status = self.status_of()
+        status = access.status_for(self.status_of(), request)
         async with self.db() as conn:
-            job = await aio(client.get_job_by_id)(conn, job_id)
+            job = _visible(request, await aio(client.get_job_by_id)(conn, job_id))
             if not present.matches(job, state, status):
                 return Response(status_code=204)
             stats = await aio(client.jobs_stats)(conn, [job], chosen)
@@ -285,6 +290,7 @@ class Web:
 
     async def job_page(self, request: Request) -> Response:
         namespace, name = job_key(request)
+        access.require(request, namespace)
         before = _optional_int(request, "before")
         span_key, chosen = self._buckets(request)
         async with self.db() as conn:
@@ -309,25 +315,28 @@ class Web:
     async def job_head(self, request: Request) -> Response:
         job_id = _int_param(request, "job_id")
         async with self.db() as conn:
-            job = await aio(client.get_job_by_id)(conn, job_id)
+            job = _visible(request, await aio(client.get_job_by_id)(conn, job_id))
         return self._render(request, "job_head.html", **await self._job_context(request, job))
 
     async def run_page(self, request: Request) -> Response:
         run_id = _int_param(request, "id")
         async with self.db() as conn:
             run = await aio(client.get_run)(conn, run_id)
+        access.check_run(request, run_id, run.namespace, operate=False)
         return self._render(request, "run.html", run=run)
 
     async def run_detail(self, request: Request) -> Response:
         run_id = _int_param(request, "id")
         async with self.db() as conn:
             run = await aio(client.get_run)(conn, run_id)
+        access.check_run(request, run_id, run.namespace, operate=False)
         return self._render(request, "run_detail.html", run=run)
 
     async def run_row(self, request: Request) -> Response:
         run_id = _int_param(request, "id")
         async with self.db() as conn:
             run = await aio(client.get_run)(conn, run_id)
+        access.check_run(request, run_id, run.namespace, operate=False)
         return self._render(request, "run_row.html", run=run)
 
     async def status_page(self, request: Request) -> Response:
@@ -339,10 +348,11 @@ class Web:
             raise InvalidInput("part", "must be panel or line")
         return self._render(request, f"status_{part}.html")
 
-    async def events(self, _request: Request) -> Response:
+    async def events(self, request: Request) -> Response:
         if self.bus is None:
             return PlainTextResponse("no event stream here", status_code=404)
-        return EventSourceResponse(self.bus)
+        token = access.token_of(request)
+        return EventSourceResponse(self.bus, visible=lambda e: access.event_visible(e, token))
 
     # -- signing in ---------------------------------------------------------------------
 
@@ -368,10 +378,11 @@ class Web:
         pre = self.sessions.nonce(request.cookies.get(PRESESSION_COOKIE), now, kind="p")
         if not self.sessions.csrf_ok(pre, form.get("csrf")):
             return _forbidden("the sign-in form expired or was not ours: load it again")
-        if not token_matches(form.get("token", ""), self.token):
+        token = self.tokens.find(form.get("token", "").strip())
+        if token is None:
             return await self.signin_form(request, failed=True)
         response = RedirectResponse(_local(form.get("next")) or "/", status_code=303)
-        _set_cookie(response, request, SESSION_COOKIE, self.sessions.issue(now))
+        _set_cookie(response, request, SESSION_COOKIE, self.sessions.issue(now, holder=token.name))
         response.delete_cookie(PRESESSION_COOKIE, path="/")
         return response
 
@@ -408,6 +419,7 @@ class Web:
         namespace, name = job_key(request)
 
         async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            access.require(request, namespace, operate=True)
             job = await aio(client.get_job)(conn, name, namespace=namespace)
             run_id = await aio(client.trigger)(conn, name, namespace=namespace)
             if run_id == job.outstanding_run:
@@ -420,6 +432,7 @@ class Web:
         namespace, name = job_key(request)
 
         async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            access.require(request, namespace, operate=True)
             await aio(client.pause)(conn, name, namespace=namespace)
             return f"{namespace}/{name} paused", {}
 
@@ -429,6 +442,7 @@ class Web:
         namespace, name = job_key(request)
 
         async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            access.require(request, namespace, operate=True)
             await aio(client.resume)(conn, name, namespace=namespace)
             return f"{namespace}/{name} resumed", {}
 
@@ -441,6 +455,8 @@ class Web:
             outcome = form.get("as", "")
             if outcome not in client.RESOLUTIONS:
                 raise InvalidInput("as", f"must be one of {', '.join(client.RESOLUTIONS)}")
+            run = await aio(client.get_run)(conn, run_id)
+            access.check_run(request, run_id, run.namespace, operate=True)
             current = await aio(client.resolve)(conn, run_id, outcome)
             retry = f": run {current} queued" if current != run_id else ""
             return f"run {run_id} resolved as {_RESOLVE_WORDS[outcome]}{retry}", {"run": current}
@@ -451,6 +467,8 @@ class Web:
         run_id = _int_param(request, "id")
 
         async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            run = await aio(client.get_run)(conn, run_id)
+            access.check_run(request, run_id, run.namespace, operate=True)
             await aio(client.cancel_run)(conn, run_id)
             return f"run {run_id} cancelled", {"run": run_id}
 
@@ -462,6 +480,14 @@ class Web:
 
 class _CsrfRefused(Exception):
     pass
+
+
+def _visible(request: Request, job: client.JobView) -> client.JobView:
+    """``job``, if the request's token reaches its namespace; else not found (a job id
+    says nothing about other namespaces)."""
+    if not access.token_of(request).allows(job.namespace):
+        raise JobNotFound("?", f"#{job.id}")
+    return job
 
 
 def _forbidden(message: str) -> Response:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 import trio
 
+from .. import redact
 from .. import schedule as schedules
 from ..clock import WallClock
 from ..core.admission import Admission, Ticket
@@ -496,6 +497,9 @@ class Dispatcher:
 
     async def _settle(self, ticket: Ticket, claim: Claim, outcome: Outcome) -> None:
         job = claim.job
+        # Redacted here, once: the held result, the spool, the database and the run's
+        # event only ever see this (docs/design.md, "Redaction").
+        outcome = redact.default().outcome(outcome)
         next_at, problem = next_deadline(
             schedules.following_deadline, job.schedule, outcome.finished_at
         )

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 import attrs
 import trio
 
+from .. import redact
 from .. import schedule as schedules
 from ..backoff import backoff
 from ..clock import WallClock
@@ -50,16 +51,18 @@ from ..events import (
     LifecycleWake,
     NotificationWake,
     RunLost,
+    SchedulesDeclared,
     StateChanged,
 )
 from ..executors import Executor, ExecutorHooks
 from ..listener import Listener
 from ..migrate import load_migrations
 from ..model import Schedule
+from ..protocol import Declare, Declared
 from ..spool import Spool
 from ..status import ArmedDeadline, DaemonStatus, HeldResultView, RunningCall, status_line
 from ..store import ConnectionPool, JobEntry, Store
-from . import wakes
+from . import declarations, wakes
 from .dispatch import Dispatcher
 from .inventory import Inventory
 from .leadership import Leadership
@@ -70,6 +73,7 @@ from .settlement import FlushReport, Settlement
 
 if TYPE_CHECKING:
     from ..log import EventLog
+    from ..model import CheckpointWrite
 
 #: Longest a stop waits for the companions (alerts being delivered), seconds.
 COMPANION_FINISH: Final = 10.0
@@ -267,7 +271,8 @@ class Daemon:
         hooks = ExecutorHooks(
             changed=self.workers_changed,
             save_progress=self._save_progress,
-            save_checkpoint=self.store.save_checkpoint,
+            save_checkpoint=self._save_checkpoint,
+            declare=self._declare,
         )
         for executor in self.executors.values():
             executor.attach(hooks)
@@ -607,7 +612,64 @@ class Daemon:
         )
 
     async def _save_progress(self, run_id: int, snapshot: dict[str, object]) -> None:
-        await self.store.save_progress(run_id, snapshot)
+        await self.store.save_progress(run_id, redact.default().value(snapshot))
+
+    async def _save_checkpoint(self, run_id: int, write: CheckpointWrite) -> bool:
+        if write.findings:  # what a run found is kept and served: redacted first
+            write = attrs.evolve(write, findings=redact.default().findings(write.findings))
+        return await self.store.save_checkpoint(run_id, write)
+
+    async def _declare(self, declare: Declare, worker: str) -> Declared:
+        """Sync the schedules a worker's code declares (its right to the namespace and
+        its types were checked by the executor). A problem refuses the whole declaration;
+        a database failure is retried (the error policy) while the worker stays
+        connected. A change is read back at once: the daemon's own writes raise no wake."""
+        reading = declarations.read(declare)
+        namespace = declare.namespace
+        if reading.problems:
+            self.log.warning(
+                "worker.declare_refused",
+                worker=worker,
+                namespace=namespace,
+                problems="; ".join(reading.problems),
+            )
+            return Declared(namespace=namespace, ok=False, problems=reading.problems)
+        attempt, failing = 0, False
+        try:
+            while True:
+                attempt += 1
+                try:
+                    result = await self.store.declare(namespace, reading.entries)
+                except Exception as exc:
+                    delay = self.policy.failed("declare", exc, attempt, worker=worker)
+                    failing = True
+                    await trio.sleep(delay)
+                    continue
+                break
+        finally:
+            if failing:
+                self.policy.recovered("declare")
+        self.events.emit(
+            SchedulesDeclared(
+                worker=worker,
+                namespace=namespace,
+                jobs=len(reading.entries),
+                created=result.created,
+                updated=result.updated,
+                paused=result.paused,
+                unchanged=result.unchanged or None,
+            )
+        )
+        if not result.unchanged:
+            self._lifecycle_wake("schedules.declared", urgent=True)
+        return Declared(
+            namespace=namespace,
+            ok=True,
+            created=result.created,
+            updated=result.updated,
+            paused=result.paused,
+            unchanged=result.unchanged,
+        )
 
     # -- stop -----------------------------------------------------------------------------
 

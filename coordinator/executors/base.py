@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 from ..model import CheckpointWrite
+from ..protocol import Declare, Declared
 
 if TYPE_CHECKING:
     import trio
@@ -39,6 +40,10 @@ async def _checkpoint_nothing(_run_id: int, _write: CheckpointWrite) -> bool:
     return False
 
 
+async def _declare_nothing(declare: Declare, _worker: str) -> Declared:
+    return Declared(namespace=declare.namespace, ok=False, error="declarations are not accepted")
+
+
 @attrs.frozen(kw_only=True)
 class ExecutorHooks:
     """What an executor may ask of the daemon."""
@@ -53,6 +58,9 @@ class ExecutorHooks:
     #: seconds per run) and never calls it once the call's result is handed back: what
     #: is left goes with the outcome (``Outcome.cursor``, ``Outcome.findings``).
     save_checkpoint: Callable[[int, CheckpointWrite], Awaitable[bool]] = _checkpoint_nothing
+    #: Sync the schedules a worker declared (``declare``, already checked against the
+    #: worker's scope) and say what it did; the second argument names the worker.
+    declare: Callable[[Declare, str], Awaitable[Declared]] = _declare_nothing
 
 
 class Executor(Protocol):

@@ -2,12 +2,15 @@
 (docs/design.md, "Executors"; the wire format is :mod:`coordinator.protocol`, documented
 in ``docs/worker-protocol.md``).
 
-Workers connect over a Unix socket (or TCP on loopback, with a shared token), say which
-job types they serve and how many calls they take at once, then receive ``call``
-messages and answer with ``result``; ``progress``, ``checkpoint`` and ``finding`` may
-come in between. The daemon sees the connected workers through :meth:`WorkerExecutor.capacities`
-and :meth:`WorkerExecutor.connections`, and hears about every change through the
-``changed`` hook it attached.
+Workers connect over a Unix socket, or over TCP: on loopback with a shared token, from
+other hosts only over TLS with a token of their own (``worker_tokens``: each scoped to
+namespaces and job types). They say which job types they serve and how many calls they
+take at once, may declare the schedules their code carries (``declare``: synced by the
+daemon into a namespace their token reaches), then receive ``call`` messages -- only for
+jobs of namespaces their token reaches -- and answer with ``result``; ``progress``,
+``checkpoint`` and ``finding`` may come in between. The daemon sees the connected workers
+through :meth:`WorkerExecutor.capacities` and :meth:`WorkerExecutor.connections`, and
+hears about every change through the ``changed`` hook it attached.
 
 Costs: a connected, quiet worker is one task blocked in ``receive_some`` (and one in the
 writer, blocked on its empty outbox): no heartbeat, no timer, no SQL. Timers exist only
@@ -37,10 +40,10 @@ import collections
 import contextlib
 import functools
 import hmac
-import ipaddress
 import math
 import os
 import socket
+import ssl
 import stat
 import struct
 from datetime import datetime
@@ -69,6 +72,8 @@ from ..protocol import (
     Call,
     Cancel,
     Checkpoint,
+    Declare,
+    Declared,
     Error,
     Finding,
     Hello,
@@ -81,9 +86,11 @@ from ..protocol import (
     default_socket_path,
     encode,
     gather_lines,
+    is_loopback,
     parse_from_worker,
 )
 from ..status import WorkerView
+from ..tokens import TokenScope, TokenSet
 from .base import ExecutorHooks
 from .outcomes import CANCELLED_MESSAGE, PAUSE_REASONS, cancelled, ended, timed_out_message
 
@@ -234,8 +241,9 @@ class _Call:
 class _Conn:
     """One worker connection."""
 
-    stream: trio.SocketStream
-    transport: Literal["unix", "tcp"]
+    stream: trio.abc.Stream
+    #: ``unix``, ``tcp`` (loopback, plain) or ``tls``.
+    transport: Literal["unix", "tcp", "tls"]
     #: ``pid=.. uid=..`` on the Unix socket, ``host:port`` over TCP (for logs).
     peer: str
     connected_at: datetime
@@ -248,6 +256,11 @@ class _Conn:
     worker: str | None = None
     types: tuple[str, ...] = ()
     capacity: int = 0
+    #: The worker's own token's scope (``worker_tokens``); ``None``: unscoped (the Unix
+    #: socket without a token, or the shared loopback token).
+    scope: TokenScope | None = None
+    #: Declarations being synced for it (cancelled when it goes).
+    declaring: set[trio.CancelScope] = attrs.field(factory=set)
     #: run id -> call in flight (its slot is taken until the result).
     calls: dict[int, _Call] = attrs.field(factory=dict)
     finished: collections.OrderedDict[int, None] = attrs.field(factory=collections.OrderedDict)
@@ -278,6 +291,10 @@ class _Conn:
     def label(self) -> str:
         return self.worker or f"<{self.peer}>"
 
+    def may_run(self, namespace: str) -> bool:
+        """Whether calls of ``namespace`` may go to this worker (its token's scope)."""
+        return self.scope is None or self.scope.allows(namespace)
+
 
 @attrs.define(eq=False, kw_only=True)
 class WorkerExecutor:
@@ -289,10 +306,15 @@ class WorkerExecutor:
     events: EventBus
     #: The Unix socket workers connect to; ``None`` for TCP only.
     socket_path: Path | None = None
-    #: ``(host, port)`` to listen on too; the host must be a loopback address.
+    #: ``(host, port)`` to listen on too; a host that is not a loopback address needs
+    #: ``tls`` and ``tokens`` (workers on other hosts).
     tcp: tuple[str, int] | None = None
-    #: The shared secret TCP workers must send in ``hello`` (required with ``tcp``).
+    #: The shared secret TCP workers may send in ``hello`` (a loopback listener only).
     token: str | None = None
+    #: Workers' own tokens, each scoped to namespaces and job types.
+    tokens: TokenSet = attrs.field(factory=TokenSet)
+    #: TLS for the TCP listener (server certificate; a client CA makes it mutual).
+    tls: ssl.SSLContext | None = None
     #: Seconds a worker may take to stop a cancelled call before it is disconnected.
     cancel_grace: float = 10.0
     #: Least seconds between two progress writes for one run.
@@ -319,7 +341,7 @@ class WorkerExecutor:
     _detached: bool = attrs.field(default=False, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _accept_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
-    _listeners: list[trio.SocketListener] = attrs.field(factory=list, init=False)
+    _listeners: list[trio.abc.Listener[Any]] = attrs.field(factory=list, init=False)
     #: Abandon events (by id) a watcher task already waits on.
     _watched: set[int] = attrs.field(factory=set, init=False)
     #: (st_dev, st_ino) of the socket file we bound, so we only ever unlink our own.
@@ -335,12 +357,25 @@ class WorkerExecutor:
             raise InvalidInput("worker socket", "give a socket path, a TCP address, or both")
         if self.tcp is not None:
             host, port = self.tcp
-            if not _is_loopback(host):
-                raise InvalidInput("worker tcp", f"{host!r} is not a loopback address")
+            if not is_loopback(host):
+                if self.tls is None or not self.tokens:
+                    raise InvalidInput(
+                        "worker_listen",
+                        f"{host} is not a loopback address: workers on other hosts need TLS "
+                        "(worker_tls_cert, worker_tls_key) and their own tokens (worker_tokens)",
+                    )
+                if self.token:
+                    raise InvalidInput(
+                        "worker_token",
+                        "a shared token is for a loopback listener only; give each worker "
+                        "its own in worker_tokens",
+                    )
             if not 0 <= port <= 65535:
                 raise InvalidInput("worker tcp", f"port {port} is out of range")
-            if not self.token:
-                raise InvalidInput("worker token", "TCP workers need a shared token")
+            if not self.token and not self.tokens:
+                raise InvalidInput(
+                    "worker token", "TCP workers need a token (worker_token or worker_tokens)"
+                )
 
     # -- the Executor protocol ---------------------------------------------------------
 
@@ -408,7 +443,7 @@ class WorkerExecutor:
         worker_type = job.target.worker_type or ""
         if abandon.is_set():
             return self._unstarted(claim, "abandon")
-        conn = await self._reserve(worker_type, abandon)
+        conn = await self._reserve(worker_type, job.namespace, abandon)
         run_id = claim.run_id
         stop = self._starting.get(run_id)
         if conn is None or stop is not None:
@@ -416,7 +451,12 @@ class WorkerExecutor:
                 return self._unstarted(claim, "abandon")
             if stop is not None:
                 return self._unstarted(claim, stop)
-            reason = "the daemon is stopping" if self._detached else "none is connected"
+            if self._detached:
+                reason = "the daemon is stopping"
+            elif any(worker_type in c.types for c in self._conns.values()):
+                reason = f"none may run jobs of namespace {job.namespace!r} (their tokens' scope)"
+            else:
+                reason = "none is connected"
             return self._unstarted(claim, None, f"no worker serving {worker_type!r}: {reason}")
         call = _Call(run_id=run_id, conn=conn, recoverable=job.recoverable)
         if job.recoverable:
@@ -498,7 +538,7 @@ class WorkerExecutor:
         worker does makes it raise.
         """
         unix = await self._open_unix() if self.socket_path is not None else None
-        tcp: list[trio.SocketListener] = []
+        tcp: list[trio.abc.Listener[Any]] = []
         try:
             if self.tcp is not None:
                 tcp = await self._open_tcp()
@@ -510,6 +550,7 @@ class WorkerExecutor:
                     "worker.listening",
                     socket=str(self.socket_path) if unix is not None else None,
                     tcp=f"{self.bound_tcp[0]}:{self.bound_tcp[1]}" if self.bound_tcp else None,
+                    tls=True if self.tls is not None else None,
                 )
                 task_status.started()
         finally:
@@ -573,19 +614,24 @@ class WorkerExecutor:
         self._listeners.append(listener)
         return listener
 
-    async def _open_tcp(self) -> list[trio.SocketListener]:
+    async def _open_tcp(self) -> list[trio.abc.Listener[Any]]:
         assert self.tcp is not None
         host, port = self.tcp
         try:
-            listeners = await trio.open_tcp_listeners(port, host=host)
+            raw = await trio.open_tcp_listeners(port, host=host)
         except OSError as exc:
             raise WorkerSocketError(
                 f"worker_listen: cannot listen on {host}:{port}: {exc.strerror or exc}"
             ) from exc
-        self._listeners.extend(listeners)
-        name = listeners[0].socket.getsockname()
+        name = raw[0].socket.getsockname()
         self.bound_tcp = (str(name[0]), int(name[1]))
-        return listeners
+        if self.tls is None:
+            self._listeners.extend(raw)
+            return list(raw)
+        # The handshake happens on the first read, within the wait for hello.
+        wrapped = [trio.SSLListener(r, self.tls, https_compatible=False) for r in raw]
+        self._listeners.extend(wrapped)
+        return list(wrapped)
 
     async def _close_listeners(self) -> None:
         listeners, self._listeners = self._listeners, []
@@ -602,7 +648,7 @@ class WorkerExecutor:
     async def _accept(
         self,
         unix: list[trio.SocketListener],
-        tcp: list[trio.SocketListener],
+        tcp: list[trio.abc.Listener[Any]],
         handlers: trio.Nursery,
     ) -> None:
         """Accept connections until :meth:`detach` (handlers run in ``handlers``)."""
@@ -612,22 +658,23 @@ class WorkerExecutor:
                     handler = functools.partial(self._handle, transport="unix")
                     nursery.start_soon(self._accept_on, handler, unix, handlers)
                 if tcp:
-                    handler = functools.partial(self._handle, transport="tcp")
+                    kind: Literal["tcp", "tls"] = "tls" if self.tls is not None else "tcp"
+                    handler = functools.partial(self._handle, transport=kind)
                     nursery.start_soon(self._accept_on, handler, tcp, handlers)
 
     @staticmethod
     async def _accept_on(
-        handler: Callable[[trio.SocketStream], Awaitable[None]],
-        listeners: list[trio.SocketListener],
+        handler: Callable[[Any], Awaitable[None]],
+        listeners: Sequence[trio.abc.Listener[Any]],
         handlers: trio.Nursery,
     ) -> None:
         with contextlib.suppress(trio.ClosedResourceError):
-            await trio.serve_listeners(handler, listeners, handler_nursery=handlers)
+            await trio.serve_listeners(handler, list(listeners), handler_nursery=handlers)
 
     # -- one connection ------------------------------------------------------------------
 
     async def _handle(
-        self, stream: trio.SocketStream, *, transport: Literal["unix", "tcp"]
+        self, stream: trio.abc.Stream, *, transport: Literal["unix", "tcp", "tls"]
     ) -> None:
         send, recv = trio.open_memory_channel[bytes](math.inf)
         conn = _Conn(
@@ -648,8 +695,15 @@ class WorkerExecutor:
                         reason = await self._read_loop(conn)
                     except _Reject as exc:
                         reason, error = "rejected", str(exc)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                         reason = "connection lost"
+                        if isinstance(exc.__cause__, ssl.SSLError) and conn.worker is None:
+                            # A client that does not speak TLS, or distrusts us.
+                            self.events.log.warning(
+                                "worker.rejected",
+                                peer=conn.peer,
+                                error=f"TLS handshake failed: {exc.__cause__}",
+                            )
                 self._disconnect(conn, reason, error=error)
                 conn.writer_scope.deadline = min(
                     conn.writer_scope.deadline, trio.current_time() + _FLUSH_LIMIT
@@ -710,6 +764,8 @@ class WorkerExecutor:
             self._on_checkpoint(conn, message)
         elif isinstance(message, Finding):
             self._on_finding(conn, message)
+        elif isinstance(message, Declare):
+            self._on_declare(conn, message)
         elif isinstance(message, Bye):
             self._on_bye(conn)
         elif isinstance(message, Hello):
@@ -720,11 +776,7 @@ class WorkerExecutor:
     def _on_hello(self, conn: _Conn, hello: Hello) -> None:
         if self._detached:
             raise _Reject("the daemon is stopping; connect again later")
-        if conn.transport == "tcp":
-            expected = (self.token or "").encode()
-            given = (hello.token or "").encode()
-            if not given or not hmac.compare_digest(given, expected):
-                raise _Reject("missing or wrong token")
+        conn.scope = self._authenticate(conn, hello)
         if conn.hello_scope is not None:
             conn.hello_scope.deadline = math.inf
         conn.worker, conn.types, conn.capacity = hello.worker, hello.types, hello.capacity
@@ -752,6 +804,62 @@ class WorkerExecutor:
             )
         )
         self._inventory_changed()
+
+    def _authenticate(self, conn: _Conn, hello: Hello) -> TokenScope | None:
+        """The scope of the worker's token: its own (``worker_tokens``), or none (the
+        shared loopback token; the Unix socket, whose file permissions admit it)."""
+        scope = self.tokens.find(hello.token)
+        if scope is None and conn.transport != "unix":
+            expected = (self.token or "").encode()
+            given = (hello.token or "").encode()
+            if not expected or not given or not hmac.compare_digest(given, expected):
+                raise _Reject("missing or wrong token")
+        if scope is not None:
+            refused = [t for t in hello.types if not scope.allows_type(t)]
+            if refused:
+                raise _Reject(
+                    f"token {scope.name} may not serve job type {refused[0]!r} "
+                    f"(it may serve {', '.join(sorted(scope.types or ()))})"
+                )
+        return scope
+
+    def _on_declare(self, conn: _Conn, declare: Declare) -> None:
+        """A worker's declared schedules: checked here against what the worker is
+        (its token's namespaces, its own job types), synced by the daemon."""
+        namespace = declare.namespace
+        if conn.scope is not None and not conn.scope.allows(namespace):
+            raise _Reject(
+                f'permission denied for namespace "{namespace}": token {conn.scope.name} '
+                f"reaches {conn.scope.describe().rsplit(' (', 1)[0]}"
+            )
+        for job in declare.jobs:
+            if job.job_type not in conn.types:
+                raise _Reject(
+                    f"declare: job {job.name!r} targets job type {job.job_type!r}, which "
+                    "this worker does not serve (a worker declares jobs for its own types)"
+                )
+        if self.hooks is None or self._nursery is None:
+            conn.send(Declared(namespace=namespace, ok=False, error="the daemon is starting"))
+            return
+        scope = trio.CancelScope()
+        conn.declaring.add(scope)
+        self._nursery.start_soon(self._declare, conn, declare, scope)
+
+    async def _declare(self, conn: _Conn, declare: Declare, scope: trio.CancelScope) -> None:
+        assert self.hooks is not None
+        assert conn.worker is not None
+        try:
+            with scope:
+                try:
+                    reply = await self.hooks.declare(declare, conn.worker)
+                except Exception as exc:  # the daemon's bug; keep serving
+                    self.events.log.error(
+                        "worker.declare_failed", worker=conn.worker, error=repr(exc)
+                    )
+                    reply = Declared(namespace=declare.namespace, ok=False, error="internal error")
+                conn.send(reply)
+        finally:
+            conn.declaring.discard(scope)
 
     def _on_result(self, conn: _Conn, result: Result) -> None:
         call = conn.calls.get(result.run)
@@ -889,6 +997,8 @@ class WorkerExecutor:
         conn.closing = True
         conn.outbox_send.close()
         conn.reader_scope.cancel()
+        for declaring in list(conn.declaring):
+            declaring.cancel()
         self._draining.discard(conn)
         registered = conn.worker is not None and self._conns.get(conn.worker) is conn
         if registered:
@@ -945,16 +1055,17 @@ class WorkerExecutor:
 
     # -- calling -------------------------------------------------------------------------
 
-    async def _reserve(self, worker_type: str, abandon: trio.Event) -> _Conn | None:
+    async def _reserve(self, worker_type: str, namespace: str, abandon: trio.Event) -> _Conn | None:
         """The least busy registered worker serving ``worker_type`` with a free slot,
-        waiting for one if all are busy; ``None`` if none serves it (or on abandon)."""
+        that may run jobs of ``namespace``, waiting for one if all are busy; ``None`` if
+        none serves it (or on abandon)."""
         while True:
             if self._detached or abandon.is_set():
                 return None
             best: _Conn | None = None
             serving = False
             for conn in self._conns.values():
-                if worker_type not in conn.types:
+                if worker_type not in conn.types or not conn.may_run(namespace):
                     continue
                 serving = True
                 busy = len(conn.calls)
@@ -1326,17 +1437,11 @@ def _deadline(started_at: datetime, timeout: timedelta | None) -> datetime | Non
         return None
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _peer(stream: trio.SocketStream, transport: str) -> str:
-    sock = stream.socket
+def _peer(stream: trio.abc.Stream, transport: str) -> str:
+    raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    sock = getattr(raw, "socket", None)
+    if sock is None:
+        return transport
     try:
         if transport == "unix":
             so_peercred = getattr(socket, "SO_PEERCRED", None)

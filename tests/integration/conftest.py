@@ -96,6 +96,7 @@ async def start_daemon(
         jitter: Callable[[], float] | None = None,
         alert_sinks: Sequence[Sink] = (),
         alert_window: float = 6 * 3600.0,
+        build: dict[str, Any] | None = None,
         **settings: Any,
     ) -> Harness:
         events: list[dict[str, Any]] = []
@@ -112,6 +113,7 @@ async def start_daemon(
             jitter=jitter or random.Random(13).random,
             alert_sinks=alert_sinks,
             alert_window=alert_window,
+            **(build or {}),
         )
         harness = Harness(daemon=daemon, events=events)
         harnesses.append(harness)

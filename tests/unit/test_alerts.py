@@ -16,6 +16,7 @@ import pytest
 import trio
 import trio.testing
 
+from coordinator import redact
 from coordinator.alerts import (
     SIGNATURE_HEADER,
     Alert,
@@ -31,6 +32,7 @@ from coordinator.clock import SystemWallClock
 from coordinator.daemon import DaemonSettings
 from coordinator.events import EventBus, NotificationWake, RunFinished, RunLost
 from coordinator.log import EventLog
+from coordinator.redact import Redactor
 from coordinator.service import build_daemon
 from coordinator.store import AlertWindow
 
@@ -329,6 +331,47 @@ def test_no_sink_means_no_alerter_at_all(tmp_path: Any) -> None:
         alert_sinks=[Recorder()],
     )
     assert [type(c).__name__ for c in with_sink.companions] == ["Alerter"]
+
+
+def test_the_daemons_alerter_redacts_with_the_rules_in_force(tmp_path: Any) -> None:
+    daemon = build_daemon(
+        dsn="postgresql://nowhere/none",
+        settings=DaemonSettings(spool_path=tmp_path / "spool"),
+        clock=SystemWallClock(),
+        log=EventLog(stream=_Null()),
+        worker_socket=tmp_path / "w.sock",
+        handle_signals=False,
+        alert_sinks=[Recorder()],
+    )
+    (alerter,) = daemon.companions
+    assert isinstance(alerter, Alerter)
+    text = "login failed: password=hunter2 via postgresql://app:pw0rd@db/app; card=4111"
+    assert alerter.redact(text) == (
+        "login failed: password=[redacted] via postgresql://app:[redacted]@db/app; card=4111"
+    )
+    # The configured rules (redact_patterns), installed after the daemon was built.
+    try:
+        redact.install(Redactor(patterns=(r"card=(?P<secret>\d+)",)))
+        assert "card=[redacted]" in alerter.redact(text)
+    finally:
+        redact.install(Redactor())
+    message = render(
+        Alert(
+            kind="failed",
+            job="default/leaky",
+            job_id=1,
+            run=2,
+            outcome="failed",
+            error="Authorization: Bearer sekr3t-b34rer-t0ken",
+            at=datetime(2026, 11, 30, tzinfo=UTC),
+            event="job.run",
+            instance="i",
+            window=timedelta(hours=6),
+        ),
+        redact=alerter.redact,
+    )
+    assert "sekr3t" not in json.dumps(message.payload) + message.text + message.subject
+    assert "Bearer [redacted]" in message.text
 
 
 async def test_a_failed_attempt_a_retry_follows_is_no_alert_the_exhausted_one_is(

@@ -28,13 +28,16 @@ VALUES = {
     "coordinator.log",
     "coordinator.model",
     "coordinator.protocol",
+    "coordinator.redact",
     "coordinator.schedule",
     "coordinator.status",
     "coordinator.text",
+    "coordinator.tokens",
 }
 #: The worker SDK and what it may load (it runs in other people's processes).
 SDK = {"coordinator.worker", "coordinator.protocol", "coordinator.errors", "coordinator.text",
-       "coordinator.backoff", "coordinator.config"}  # fmt: skip
+       "coordinator.backoff", "coordinator.config", "coordinator.redact",
+       "coordinator.tokens"}  # fmt: skip
 
 
 def module_name(path: Path) -> str:

@@ -245,6 +245,30 @@ def test_runs_carry_namespace_and_job_labels_with_last_success_and_failure() -> 
     )
 
 
+def test_a_scoped_token_sees_the_per_job_series_of_its_namespaces_only() -> None:
+    m = Metrics()
+    m.observe(run(job="ops/backup"))
+    m.observe(run(job="billing/invoice", run=2, outcome="failed", cause="handler"))
+    m.observe(run(job="reports/daily", run=3))
+
+    def namespaces(text: bytes) -> set[str]:
+        return {
+            s.labels["namespace"]
+            for f in text_string_to_metric_families(text.decode())
+            for s in f.samples
+            if "namespace" in s.labels
+        }
+
+    assert namespaces(m.render()) == {"ops", "billing", "reports"}
+    scoped = m.render(frozenset({"billing", "reports"}))
+    assert namespaces(scoped) == {"billing", "reports"}
+    assert b"backup" not in scoped
+    # The daemon-wide series stay (they name no job).
+    families = {f.name: f for f in text_string_to_metric_families(scoped.decode())}
+    assert sum(s.value for s in families["coordinator_runs"].samples) == 3
+    assert namespaces(m.render(frozenset())) == set()
+
+
 def test_beyond_the_job_limit_new_jobs_get_no_series_and_one_warning() -> None:
     records: list[dict[str, object]] = []
     log = EventLog(stream=io.StringIO())

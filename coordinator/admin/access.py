@@ -1,0 +1,123 @@
+"""What the token of a request may see and do: the admin face's one place for it.
+
+The guard (:class:`coordinator.admin.http._Guard`, and the web page's sign-in) finds the
+request's :class:`~coordinator.tokens.TokenScope` and records it on the ASGI scope;
+every handler, of the API and of the page alike, asks this module rather than deciding
+for itself:
+
+* :func:`require` before anything about a namespace named in the request (a job path,
+  a trigger): ``permission denied for namespace "billing"`` (403) when the token does
+  not reach it, or only reads it and the request writes;
+* :func:`namespaces` for listings (the SQL filters on it: a scoped token never even
+  reads other namespaces' rows);
+* :func:`check_run` for a run named by id: a run of a namespace the token does not
+  reach is answered like a run that does not exist (404), so ids reveal nothing;
+* :func:`status_for` and :func:`event_visible` for the daemon's snapshot and its live
+  events (running calls, held results, the next deadline, runs finishing: only those of
+  the token's namespaces; aggregate counts and the worker list are the daemon's own).
+
+The single ``admin_token`` (``admin``) reaches every namespace and may operate.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from ..errors import PermissionDenied, RunNotFound
+from ..tokens import TokenScope
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from ..events import Event
+    from ..status import DaemonStatus
+
+__all__ = [
+    "TOKEN_KEY",
+    "check_run",
+    "event_visible",
+    "namespaces",
+    "require",
+    "status_for",
+    "token_of",
+]
+
+#: Where the guard puts the request's :class:`TokenScope` in the ASGI scope.
+TOKEN_KEY: Final = "coordinator.token"
+
+#: A request with no token (an open endpoint) sees nothing namespace-bound.
+_NOBODY: Final = TokenScope(name="-", digest="-", namespaces=frozenset(), access="read")
+
+
+def token_of(request: Request | dict[str, Any]) -> TokenScope:
+    """The token the request was let in with (nothing, on an open endpoint)."""
+    scope = request if isinstance(request, dict) else request.scope
+    found = scope.get(TOKEN_KEY)
+    return found if isinstance(found, TokenScope) else _NOBODY
+
+
+def require(request: Request | TokenScope, namespace: str, *, operate: bool = False) -> None:
+    """Raise :class:`PermissionDenied` unless the token may see (``operate``: change)
+    ``namespace``."""
+    token = request if isinstance(request, TokenScope) else token_of(request)
+    if token.allows(namespace, operate=operate):
+        return
+    if operate and token.allows(namespace):
+        raise PermissionDenied(namespace, f"token {token.name} may only read it")
+    raise PermissionDenied(namespace, f"token {token.name} does not reach it")
+
+
+def namespaces(request: Request | TokenScope) -> frozenset[str] | None:
+    """The namespaces a listing may show; ``None``: every one."""
+    token = request if isinstance(request, TokenScope) else token_of(request)
+    return token.namespaces
+
+
+def check_run(request: Request | TokenScope, run_id: int, namespace: str, *, operate: bool) -> None:
+    """For a run named by id: unknown (404) outside the token's namespaces, refused (403)
+    when the token may only read it and the request changes it."""
+    token = request if isinstance(request, TokenScope) else token_of(request)
+    if not token.allows(namespace):
+        raise RunNotFound(run_id)
+    if operate:
+        require(token, namespace, operate=True)
+
+
+def _key_visible(token: TokenScope, key: str | None) -> bool:
+    """``namespace/name`` keys (``#id`` for a job no longer listed: hidden from scoped
+    tokens, whose namespace cannot be told)."""
+    if token.namespaces is None:
+        return True
+    if key is None or "/" not in key:
+        return False
+    return key.split("/", 1)[0] in token.namespaces
+
+
+def status_for(status: DaemonStatus, request: Request | TokenScope) -> DaemonStatus:
+    """The snapshot as the token may see it."""
+    token = request if isinstance(request, TokenScope) else token_of(request)
+    if token.namespaces is None:
+        return status
+    next_visible = _key_visible(token, status.next_job)
+    return attrs.evolve(
+        status,
+        next_deadline=status.next_deadline if next_visible else None,
+        next_job=status.next_job if next_visible else None,
+        running=tuple(r for r in status.running if _key_visible(token, r.job)),
+        held=tuple(h for h in status.held if _key_visible(token, h.job)),
+    )
+
+
+def event_visible(event: Event, request: Request | TokenScope) -> bool:
+    """Whether a live event may be shown to the token: events about a job (a ``job``
+    field holding ``namespace/name``) only within its namespaces; the daemon's own
+    (state, workers, refreshes) to every token."""
+    token = request if isinstance(request, TokenScope) else token_of(request)
+    if token.namespaces is None:
+        return True
+    job = getattr(event, "job", None)
+    if job is None:  # about a run or a job it does not name: not shown
+        return getattr(event, "run", None) is None and getattr(event, "job_id", None) is None
+    return _key_visible(token, str(job))

@@ -1,0 +1,433 @@
+"""Workers on other hosts: a real TLS listener on a non-loopback bind (0.0.0.0), with
+certificates made here by trustme; workers' own tokens scoped to namespaces and job
+types; and schedules declared in a worker's code, synced by a real daemon into a real
+PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+import trustme
+
+from coordinator import client
+from coordinator.db import aio
+from coordinator.errors import ConfigError
+from coordinator.protocol import Declare, DeclaredJob, Hello, encode, parse_from_daemon
+from coordinator.tokens import hash_token, parse_tokens
+from coordinator.worker import Context, Worker, tls_context
+
+from .conftest import StartDaemon, define
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    import asyncpg
+
+    from .conftest import Harness
+
+REPORTS_TOKEN = "reports-host-token-" + "r" * 20
+BILLING_TOKEN = "billing-host-token-" + "b" * 20
+WORKER_TOKENS = parse_tokens(
+    {
+        "reports-host": {
+            "hash": hash_token(REPORTS_TOKEN),
+            "namespaces": ["reports"],
+            "types": ["reports.daily", "reports.sweep", "reports.rebuild"],
+        },
+        "billing-host": {"hash": hash_token(BILLING_TOKEN), "namespaces": ["billing"]},
+    },
+    "worker_tokens",
+    kind="worker",
+)
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def server_tls(ca: trustme.CA) -> ssl.SSLContext:
+    """What service.worker_tls_context builds from files: the daemon's side."""
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(context)
+    return context
+
+
+@pytest.fixture
+def ca_file(ca: trustme.CA, tmp_path: Path) -> Path:
+    path = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return path
+
+
+async def tls_daemon(
+    start_daemon: StartDaemon, server_tls: ssl.SSLContext, **build: Any
+) -> tuple[Harness, tuple[str, int]]:
+    harness = await start_daemon(
+        refresh_spacing=0.2,
+        build={
+            "worker_listen": "0.0.0.0:0",  # every interface: workers on other hosts
+            "worker_tokens": WORKER_TOKENS,
+            "worker_tls": server_tls,
+            **build,
+        },
+    )
+    bound = harness.daemon.executors["worker"].bound_tcp  # type: ignore[attr-defined]
+    assert bound is not None
+    assert bound[0] == "0.0.0.0"
+    return harness, ("127.0.0.1", bound[1])
+
+
+async def exchange(
+    address: tuple[str, int], lines: list[bytes], *, tls: ssl.SSLContext | None
+) -> list[Any]:
+    """Send raw protocol lines; the daemon's answers until it closes (or 5 s pass)."""
+    tcp = await trio.open_tcp_stream(*address)
+    stream: trio.abc.Stream = tcp
+    if tls is not None:
+        stream = trio.SSLStream(tcp, tls, server_hostname="localhost", https_compatible=False)
+    answers: list[Any] = []
+    buffer = b""
+    async with stream:
+        for line in lines:
+            await stream.send_all(line)
+        with trio.move_on_after(5):
+            while True:
+                try:
+                    data = await stream.receive_some(65536)
+                except trio.BrokenResourceError:
+                    break
+                if not data:
+                    break
+                buffer += data
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    answers.append(parse_from_daemon(line))
+    return answers
+
+
+async def run_worker(nursery: trio.Nursery, worker: Worker, address: tuple[str, int],
+                     **kw: Any) -> None:  # fmt: skip
+    await nursery.start(lambda task_status: worker.run(address, task_status=task_status, **kw))
+
+
+# -- TLS, tokens, scope ------------------------------------------------------------------
+
+
+async def test_a_tls_worker_connects_and_runs_its_namespaces_jobs(
+    start_daemon: StartDaemon,
+    server_tls: ssl.SSLContext,
+    ca_file: Path,
+    conn: asyncpg.Connection,
+    nursery: trio.Nursery,
+) -> None:
+    harness, address = await tls_daemon(start_daemon, server_tls)
+    worker = Worker(worker_id="reports-1")
+    seen: list[str] = []
+
+    @worker.job("reports.daily")
+    async def daily(ctx: Context) -> int:
+        seen.append(f"{ctx.namespace}/{ctx.job}")
+        return 1
+
+    await define(
+        conn, "daily", namespace="reports", target={"kind": "worker", "type": "reports.daily"}
+    )
+    await define(
+        conn, "daily", namespace="billing", target={"kind": "worker", "type": "reports.daily"}
+    )
+    await run_worker(
+        nursery, worker, address, token=REPORTS_TOKEN, tls=tls_context(ca_file),
+        server_hostname="localhost",
+    )  # fmt: skip
+    [connected] = harness.named("worker.connected", worker="reports-1")
+    assert connected["transport"] == "tls"
+    reports_run = await aio(client.trigger)(conn, "daily", namespace="reports")
+    billing_run = await aio(client.trigger)(conn, "daily", namespace="billing")
+    await harness.wait_event("job.run", run=reports_run, outcome="succeeded")
+    # The worker's token reaches reports only: billing's call never goes to it.
+    await harness.wait_event("job.run", run=billing_run, outcome="failed")
+    billing = await aio(client.get_run)(conn, billing_run)
+    assert billing.error_message == (
+        "no worker serving 'reports.daily': none may run jobs of namespace 'billing' "
+        "(their tokens' scope)"
+    )
+    assert seen == ["reports/daily"]
+    worker.stop()
+
+
+async def test_plain_tcp_a_wrong_token_and_a_foreign_type_are_refused(
+    start_daemon: StartDaemon, server_tls: ssl.SSLContext, ca: trustme.CA
+) -> None:
+    harness, address = await tls_daemon(start_daemon, server_tls)
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    hello = Hello(worker="w", types=("reports.daily",), capacity=1, token=REPORTS_TOKEN)
+    # Plain TCP to the TLS listener: no protocol at all, the connection is dropped.
+    assert await exchange(address, [encode(hello)], tls=None) == []
+    await harness.wait_event("worker.rejected")
+    assert "TLS handshake failed" in harness.named("worker.rejected")[0]["error"]
+    # TLS, but a wrong token, or none.
+    for token in ("wrong-token-" + "x" * 20, None):
+        bad = Hello(worker="w", types=("reports.daily",), capacity=1, token=token)
+        [answer] = await exchange(address, [encode(bad)], tls=client_tls)
+        assert answer.message == "missing or wrong token"
+    # A token scoped to job types refuses any other type.
+    foreign = Hello(worker="w", types=("billing.invoice",), capacity=1, token=REPORTS_TOKEN)
+    [answer] = await exchange(address, [encode(foreign)], tls=client_tls)
+    assert answer.message.startswith("token reports-host may not serve job type 'billing.invoice'")
+    assert harness.named("worker.connected") == []
+
+
+async def test_mutual_tls_wants_a_client_certificate(
+    start_daemon: StartDaemon, ca: trustme.CA, ca_file: Path, tmp_path: Path,
+    nursery: trio.Nursery,
+) -> None:  # fmt: skip
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server)
+    ca.configure_trust(server)
+    server.verify_mode = ssl.CERT_REQUIRED
+    harness, address = await tls_daemon(start_daemon, server)
+    hello = Hello(worker="anon", types=("reports.daily",), capacity=1, token=REPORTS_TOKEN)
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    assert await exchange(address, [encode(hello)], tls=client_tls) == []
+    # With a certificate the CA signed, the same worker is let in.
+    mine = ca.issue_cert("reports-1.example")
+    cert, key = tmp_path / "worker.pem", tmp_path / "worker.key"
+    mine.cert_chain_pems[0].write_to_path(str(cert))
+    mine.private_key_pem.write_to_path(str(key))
+    worker = Worker(worker_id="with-cert")
+
+    @worker.job("reports.daily")
+    async def daily(ctx: Context) -> None:
+        return None
+
+    await run_worker(
+        nursery, worker, address, token=REPORTS_TOKEN,
+        tls=tls_context(ca_file, cert=cert, key=key), server_hostname="localhost",
+    )  # fmt: skip
+    assert harness.named("worker.connected", worker="with-cert")
+    worker.stop()
+
+
+async def test_plain_tcp_on_a_non_loopback_bind_is_refused_at_start(
+    start_daemon: StartDaemon,
+) -> None:
+    with pytest.raises(ConfigError, match=r"worker_listen: 0\.0\.0\.0 is not a loopback .*TLS"):
+        await start_daemon(
+            wait_ready=False, build={"worker_listen": "0.0.0.0:0", "worker_tokens": WORKER_TOKENS}
+        )
+    with pytest.raises(ConfigError, match="a token of its own"):
+        await start_daemon(
+            wait_ready=False,
+            build={"worker_listen": "0.0.0.0:0", "worker_tls": ssl.create_default_context()},
+        )
+
+
+# -- schedules declared in code ----------------------------------------------------------
+
+
+def reports_worker(**declared: dict[str, Any]) -> Worker:
+    """A worker of the reports namespace whose handlers carry ``declared`` schedules."""
+    worker = Worker(worker_id="reports-code", namespace="reports")
+
+    async def handler(ctx: Context) -> None:
+        return None
+
+    for job_type, schedule in declared.items():
+        worker.job(job_type, **schedule)(handler)
+    return worker
+
+
+async def jobs_of(conn: asyncpg.Connection, namespace: str) -> dict[str, dict[str, Any]]:
+    rows = await aio(conn.fetch)(
+        "SELECT name, schedule_kind, schedule, timezone, paused, target::text AS target, "
+        "params::text AS params, timeout, updated_at, schedule_version, next_run_at "
+        "FROM coordinator.jobs WHERE namespace = $1",
+        namespace,
+    )
+    return {r["name"]: {**dict(r), "target": json.loads(r["target"]),
+                        "params": json.loads(r["params"])} for r in rows}  # fmt: skip
+
+
+async def declare_once(
+    nursery: trio.Nursery, worker: Worker, harness: Harness, address: Any = None, **kw: Any
+) -> None:
+    """Connect ``worker``, wait for the daemon's answer to its declaration, leave."""
+    where = address or harness.daemon.executors["worker"].socket_path  # type: ignore[attr-defined]
+    before = len(harness.named("worker.declared")) + len(harness.named("worker.declare_refused"))
+    await run_worker(nursery, worker, where, **kw)
+    with trio.fail_after(15):
+        while worker.last_declared is None:
+            await trio.sleep(0.01)
+    after = len(harness.named("worker.declared")) + len(harness.named("worker.declare_refused"))
+    assert after == before + 1 or not worker.last_declared.ok
+    worker.stop()
+    with trio.fail_after(15):
+        while harness.daemon.executors["worker"].connections():
+            await trio.sleep(0.01)
+
+
+async def test_declared_schedules_appear_change_and_pause_as_the_code_changes(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    # A long refresh spacing: the declaration's changes must be read at once all the same
+    # (the daemon's own writes raise no wake; it asks for the refresh itself).
+    harness = await start_daemon(refresh_spacing=30)
+    # A job defined by hand in the namespace: the code owns the namespace, so it pauses.
+    await define(conn, "by-hand", namespace="reports")
+    v1 = reports_worker(**{
+        "reports.daily": {"cron": "0 6 * * *", "timezone": "Europe/Berlin", "timeout": "10m",
+                          "params": {"sections": ["sales"], "api_key": "s3cr3t-param"}},
+        "reports.sweep": {"every": "15m"},
+        "reports.rebuild": {"manual": True},
+    })  # fmt: skip
+    await declare_once(nursery, v1, harness)
+    assert v1.last_declared is not None
+    assert v1.last_declared.ok
+    assert (v1.last_declared.created, v1.last_declared.paused) == (3, 1)
+    jobs = await jobs_of(conn, "reports")
+    daily = jobs["reports.daily"]
+    assert (daily["schedule_kind"], daily["schedule"], daily["timezone"]) == (
+        "cron", "0 6 * * *", "Europe/Berlin"
+    )  # fmt: skip
+    assert daily["target"] == {"kind": "worker", "type": "reports.daily"}
+    assert daily["params"] == {"sections": ["sales"], "api_key": "[redacted]"}
+    assert daily["timeout"].total_seconds() == 600
+    assert jobs["reports.sweep"]["schedule"] == "15m"
+    assert jobs["reports.rebuild"]["schedule_kind"] == "manual"
+    assert jobs["by-hand"]["paused"] is True
+    assert not any(j["paused"] for name, j in jobs.items() if name != "by-hand")
+    # The daemon read the new schedules at once and saved their first deadlines.
+    with trio.fail_after(10):
+        while any(
+            j["next_run_at"] is None
+            for n, j in (await jobs_of(conn, "reports")).items()
+            if n in ("reports.daily", "reports.sweep")
+        ):
+            await trio.sleep(0.05)
+    jobs = await jobs_of(conn, "reports")
+
+    # Unchanged: a replica (or a reconnect) declaring the same thing writes nothing.
+    same = reports_worker(**{
+        "reports.daily": {"cron": "0 6 * * *", "timezone": "Europe/Berlin", "timeout": "10m",
+                          "params": {"sections": ["sales"], "api_key": "s3cr3t-param"}},
+        "reports.sweep": {"every": "15m"},
+        "reports.rebuild": {"manual": True},
+    })  # fmt: skip
+    await declare_once(nursery, same, harness)
+    assert same.last_declared is not None
+    assert same.last_declared.unchanged
+    assert {n: j["updated_at"] for n, j in (await jobs_of(conn, "reports")).items()} == {
+        n: j["updated_at"] for n, j in jobs.items()
+    }
+
+    # The code changes: daily moves to 07:00, sweep is gone, rebuild stays.
+    v2 = reports_worker(**{
+        "reports.daily": {"cron": "0 7 * * *", "timezone": "Europe/Berlin", "timeout": "10m",
+                          "params": {"sections": ["sales"]}},
+        "reports.rebuild": {"manual": True},
+    })  # fmt: skip
+    await declare_once(nursery, v2, harness)
+    assert v2.last_declared is not None
+    assert (v2.last_declared.ok, v2.last_declared.updated, v2.last_declared.paused) == (True, 2, 1)
+    jobs2 = await jobs_of(conn, "reports")
+    assert jobs2["reports.daily"]["schedule"] == "0 7 * * *"
+    assert jobs2["reports.daily"]["schedule_version"] == daily["schedule_version"] + 1
+    assert jobs2["reports.sweep"]["paused"] is True
+    # And back: a declaration that reappears is active again.
+    await declare_once(nursery, reports_worker(**{
+        "reports.daily": {"cron": "0 7 * * *", "timezone": "Europe/Berlin", "timeout": "10m",
+                          "params": {"sections": ["sales"]}},
+        "reports.sweep": {"every": "15m"},
+        "reports.rebuild": {"manual": True},
+    }), harness)  # fmt: skip
+    assert (await jobs_of(conn, "reports"))["reports.sweep"]["paused"] is False
+    assert len(harness.named("worker.declared")) == 4
+
+
+async def test_a_declaration_with_a_problem_applies_nothing(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    harness = await start_daemon(refresh_spacing=0.2)
+    await define(conn, "existing", namespace="reports")
+    worker = reports_worker(**{
+        "reports.daily": {"cron": "0 6 * * * *"},
+        "reports.sweep": {"every": "5"},
+    })  # fmt: skip
+    await declare_once(nursery, worker, harness)
+    answer = worker.last_declared
+    assert answer is not None
+    assert not answer.ok
+    assert answer.problems[0].startswith("reports.daily: cron: ")
+    assert answer.problems[1].startswith("reports.sweep: every: '5': a unit is required")
+    jobs = await jobs_of(conn, "reports")
+    assert list(jobs) == ["existing"]
+    assert jobs["existing"]["paused"] is False
+    assert harness.named("worker.declare_refused")
+
+
+async def test_a_declaration_outside_the_tokens_namespaces_is_refused(
+    start_daemon: StartDaemon,
+    server_tls: ssl.SSLContext,
+    ca: trustme.CA,
+    conn: asyncpg.Connection,
+) -> None:
+    _harness, address = await tls_daemon(start_daemon, server_tls)
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    hello = Hello(worker="sneaky", types=("reports.daily",), capacity=1, token=REPORTS_TOKEN)
+    job = DeclaredJob(name="steal", job_type="reports.daily", schedule="every", expression="1m")
+    answers = await exchange(
+        address, [encode(hello), encode(Declare(namespace="billing", jobs=(job,)))],
+        tls=client_tls,
+    )  # fmt: skip
+    assert [type(a).__name__ for a in answers] == ["Welcome", "Error"]
+    assert answers[1].message.startswith('permission denied for namespace "billing"')
+    # Nor may a worker declare a job for a type it does not serve (its target would
+    # land on someone else).
+    other = DeclaredJob(name="x", job_type="billing.invoice", schedule="manual")
+    answers = await exchange(
+        address, [encode(hello), encode(Declare(namespace="reports", jobs=(other,)))],
+        tls=client_tls,
+    )  # fmt: skip
+    assert answers[1].message.startswith("declare: job 'x' targets job type 'billing.invoice'")
+    assert await jobs_of(conn, "billing") == {}
+    assert await jobs_of(conn, "reports") == {}
+    # Within its scope, over TLS, it declares.
+    answers = await exchange(
+        address,
+        [encode(hello), encode(Declare(namespace="reports", jobs=(job,)))],
+        tls=client_tls,
+    )
+    assert [type(a).__name__ for a in answers][:2] == ["Welcome", "Declared"]
+    assert answers[1].ok
+    assert answers[1].created == 1
+    assert list(await jobs_of(conn, "reports")) == ["steal"]
+
+
+def test_the_sdk_checks_what_it_can_before_connecting() -> None:
+    worker = Worker()
+    with pytest.raises(ValueError, match="one of cron, every, at or manual"):
+        worker.job("a", cron="* * * * *", every="1m")
+    with pytest.raises(ValueError, match="timezone only applies to cron"):
+        worker.job("a", every="1m", timezone="UTC")
+    with pytest.raises(ValueError, match=r"a schedule .* is needed"):
+        worker.job("a", timeout="1m")
+
+    @worker.job("a", every="1m")
+    async def handler(ctx: Context) -> None:
+        return None
+
+    run: Callable[..., Any] = worker.run
+    with pytest.raises(ValueError, match=r"Worker\(namespace=\.\.\.\)"):
+        trio.run(run, "/nonexistent.sock")
