@@ -168,19 +168,9 @@ class Alerter:
             found = self._found.pop(event.run, None)
             if found is not None:
                 self._offer(
-                    _Candidate(
-                        kind="findings",
-                        job_id=event.job_id,
-                        job=event.job,
-                        run=event.run,
-                        outcome=event.outcome,
-                        cause=event.cause,
-                        category=event.category,
-                        error=event.error,
-                        attempt=event.attempt,
-                        elapsed_s=event.elapsed_s,
-                        at=self.clock.now(),
-                        event=event.NAME,
+                    self._finished(
+                        event,
+                        "findings",
                         findings=tuple(
                             (kind, severity, n)
                             for (kind, severity), n in sorted(found.counts.items())
@@ -190,23 +180,7 @@ class Alerter:
                 )
             if event.outcome not in _FAILED or event.cause == "lost" or event.retry is not None:
                 return
-            self._offer(
-                _Candidate(
-                    kind="failed",
-                    job_id=event.job_id,
-                    job=event.job,
-                    run=event.run,
-                    outcome=event.outcome,
-                    cause=event.cause,
-                    category=event.category,
-                    error=event.error,
-                    attempt=event.attempt,
-                    exhausted=event.exhausted,
-                    elapsed_s=event.elapsed_s,
-                    at=self.clock.now(),
-                    event=event.NAME,
-                )
-            )
+            self._offer(self._finished(event, "failed", exhausted=event.exhausted))
         elif isinstance(event, RunLost):
             if event.action != "unresolved":
                 return
@@ -244,6 +218,34 @@ class Alerter:
             event.example[1] == "data_loss" and found.example[1] != "data_loss"
         ):
             found.example = event.example
+
+    def _finished(
+        self,
+        event: RunFinished,
+        kind: str,
+        *,
+        exhausted: bool | None = None,
+        findings: tuple[tuple[str, str, int], ...] = (),
+        example: tuple[str, str, str] | None = None,
+    ) -> _Candidate:
+        """The candidate a finished call makes: its failure, or its serious findings."""
+        return _Candidate(
+            kind=kind,
+            job_id=event.job_id,
+            job=event.job,
+            run=event.run,
+            outcome=event.outcome,
+            cause=event.cause,
+            category=event.category,
+            error=event.error,
+            attempt=event.attempt,
+            exhausted=exhausted,
+            elapsed_s=event.elapsed_s,
+            at=self.clock.now(),
+            event=event.NAME,
+            findings=findings,
+            example=example,
+        )
 
     def _offer(self, candidate: _Candidate) -> None:
         key = (candidate.job_id, candidate.kind)
