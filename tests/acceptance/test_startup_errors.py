@@ -109,6 +109,31 @@ def test_a_worker_listener_without_a_token(database: str, tmp_path: Path) -> Non
     assert_one_line_refusal(result, "worker_token")
 
 
+@pytest.mark.parametrize(
+    ("files", "words"),
+    [
+        ({"cert": "not a certificate\n", "key": "nor a key\n"}, ("worker_tls_cert", "cannot load")),
+        ({"key": "nor a key\n"}, ("worker_tls_cert", "No such file")),
+    ],
+    ids=["garbage", "missing"],
+)
+def test_a_bad_tls_file(
+    database: str, tmp_path: Path, files: dict[str, str], words: tuple[str, ...]
+) -> None:
+    """A worker listener's certificate that cannot be loaded stops the start with one line
+    naming the setting and the file, before anything listens."""
+    for name, text in files.items():
+        (tmp_path / f"worker.{name}").write_text(text)
+    env = {
+        "COORDINATOR_WORKER_LISTEN": "127.0.0.1:0",
+        "COORDINATOR_WORKER_TOKEN": "a-token-long-enough-for-workers",
+        "COORDINATOR_WORKER_TLS_CERT": str(tmp_path / "worker.cert"),
+        "COORDINATOR_WORKER_TLS_KEY": str(tmp_path / "worker.key"),
+    }
+    result = run(database, tmp_path, env)
+    assert_one_line_refusal(result, *words, str(tmp_path / "worker.cert"))
+
+
 def test_a_schema_that_lacks_migrations(pg_server: Any, tmp_path: Path) -> None:
     """A database nobody migrated: the daemon says what to do instead of serving."""
     import asyncio
