@@ -11,8 +11,10 @@ Without the browser binaries the tests are skipped with a message, except under 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -294,6 +296,26 @@ class Page:
         return self.css(f'tr[data-job="{job_id}"]')
 
 
+@contextlib.contextmanager
+def worker_process(site: Site, home: Path, module: str, source: str) -> Iterator[None]:
+    """``coordinator worker <module>:worker`` on the site's socket while the block runs."""
+    (home / f"{module}.py").write_text(textwrap.dedent(source))
+    env = {**_environment(None), "PYTHONPATH": str(home)}
+    worker = subprocess.Popen(
+        [sys.executable, "-c", RUN_MAIN, "worker", f"{module}:worker",
+         "--socket", str(site.worker_socket)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(10)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
 @pytest.fixture(scope="module")
 def page(browser: Any, site: Site, shots: Path) -> Iterator[Page]:
     p = Page(driver=browser, site=site, shots=shots)
@@ -438,8 +460,7 @@ def test_sparkline_has_the_right_buckets(
 def test_a_runs_detail_shows_its_progress_live(page: Page, site: Site, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     gate.mkdir()
-    (tmp_path / "web_worker.py").write_text(
-        textwrap.dedent(f"""
+    source = f"""
         from pathlib import Path
         import trio
         from coordinator.worker import Worker
@@ -456,15 +477,8 @@ def test_a_runs_detail_shows_its_progress_live(page: Page, site: Site, tmp_path:
             while not (GATE / "done").exists():
                 await trio.sleep(0.05)
             return {{"count": 10}}
-        """)
-    )
-    env = {**_environment(None), "PYTHONPATH": str(tmp_path)}
-    worker = subprocess.Popen(
-        [sys.executable, "-c", RUN_MAIN, "worker", "web_worker:worker",
-         "--socket", str(site.worker_socket)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
+        """
+    with worker_process(site, tmp_path, "web_worker", source):
         site.define("copy", target={"kind": "worker", "type": "slow-copy"})
         page.go("/status")
         page.live()
@@ -496,12 +510,186 @@ def test_a_runs_detail_shows_its_progress_live(page: Page, site: Site, tmp_path:
         )
         assert page.same_document()
         assert "checking" in page.css("section.progress").text  # the final snapshot
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(10)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+
+
+#: A recoverable scan over 60 rows, ten a batch, each row a finding (severities in
+#: turn); it waits after 30 rows until GATE/go exists, and pauses when asked.
+SCAN_WORKER = """
+    from pathlib import Path
+    import trio
+    from coordinator.worker import Paused, Worker
+
+    worker = Worker(capacity=1)
+    GATE = Path({gate!r})
+    SEVERITIES = ("info", "warning", "error", "data_loss")
+
+    @worker.job("web-scan")
+    async def scan(ctx):
+        position = ctx.cursor or 0
+        while position < 60:
+            if ctx.cancelled.is_set():
+                raise Paused()
+            if position >= 30 and not (GATE / "go").exists():
+                await trio.sleep(0.05)
+                continue
+            for row in range(position, position + 10):
+                await ctx.finding("check", f"row-{{row}}", severity=SEVERITIES[row % 4],
+                                  detail={{"row": row}})
+            position += 10
+            await ctx.checkpoint(position, count=10)
+    """
+
+
+def test_pause_and_resume_a_recoverable_run_and_see_its_findings(
+    page: Page, site: Site, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    with worker_process(site, tmp_path, "scan_worker", SCAN_WORKER.format(gate=str(gate))):
+        job_id = site.define(
+            "table-scan", target={"kind": "worker", "type": "web-scan"}, recoverable=True
+        )
+        run_id = int(
+            sql(site.dsn, "SELECT coordinator.trigger('default', 'table-scan') AS id")[0]["id"]
+        )
+
+        def cursor() -> Any:
+            rows = sql(site.dsn, "SELECT cursor::text FROM coordinator.runs WHERE id = $1", run_id)
+            return rows[0]["cursor"]
+
+        wait_until(lambda: cursor() == "30", timeout=30, what="the scan to wait at row 30")
+        page.go(f"/runs/{run_id}")
+        page.live()
+        assert "running" in page.css("article.run h1").text
+        assert page.css("section.recovery pre.cursor").text == "30"
+        page.mark()
+
+        page.click(f"article.run form[action='/runs/{run_id}/pause'] button")
+        page.wait(
+            lambda d: "paused" in d.find_element(By.CSS_SELECTOR, "article.run h1").text,
+            what="the run to be paused",
+        )
+        assert page.same_document()
+        recovery = page.css("section.recovery")
+        assert recovery.find_element(By.CSS_SELECTOR, "pre.cursor").text == "30"
+        assert recovery.find_element(By.CSS_SELECTOR, ".counted").text == "30"
+        assert "paused by operator" in recovery.text
+        assert page.all(f"article.run form[action='/runs/{run_id}/resume'] button")
+        assert not page.all(f"article.run form[action='/runs/{run_id}/pause']")
+        page.shot("run-paused")
+
+        # The jobs view: which run is paused, since when, and a Resume button.
+        page.go("/")
+        page.live()
+        outstanding = page.row(job_id).find_element(By.CSS_SELECTOR, ".outstanding")
+        assert re.match(
+            rf"run {run_id} paused at (\d{{4}}-\d\d-\d\d )?\d\d:\d\d UTC,\sResume", outstanding.text
+        )
+        assert outstanding.find_elements(By.CSS_SELECTOR, "form[action$='/resume'] button")
+        page.shot("jobs-run-paused")
+
+        # Resume from the run's page: the same run goes on from row 30 to the end.
+        page.go(f"/runs/{run_id}")
+        page.live()
+        page.mark()
+        (gate / "go").touch()
+        page.click(f"article.run form[action='/runs/{run_id}/resume'] button")
+        page.wait(
+            lambda d: "succeeded" in d.find_element(By.CSS_SELECTOR, "article.run h1").text,
+            what="the resumed run to succeed",
+        )
+        assert page.same_document()
+        assert page.css("section.recovery .resumes").text == "1"
+        assert page.css("section.recovery .counted").text == "60"
+        runs = sql(site.dsn, "SELECT count(*) AS n FROM coordinator.runs WHERE job_id = $1", job_id)
+        assert runs[0]["n"] == 1
+
+    # The findings, newest first, with their severities; then one severity only.
+    rows = page.all("table.findings tbody tr[data-finding]")
+    assert len(rows) == 25
+    ids = [int(r.get_attribute("data-finding")) for r in rows]
+    assert ids == sorted(ids, reverse=True)
+    assert rows[0].find_element(By.CSS_SELECTOR, "td.resource").text == "row-59"
+    shown = {r.find_element(By.CSS_SELECTOR, ".sev").text for r in rows}
+    assert shown == {"info", "warning", "error", "data loss"}
+    page.driver.execute_script("document.getElementById('findings').scrollIntoView()")
+    page.shot("run-findings")
+    page.click("nav.severities a.sev-data_loss")
+    page.wait(lambda d: "severity=data_loss" in d.current_url, what="the data loss filter")
+    rows = page.all("table.findings tbody tr[data-finding]")
+    assert len(rows) == 15
+    assert {r.find_element(By.CSS_SELECTOR, ".sev").text for r in rows} == {"data loss"}
+    page.shot("run-findings-data-loss")
+
+
+def test_a_retried_jobs_attempts_and_a_waiting_retry(
+    page: Page, site: Site, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls"
+    flaky = site.define(
+        "flaky",
+        target={
+            "kind": "exec",
+            "argv": ["sh", "-c", f'echo x >> {calls}; [ "$COORDINATOR_ATTEMPT" -ge 3 ]'],
+        },
+        retries=3,
+        retry_backoff=timedelta(milliseconds=200),
+    )
+    page.go("/jobs/default/flaky")
+    page.live()
+    page.mark()
+    assert "3 retries, after 200 ms doubling to at most 1 h" in page.css(".job-head").text
+    page.click(".job-head form[action$='/run'] button")
+
+    def attempts(d: Any) -> list[str]:
+        return [r.text for r in d.find_elements(By.CSS_SELECTOR, "tbody[data-runs-of] tr")]
+
+    page.wait(
+        lambda d: len(attempts(d)) == 3 and "succeeded" in attempts(d)[0],
+        what="three attempts, the last one succeeded",
+    )
+    assert page.same_document()
+    first, second, third = reversed(attempts(page.driver))
+    assert "failed" in first
+    assert "failed" in second
+    assert "attempt 2" in second
+    assert "attempt 3" in third
+    page.shot("job-attempts")
+
+    page.click("tbody[data-runs-of] tr:first-child td:first-child a")
+    page.wait(lambda d: d.find_elements(By.CSS_SELECTOR, "table.chain"), what="the chain")
+    chain = page.all("table.chain tbody tr.attempt")
+    assert [r.find_element(By.CSS_SELECTOR, "td").text for r in chain] == ["1", "2", "3"]
+    assert [len(r.find_elements(By.CSS_SELECTOR, "a")) for r in chain] == [1, 1, 0]
+    assert "unknown" in chain[0].text  # a failed command's category
+    assert "succeeded" in chain[2].text
+    page.shot("run-attempts")
+    chain[0].find_element(By.CSS_SELECTOR, "a").click()
+    page.wait(lambda d: "Retried by" in d.find_element(By.CSS_SELECTOR, "article.run").text,
+              what="the first attempt's detail")  # fmt: skip
+    rows = sql(site.dsn, "SELECT count(*) AS n FROM coordinator.runs WHERE job_id = $1", flaky)
+    assert rows[0]["n"] == 3
+
+    # A retry waiting for its due time (an hour's backoff): the jobs view says which, when.
+    patient = site.define(
+        "patient", target={"kind": "exec", "argv": ["false"]}, retries=4,
+        retry_backoff=timedelta(hours=1), misfire="skip", misfire_grace=timedelta(minutes=10),
+    )  # fmt: skip
+    page.go("/")
+    page.live()
+    page.mark()
+    sql(site.dsn, "SELECT coordinator.trigger('default', 'patient')")
+    page.wait(
+        lambda d: "retry 1 of 4 due in" in page.row(patient).text,
+        what="the waiting retry in the jobs view, without a reload",
+    )
+    assert page.same_document()
+    page.shot("jobs-retry-waiting")
+    page.go("/jobs/default/patient")
+    head = page.css(".job-head").text
+    assert "retry 1 of 4 due in" in head
+    assert "skip if more than 10 min late" in head
+    page.shot("job-retry-policy")
 
 
 def test_a_job_named_like_a_script_is_shown_as_text(page: Page, site: Site) -> None:
