@@ -1084,7 +1084,8 @@ async def resume_run(conn: Connection, run_id: int) -> int:
     Unlike a plain :func:`trigger`, it never starts a new run: a run that is no longer
     paused (resumed already, cancelled, or never paused) raises
     :class:`~coordinator.errors.Conflict` with its status, so a button on a page that
-    was out of date does nothing. The run's row is locked from the check to the trigger.
+    was out of date does nothing. The run's row is locked from the check to the trigger,
+    which is :func:`trigger` itself (what ``jobs trigger`` and the API's trigger call).
     """
     with translate_errors(run_id=run_id):
         async with conn.transaction():
@@ -1095,9 +1096,8 @@ async def resume_run(conn: Connection, run_id: int) -> int:
                 raise Conflict(
                     f"run {run_id} is {row['status']}, not paused: only a paused run resumes"
                 )
-            resumed: int = await conn.fetchval(
-                "SELECT coordinator.trigger($1, $2, '{}'::jsonb)", row["namespace"], row["name"]
-            )
+            # The same front door as ``jobs trigger`` and the API's trigger.
+            resumed = await trigger(conn, row["name"], namespace=row["namespace"])
     if resumed != run_id:  # not possible while the row is locked; never hide it
         raise Conflict(f"run {run_id} was not resumed: run {resumed} is its job's run")
     return resumed

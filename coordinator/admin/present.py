@@ -255,6 +255,25 @@ def retry_of_total(job: JobView) -> str | None:
     return f"retry {attempt - 1} of {max(job.retries, attempt - 1)}"
 
 
+def history_kept(job: JobView) -> str:
+    """Which finished runs retention keeps for the job: ``the newest 30 runs, none older
+    than 90 days``; what the job does not override is ``the default`` (the daemon's
+    ``retention`` setting, not known to the page)."""
+    count = (
+        f"the newest {job.keep_last} runs"
+        if job.keep_last is not None
+        else "the default number of newest runs"
+    )
+    age = (
+        f"none older than {duration_words(job.retention)}"
+        if job.retention is not None
+        else "none older than the default age"
+    )
+    if job.keep_last is None and job.retention is None:
+        return "the defaults (the retention setting)"
+    return f"{count}, {age}"
+
+
 #: Characters of a cursor shown (a cursor holds up to 16 KiB of JSON).
 CURSOR_SHOWN: Final = 1200
 #: Characters of a finding's detail shown in its row.
@@ -407,6 +426,7 @@ __all__ = [
     "absolute",
     "cadence",
     "duration_words",
+    "history_kept",
     "iso",
     "job_state",
     "json_text",

@@ -122,6 +122,7 @@ def _environment() -> Environment:
         duration_words=present.duration_words,
         retry_policy=present.retry_policy,
         misfire_policy=present.misfire_policy,
+        history_kept=present.history_kept,
         retry_of_total=present.retry_of_total,
         json_text=present.json_text,
         severity_word=present.severity_word,

@@ -658,6 +658,9 @@ async def test_an_attempt_chain_a_waiting_retry_and_the_policies(
         target={"kind": "exec", "argv": ["false"]},
         retries=3,
         retry_backoff=timedelta(hours=1),
+        alert=False,
+        keep_last=30,
+        retention=timedelta(days=90),
     )
     harness = site.harness
     await site.sign_in()
@@ -689,7 +692,12 @@ async def test_an_attempt_chain_a_waiting_retry_and_the_policies(
     assert f'attempt 3, retries <a href="/runs/{chain[1].id}">run {chain[1].id}</a>' in history
     assert "4 retries, after 100 ms doubling to at most 1 h" in history
     assert "skip if more than 5 min late" in history
-    assert "run once, however late" in (await site.get("/jobs/default/patient")).text
+    assert "<dt>Alerts</dt><dd class=\"policy\">on</dd>" in history
+    assert "the defaults (the retention setting)" in history
+    patient_view = (await site.get("/jobs/default/patient")).text
+    assert "run once, however late" in patient_view
+    assert "off: no alert is ever sent for it" in patient_view  # #16's opt-out
+    assert "the newest 30 runs, none older than 90 days" in patient_view
 
     # A waiting retry: the jobs row and the job view say which and when.
     row = await _row(site, patient)

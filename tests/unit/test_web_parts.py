@@ -305,6 +305,16 @@ def test_policies_and_waiting_retries_in_words() -> None:
         "2 retries, 1 h apart"  # the cap (1 h by default) wins over the first delay
     )
     assert present.misfire_policy(job()) == "run once, however late"
+    assert present.history_kept(job()) == "the defaults (the retention setting)"
+    assert present.history_kept(job(keep_last=30, retention=timedelta(days=90))) == (
+        "the newest 30 runs, none older than 90 days"
+    )
+    assert present.history_kept(job(keep_last=5)) == (
+        "the newest 5 runs, none older than the default age"
+    )
+    assert present.history_kept(job(retention=timedelta(hours=12))) == (
+        "the default number of newest runs, none older than 12 h"
+    )
     skip = job(misfire="skip", misfire_grace=timedelta(minutes=5))
     assert present.misfire_policy(skip).startswith("skip if more than 5 min late")
     waiting = job(
