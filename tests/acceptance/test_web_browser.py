@@ -30,7 +30,9 @@ import attrs
 import pytest
 
 from coordinator import buckets
+from coordinator.admin.present import CURSOR_SHOWN
 from coordinator.embedded import free_port
+from coordinator.text import TRUNCATED
 from tests.acceptance.test_cli import RUN_MAIN, sql
 from tests.acceptance.test_operator import _environment, short_dir, wait_until
 from tests.conftest import TEMPLATE, TestServer, _admin
@@ -112,6 +114,31 @@ class Site:
             status,
             moments,
         )
+
+    def paused_run(self, job_id: int, cursor: Any, findings: list[dict[str, Any]]) -> int:
+        """A paused run of ``job_id`` at ``cursor`` with ``findings`` (kind, resource_id,
+        severity, detail; recorded in that order), written as the daemon writes them."""
+        counts: dict[str, int] = {}
+        for f in findings:
+            counts[f["severity"]] = counts.get(f["severity"], 0) + 1
+        rows = sql(
+            self.dsn,
+            "WITH r AS (INSERT INTO coordinator.runs (job_id, trigger, status, cursor, count,"
+            " started_at, paused_at, last_progress_at, error_message, finding_counts)"
+            " VALUES ($1, 'manual', 'paused', $2::text::jsonb, $3, now(), now(), now(),"
+            " 'paused by operator', $4::text::jsonb) RETURNING id),"
+            " f AS (INSERT INTO coordinator.findings (run_id, kind, resource_id, severity, detail)"
+            " SELECT r.id, e.v->>'kind', e.v->>'resource_id', e.v->>'severity', e.v->'detail'"
+            " FROM r, jsonb_array_elements($5::text::jsonb) WITH ORDINALITY AS e(v, n)"
+            " ORDER BY e.n)"
+            " SELECT id FROM r",
+            job_id,
+            json.dumps(cursor),
+            len(findings),
+            json.dumps(counts),
+            json.dumps(findings),
+        )
+        return int(rows[0]["id"])
 
 
 @pytest.fixture(scope="module")
@@ -513,7 +540,8 @@ def test_a_runs_detail_shows_its_progress_live(page: Page, site: Site, tmp_path:
 
 
 #: A recoverable scan over 60 rows, ten a batch, each row a finding (severities in
-#: turn); it waits after 30 rows until GATE/go exists, and pauses when asked.
+#: turn); it waits after 30 rows until GATE/go exists, and pauses when asked. Each call
+#: leaves GATE/start-<the cursor it was handed>.
 SCAN_WORKER = """
     from pathlib import Path
     import trio
@@ -525,6 +553,7 @@ SCAN_WORKER = """
 
     @worker.job("web-scan")
     async def scan(ctx):
+        (GATE / f"start-{{ctx.cursor}}").touch()
         position = ctx.cursor or 0
         while position < 60:
             if ctx.cancelled.is_set():
@@ -603,6 +632,8 @@ def test_pause_and_resume_a_recoverable_run_and_see_its_findings(
         assert page.css("section.recovery .counted").text == "60"
         runs = sql(site.dsn, "SELECT count(*) AS n FROM coordinator.runs WHERE job_id = $1", job_id)
         assert runs[0]["n"] == 1
+        # The resumed call was handed the cursor the pause saved (not a fresh start).
+        assert sorted(p.name for p in gate.glob("start-*")) == ["start-30", "start-None"]
 
     # The findings, newest first, with their severities; then one severity only.
     rows = page.all("table.findings tbody tr[data-finding]")
@@ -614,6 +645,14 @@ def test_pause_and_resume_a_recoverable_run_and_see_its_findings(
     assert shown == {"info", "warning", "error", "data loss"}
     page.driver.execute_script("document.getElementById('findings').scrollIntoView()")
     page.shot("run-findings")
+    # The next page: older findings, still newest first.
+    page.click("section.findings nav.pages a[href*='findings_before']")
+    page.wait(lambda d: "findings_before=" in d.current_url, what="the older findings")
+    older = [int(r.get_attribute("data-finding")) for r in page.all("tr[data-finding]")]
+    assert len(older) == 25
+    assert older == sorted(older, reverse=True)
+    assert max(older) < min(ids)
+    assert page.all(f"section.findings nav.pages a[href$='/runs/{run_id}#findings']")
     page.click("nav.severities a.sev-data_loss")
     page.wait(lambda d: "severity=data_loss" in d.current_url, what="the data loss filter")
     rows = page.all("table.findings tbody tr[data-finding]")
@@ -705,6 +744,51 @@ def test_a_job_named_like_a_script_is_shown_as_text(page: Page, site: Site) -> N
         page.driver.switch_to.alert  # noqa: B018
 
 
+def test_a_runs_cursor_and_findings_are_shown_as_text_with_their_severity(
+    page: Page, site: Site
+) -> None:
+    job_id = site.define("audit", target={"kind": "worker", "type": "web-audit"}, recoverable=True)
+    severities = ("info", "warning", "error", "data_loss")
+    findings = [
+        {"kind": "orphan", "resource_id": f"row-{i}", "severity": severities[i % 4],
+         "detail": {"i": i}}
+        for i in range(30)
+    ]  # fmt: skip
+    newest = {"kind": XSS, "resource_id": XSS, "severity": "data_loss", "detail": {"x": XSS}}
+    findings.append(newest)
+    cursor = {"after": XSS, "pad": "y" * 5000}  # 5 kB: more than the page shows
+    run_id = site.paused_run(job_id, cursor, findings)
+    page.go(f"/runs/{run_id}")
+    page.live()
+    with pytest.raises(NoAlertPresentException):
+        page.driver.switch_to.alert  # noqa: B018 - raises when no alert is open
+    # Only the page's own script: nothing a worker sent became an element.
+    inline = "return [...document.scripts].filter(s => !s.src).length"
+    assert page.driver.execute_script(inline) == 0
+    assert page.driver.execute_script("return document.querySelectorAll('b, i, img').length") == 0
+
+    row = page.css("table.findings tbody tr[data-finding]")
+    cells = [c.text for c in row.find_elements(By.CSS_SELECTOR, "td")]
+    assert cells[:3] == ["data loss", XSS, XSS]
+    assert cells[3] == json.dumps({"x": XSS})
+    assert row.find_element(By.CSS_SELECTOR, ".sev").get_attribute("class") == ("sev sev-data_loss")
+    counts = page.css("nav.severities").text
+    assert "all 31" in counts
+    assert "data loss 8" in counts
+    assert "warning 8" in counts
+
+    shown = page.css("section.recovery pre.cursor").text
+    assert XSS in shown  # as text
+    assert len(shown) <= CURSOR_SHOWN + len(TRUNCATED)
+    assert "y" * 2000 not in shown
+    size = len(json.dumps(cursor, separators=(",", ":")).encode())
+    assert f"{size} bytes, the first {CURSOR_SHOWN} characters shown" in (
+        page.css("section.recovery").text
+    )
+    assert page.all(f"article.run form[action='/runs/{run_id}/resume'] button")
+    page.shot("run-findings-escaped")
+
+
 def test_a_post_without_the_csrf_token_is_refused(page: Page, site: Site) -> None:
     site.define("forged")
     page.go("/")
@@ -765,19 +849,43 @@ def test_an_open_page_sends_no_sql_for_a_minute(
     page: Page, site: Site, sql_log: Any, pg_server: TestServer
 ) -> None:
     job_id = site.define("someday", schedule_kind="cron", schedule="0 0 1 1 *")
+    # A second tab, open on the same window: a paused recoverable run's detail (cursor,
+    # findings, Resume), which follows the stream for its run and its job.
+    scan = site.define("someday-scan", target={"kind": "worker", "type": "web-idle"},
+                       recoverable=True)  # fmt: skip
+    finding = {"kind": "gap", "resource_id": "row-1", "severity": "warning", "detail": {}}
+    run_id = site.paused_run(scan, {"after": 1}, [finding])
     page.go("/")
     page.live()
-    time.sleep(1.0)  # let the refresh the definition asked for land
-    page.requested()
-    sql_log.mark()
-    time.sleep(IDLE_WINDOW)
-    statements = sql_log.statements(db=site.dbname)
-    assert statements == [], [s.sql[:200] for s in statements]
-    # The page stayed connected all along: no new request, no reconnect of the stream.
-    assert page.requested() == []
-    assert "on" in page.css("#live").get_attribute("class")
-    # The count means something: one event later, the page reads what it names.
     page.mark()
+    jobs_tab = page.driver.current_window_handle
+    page.driver.switch_to.new_window("tab")
+    try:
+        page.go(f"/runs/{run_id}")
+        page.live()
+        page.mark()
+        assert page.all("section.findings tr[data-finding]")
+        time.sleep(1.0)  # let the refresh the definitions asked for land
+        page.requested()
+        sql_log.mark()
+        time.sleep(IDLE_WINDOW)
+        statements = sql_log.statements(db=site.dbname)
+        assert statements == [], [s.sql[:200] for s in statements]
+        # The pages stayed connected all along: no new request, no reconnect of a stream.
+        assert page.requested() == []
+        assert "on" in page.css("#live").get_attribute("class")
+        # The count means something: one event later, the run's page reads what it names.
+        sql(site.dsn, "SELECT coordinator.cancel($1)", run_id)
+        page.wait(
+            lambda d: "cancelled" in d.find_element(By.CSS_SELECTOR, "article.run h1").text,
+            what="the cancelled run's detail",
+        )
+        assert page.same_document()
+    finally:
+        page.driver.close()
+        page.driver.switch_to.window(jobs_tab)
+    assert "on" in page.css("#live").get_attribute("class")
+    # And the jobs view, open all along, follows too.
     sql(site.dsn, "SELECT coordinator.pause('default', 'someday')")
     page.wait(
         lambda d: (
