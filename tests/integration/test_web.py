@@ -692,7 +692,7 @@ async def test_an_attempt_chain_a_waiting_retry_and_the_policies(
     assert f'attempt 3, retries <a href="/runs/{chain[1].id}">run {chain[1].id}</a>' in history
     assert "4 retries, after 100 ms doubling to at most 1 h" in history
     assert "skip if more than 5 min late" in history
-    assert "<dt>Alerts</dt><dd class=\"policy\">on</dd>" in history
+    assert '<dt>Alerts</dt><dd class="policy">on</dd>' in history
     assert "the defaults (the retention setting)" in history
     patient_view = (await site.get("/jobs/default/patient")).text
     assert "run once, however late" in patient_view
