@@ -115,7 +115,12 @@
         var row = parse(html);
         if (!row) return;
         all("tr.none", body).forEach(function (none) { none.remove(); });
-        body.insertBefore(row, body.firstElementChild);
+        // In the history's order (newest, i.e. highest id, first), whatever order the
+        // fetches of several new runs (an attempt and its retry) came back in.
+        var older = Array.from(body.children).find(function (tr) {
+          return Number(tr.dataset.run) < Number(runId);
+        });
+        body.insertBefore(row, older || null);
         ages(row);
       });
     }).catch(function () {}).then(function () {
