@@ -103,6 +103,7 @@ __all__ = [
     "remove",
     "resolve",
     "resume",
+    "resume_run",
     "revoke",
     "run_chain",
     "run_stats",
@@ -214,6 +215,10 @@ class JobView:
     outstanding_status: str | None = None
     #: When the outstanding run may start, if it is a retry waiting for its due time.
     outstanding_due_at: datetime | None = None
+    #: The outstanding run's attempt (1 for a first one; a waiting retry's is 2 or more).
+    outstanding_attempt: int | None = None
+    #: When the outstanding run paused (a paused run of a recoverable job).
+    outstanding_paused_at: datetime | None = None
     #: The unresolved run that blocks the job until an operator resolves it, if any.
     blocked_by: int | None = None
     #: Failures are alerted; retention's per-job overrides (``None``: the defaults).
@@ -280,6 +285,8 @@ class JobView:
             "outstanding_run": self.outstanding_run,
             "outstanding_status": self.outstanding_status,
             "outstanding_due_at": _iso(self.outstanding_due_at),
+            "outstanding_attempt": self.outstanding_attempt,
+            "outstanding_paused_at": _iso(self.outstanding_paused_at),
             "blocked_by": self.blocked_by,
         }
 
@@ -341,6 +348,8 @@ class RunView:
     resumes: int = 0
     #: Findings recorded, by severity (``{}``: none).
     finding_counts: dict[str, int] = attrs.field(factory=dict)
+    #: Its job is recoverable: the run keeps a cursor and may be paused.
+    recoverable: bool = False
 
     @property
     def job_key(self) -> str:
@@ -392,6 +401,7 @@ class RunView:
             "paused_at": _iso(self.paused_at),
             "resumes": self.resumes,
             "finding_counts": self.finding_counts,
+            "recoverable": self.recoverable,
         }
 
 
@@ -426,11 +436,14 @@ class FindingView:
 
 @attrs.frozen(kw_only=True)
 class FindingsPage:
-    """A page of a run's findings, oldest first."""
+    """A page of a run's findings, oldest first (newest first when asked ``before``)."""
 
     findings: tuple[FindingView, ...]
     #: Pass as ``after`` for the next page; ``None`` when this page is the last.
     next_after: int | None
+    #: Newest first: pass as ``before`` for the next (older) page; ``None`` when this
+    #: page is the last.
+    next_before: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"findings": [f.to_json() for f in self.findings], "next": self.next_after}
@@ -1056,6 +1069,40 @@ async def pause_run(conn: Connection, run_id: int) -> str:
     return status
 
 
+_PAUSED_RUN: Final = """
+SELECT r.status, j.namespace, j.name
+  FROM coordinator.runs r JOIN coordinator.jobs j ON j.id = r.job_id
+ WHERE r.id = $1
+   FOR UPDATE OF r
+"""
+
+
+async def resume_run(conn: Connection, run_id: int) -> int:
+    """Resume the paused run ``run_id``: trigger its job, which queues that run again
+    (same id, cursor and counter); return its id.
+
+    Unlike a plain :func:`trigger`, it never starts a new run: a run that is no longer
+    paused (resumed already, cancelled, or never paused) raises
+    :class:`~coordinator.errors.Conflict` with its status, so a button on a page that
+    was out of date does nothing. The run's row is locked from the check to the trigger,
+    which is :func:`trigger` itself (what ``jobs trigger`` and the API's trigger call).
+    """
+    with translate_errors(run_id=run_id):
+        async with conn.transaction():
+            row = await conn.fetchrow(_PAUSED_RUN, run_id)
+            if row is None:
+                raise RunNotFound(run_id)
+            if row["status"] != "paused":
+                raise Conflict(
+                    f"run {run_id} is {row['status']}, not paused: only a paused run resumes"
+                )
+            # The same front door as ``jobs trigger`` and the API's trigger.
+            resumed = await trigger(conn, row["name"], namespace=row["namespace"])
+    if resumed != run_id:  # not possible while the row is locked; never hide it
+        raise Conflict(f"run {run_id} was not resumed: run {resumed} is its job's run")
+    return resumed
+
+
 # --------------------------------------------------------------------------- grants
 
 
@@ -1234,7 +1281,8 @@ _JOB_COLUMNS: Final = f"""
     {rows.select_list()},
     j.created_at, j.updated_at,
     last.id AS last_run, last.status AS last_status, last.at AS last_run_at,
-    o.id AS outstanding_run, o.status AS outstanding_status, o.due_at AS outstanding_due_at
+    o.id AS outstanding_run, o.status AS outstanding_status, o.due_at AS outstanding_due_at,
+    o.attempt AS outstanding_attempt, o.paused_at AS outstanding_paused_at
   FROM coordinator.jobs j
   LEFT JOIN LATERAL (SELECT r.id, r.status,
                             coalesce(r.finished_at, r.started_at, r.created_at) AS at
@@ -1280,6 +1328,8 @@ def _job_view(row: Mapping[str, Any]) -> JobView:
         outstanding_run=row["outstanding_run"],
         outstanding_status=outstanding_status,
         outstanding_due_at=row["outstanding_due_at"],
+        outstanding_attempt=row["outstanding_attempt"],
+        outstanding_paused_at=row["outstanding_paused_at"],
         blocked_by=row["outstanding_run"] if outstanding_status == "unresolved" else None,
     )
 
@@ -1325,7 +1375,8 @@ _RUN_COLUMNS: Final = """
     r.exhausted, r.due_at, r.retry_of,
     (SELECT x.id FROM coordinator.runs x WHERE x.retry_of = r.id
       ORDER BY x.id LIMIT 1) AS retried_by, r.cursor::text AS cursor,
-    r.last_progress_at, r.paused_at, r.resumes, r.finding_counts::text AS finding_counts
+    r.last_progress_at, r.paused_at, r.resumes, r.finding_counts::text AS finding_counts,
+    j.recoverable
   FROM coordinator.runs r JOIN coordinator.jobs j ON j.id = r.job_id
 """
 
@@ -1408,6 +1459,7 @@ def _run_view(row: Mapping[str, Any]) -> RunView:
         paused_at=row["paused_at"],
         resumes=row["resumes"],
         finding_counts=_json_field(row["finding_counts"]) or {},
+        recoverable=row["recoverable"],
     )
 
 
@@ -1474,6 +1526,17 @@ SELECT f.id, f.run_id, f.kind, f.resource_id, f.severity, f.detail::text AS deta
  LIMIT $4
 """
 
+# Newest first, below an id (the web page's order): the same index, read backwards.
+_LATEST_FINDINGS: Final = """
+SELECT f.id, f.run_id, f.kind, f.resource_id, f.severity, f.detail::text AS detail,
+       f.created_at
+  FROM coordinator.findings f
+ WHERE f.run_id = $1 AND ($2::bigint IS NULL OR f.id < $2)
+   AND ($3::text IS NULL OR f.severity = $3)
+ ORDER BY f.id DESC
+ LIMIT $4
+"""
+
 _RUN_EXISTS: Final = "SELECT EXISTS (SELECT 1 FROM coordinator.runs WHERE id = $1)"
 
 #: Largest page of findings.
@@ -1487,10 +1550,14 @@ async def list_findings(
     after: int | None = None,
     limit: int = 100,
     severity: str | None = None,
+    newest_first: bool = False,
+    before: int | None = None,
 ) -> FindingsPage:
     """A page of the run's findings in the order they were recorded: those with an id
     above ``after``, at most ``limit`` (1 to :data:`MAX_FINDINGS_PAGE`), of one
-    ``severity`` if given. An unknown run raises :class:`~coordinator.errors.RunNotFound`.
+    ``severity`` if given. With ``newest_first`` (the web page), the newest first: those
+    with an id below ``before`` if given, the next page's ``before`` in ``next_before``.
+    An unknown run raises :class:`~coordinator.errors.RunNotFound`.
     """
     if severity is not None and severity not in SEVERITIES:
         raise InvalidInput("severity", f"must be one of {', '.join(SEVERITIES)}, not {severity!r}")
@@ -1498,9 +1565,18 @@ async def list_findings(
         raise InvalidInput("limit", f"must be from 1 to {MAX_FINDINGS_PAGE}, not {limit}")
     if after is not None and after < 0:
         raise InvalidInput("after", f"must be a finding id (0 or more), not {after}")
+    if before is not None and before < 1:
+        raise InvalidInput("before", f"must be a finding id (1 or more), not {before}")
+    if newest_first and after is not None:
+        raise InvalidInput("after", "newest first pages go by before, not after")
+    if before is not None and not newest_first:
+        raise InvalidInput("before", "only newest first pages go by before")
     with translate_errors(run_id=run_id):
         # One more than asked: whether a next page exists, without counting.
-        rows = await conn.fetch(_LIST_FINDINGS, run_id, after or 0, severity, limit + 1)
+        if newest_first:
+            rows = await conn.fetch(_LATEST_FINDINGS, run_id, before, severity, limit + 1)
+        else:
+            rows = await conn.fetch(_LIST_FINDINGS, run_id, after or 0, severity, limit + 1)
         if not rows and not await conn.fetchval(_RUN_EXISTS, run_id):
             raise RunNotFound(run_id)
     findings = tuple(
@@ -1515,8 +1591,10 @@ async def list_findings(
         )
         for r in rows[:limit]
     )
-    more = len(rows) > limit
-    return FindingsPage(findings=findings, next_after=findings[-1].id if more else None)
+    last = findings[-1].id if len(rows) > limit else None
+    if newest_first:
+        return FindingsPage(findings=findings, next_after=None, next_before=last)
+    return FindingsPage(findings=findings, next_after=last)
 
 
 # --------------------------------------------------------------------------- statistics

@@ -100,6 +100,8 @@ class Screen:
                 if data.get("trigger") in ("schedule", "retry"):
                     again.add("jobs")
                 return again
+            if status in ("paused", "cancel_requested"):
+                return {"status", "jobs"}  # the job's state names its pausing run
             return {"status"}
         if kind in ("job", "jobs"):
             return {"jobs", "status"}

@@ -11,11 +11,14 @@ event                  message    data
 =====================  =========  =========================================================
 ``DispatchWake``       ``run``    ``job_id``, ``run``, ``status: queued``
 ``RunStarted``         ``run``    ``job_id``, ``job``, ``run``, ``status: running``, ...
-``RunFinished``        ``run``    ``job_id``, ``job``, ``run``, ``status`` (the outcome), ...
+``RunFinished``        ``run``    ``job_id``, ``job``, ``run``, ``status`` (the outcome:
+                                 ``paused`` too), ``attempt``, ``category``, ``retry`` (the
+                                 run queued to retry it), ``retry_at``, ``resumes``, ...
 ``RunProgress``        progress   ``run``, ``percent``, ``label``, ``message``
 ``ClaimRejected``      ``job``    ``job_id``, ``run``, ``reason``
-``NotificationWake``   ``job``    ``job_id`` (one job changed), ``run`` (a queued run), else
-                                 ``jobs`` (any may have)
+``NotificationWake``   ``job``    ``job_id`` (one job changed), ``run`` (a queued run, or
+                                 ``status: cancel_requested`` without ``job_id``: an
+                                 operator paused it), else ``jobs`` (any may have)
 ``Refreshed``          ``jobs``   only when it saved first deadlines or found bad schedules
 ``Worker*``            worker     ``worker``, ``connected``, ``types``
 ``StateChanged``       status     ``state``, ``reasons``
@@ -93,6 +96,12 @@ def message(event: Event) -> tuple[str, dict[str, Any]] | None:
             "cause": event.cause,
             "elapsed_ms": event.elapsed_ms,
             "error": error,
+            "attempt": event.attempt,
+            "category": event.category,
+            "retry": event.retry,
+            "retry_at": event.retry_at.isoformat() if event.retry_at is not None else None,
+            "exhausted": event.exhausted,
+            "resumes": event.resumes,
         }
     if isinstance(event, RunProgress):
         return "progress", {
@@ -110,6 +119,10 @@ def message(event: Event) -> tuple[str, dict[str, Any]] | None:
             return "run", {"job_id": job, "run": run, "status": "queued"}
         if isinstance(job, int) and keys == {"job"}:
             return "job", {"job_id": job}
+        paused = event.payload.get("pause")
+        if isinstance(paused, int) and keys == {"pause"}:
+            # An operator paused a running run (coordinator.pause_run): it is pausing.
+            return "run", {"run": paused, "status": "cancel_requested"}
         return "jobs", {}
     if isinstance(event, Refreshed):
         return ("jobs", {}) if event.initialised or event.invalid else None

@@ -8,6 +8,7 @@ through :func:`markupsafe.escape` here or through Jinja's autoescape: a job name
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
@@ -16,7 +17,9 @@ from markupsafe import Markup, escape
 
 from .. import why
 from ..errors import InvalidInput
+from ..protocol import SEVERITIES
 from ..schedule import parse_duration
+from ..text import clip
 
 if TYPE_CHECKING:
     from ..client import JobView, RunStats
@@ -24,7 +27,8 @@ if TYPE_CHECKING:
 
 #: Outcomes in the order they are stacked in a sparkline bar (bottom first) and listed.
 OUTCOMES: Final = (
-    "succeeded", "failed", "timed_out", "cancelled", "unresolved", "running", "pending", "queued",
+    "succeeded", "failed", "timed_out", "cancelled", "unresolved", "paused", "cancel_requested",
+    "running", "pending", "queued",
 )  # fmt: skip
 
 _MONTHS: Final = ("January", "February", "March", "April", "May", "June", "July", "August",
@@ -131,6 +135,17 @@ def absolute(moment: datetime | None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def short_time(moment: datetime | None, now: datetime) -> str:
+    """``14:05 UTC`` on the day of ``now`` (UTC), else ``2026-01-31 14:05 UTC``; ``-`` for
+    none. For a table cell: :func:`absolute` goes in its title."""
+    if moment is None:
+        return "-"
+    at = moment.astimezone(UTC)
+    if at.date() == now.astimezone(UTC).date():
+        return at.strftime("%H:%M UTC")
+    return at.strftime("%Y-%m-%d %H:%M UTC")
+
+
 def relative(moment: datetime | None, now: datetime) -> str:
     """``3 min ago``, ``in 4 h``, ``just now``; the same rules as the page's script,
     which keeps them current without asking the server."""
@@ -210,12 +225,89 @@ def next_run(job: JobView, status: DaemonStatus) -> str | None:
     return "at the next refresh"
 
 
+def retry_policy(job: JobView) -> str:
+    """``3 retries, after 1 s doubling to at most 1 h`` (with jitter), or ``none``."""
+    if job.retries < 1:
+        return "none"
+    count = "1 retry" if job.retries == 1 else f"{job.retries} retries"
+    first = duration_words(min(job.retry_backoff, job.retry_max_delay))
+    if job.retries == 1:
+        return f"{count}, after {first}"
+    if job.retry_backoff >= job.retry_max_delay:
+        return f"{count}, {first} apart"
+    return f"{count}, after {first} doubling to at most {duration_words(job.retry_max_delay)}"
+
+
+def misfire_policy(job: JobView) -> str:
+    """What an overdue deadline does: ``run once`` or ``skip if more than 5 min late``."""
+    if job.misfire == "skip":
+        grace = duration_words(job.misfire_grace) if job.misfire_grace is not None else "0 s"
+        return f"skip if more than {grace} late (the next deadline counts from then)"
+    return "run once, however late"
+
+
+def retry_of_total(job: JobView) -> str | None:
+    """``retry 2 of 4`` for the job's waiting retry (attempt 3 of a job allowing 4
+    retries), else ``None``."""
+    if job.outstanding_status != "queued" or job.outstanding_due_at is None:
+        return None
+    attempt = job.outstanding_attempt or 2
+    return f"retry {attempt - 1} of {max(job.retries, attempt - 1)}"
+
+
+def history_kept(job: JobView) -> str:
+    """Which finished runs retention keeps for the job: ``the newest 30 runs, none older
+    than 90 days``; what the job does not override is ``the default`` (the daemon's
+    ``retention`` setting, not known to the page)."""
+    count = (
+        f"the newest {job.keep_last} runs"
+        if job.keep_last is not None
+        else "the default number of newest runs"
+    )
+    age = (
+        f"none older than {duration_words(job.retention)}"
+        if job.retention is not None
+        else "none older than the default age"
+    )
+    if job.keep_last is None and job.retention is None:
+        return "the defaults (the retention setting)"
+    return f"{count}, {age}"
+
+
+#: Characters of a cursor shown (a cursor holds up to 16 KiB of JSON).
+CURSOR_SHOWN: Final = 1200
+#: Characters of a finding's detail shown in its row.
+DETAIL_SHOWN: Final = 400
+
+
+def json_text(value: Any, limit: int, *, indent: int | None = 1) -> tuple[str, int, bool]:
+    """``value`` as JSON (indented, or on one line with ``indent=None``) cut to ``limit``
+    characters: the text, the size of the whole compact JSON in bytes (what was saved),
+    and whether it was cut. The template escapes the text (a cursor is anything a worker
+    sent)."""
+    whole = json.dumps(value, indent=indent, sort_keys=True, ensure_ascii=False, default=str)
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+    shown = clip(whole, limit)
+    return shown, size, shown != whole
+
+
+#: Severities, least to most severe (the findings filter's order).
+SEVERITY_ORDER: Final = SEVERITIES
+
+
+def severity_word(severity: str) -> str:
+    """``data loss`` for ``data_loss``; the others as they are."""
+    return severity.replace("_", " ")
+
+
 #: The job filter's choices: the value and its label.
 STATE_FILTERS: Final = (
     ("", "any state"),
     ("active", "active"),
     ("running", "running"),
     ("paused", "paused"),
+    ("run-paused", "a run paused"),
+    ("retrying", "retry waiting"),
     ("failing", "last run failed"),
     ("blocked", "blocked"),
     ("waiting", "waiting for a worker"),
@@ -235,6 +327,10 @@ def matches(job: JobView, state: str, status: DaemonStatus) -> bool:
         return job.blocked_by is not None
     if state == "running":
         return job.outstanding_status in ("running", "pending", "queued")
+    if state == "run-paused":
+        return job.outstanding_status in ("paused", "cancel_requested")
+    if state == "retrying":
+        return retry_of_total(job) is not None
     return job.state == state and waiting_for(job, status) is None
 
 
@@ -330,11 +426,18 @@ __all__ = [
     "absolute",
     "cadence",
     "duration_words",
+    "history_kept",
     "iso",
     "job_state",
+    "json_text",
     "matches",
+    "misfire_policy",
     "next_run",
     "relative",
+    "retry_of_total",
+    "retry_policy",
+    "severity_word",
+    "short_time",
     "span",
     "sparkline",
     "state_class",

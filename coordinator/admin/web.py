@@ -18,7 +18,9 @@ those namespaces, their live events; actions need ``operate``.
 
 Cost: each view is one short connection and one to three statements
 (:mod:`coordinator.client`): the jobs view reads the jobs and their sparklines' counts
-(one aggregate for all of them); the status view and the event stream read no SQL.
+(one aggregate for all of them); a run's detail reads the run, and its attempt chain
+only when it was retried or is a retry, and a page of its findings only when it has
+some; the status view and the event stream read no SQL.
 """
 
 from __future__ import annotations
@@ -72,13 +74,18 @@ SESSION_KEY: Final = "coordinator.session"
 HISTORY_PAGE: Final = 25
 #: Largest form body read (a CSRF token and a word or two).
 MAX_FORM: Final = 4096
+#: Findings per page of a run's detail.
+FINDINGS_PAGE: Final = 25
 
 #: The sections of a run's detail, in order (templates/run_*.html). A new kind of
 #: information about a run is one template and one name here.
 RUN_SECTIONS: Final = (
     "run_summary.html",
+    "run_attempts.html",
     "run_progress.html",
+    "run_recovery.html",
     "run_error.html",
+    "run_findings.html",
     "run_output.html",
     "run_timing.html",
     "run_extra.html",
@@ -113,6 +120,15 @@ def _environment() -> Environment:
         next_run=present.next_run,
         job_path=job_path,
         duration_words=present.duration_words,
+        retry_policy=present.retry_policy,
+        misfire_policy=present.misfire_policy,
+        history_kept=present.history_kept,
+        retry_of_total=present.retry_of_total,
+        json_text=present.json_text,
+        severity_word=present.severity_word,
+        severities=present.SEVERITY_ORDER,
+        cursor_shown=present.CURSOR_SHOWN,
+        detail_shown=present.DETAIL_SHOWN,
         spans=present.SPANS,
         state_filters=present.STATE_FILTERS,
         pretty=_pretty,
@@ -182,6 +198,8 @@ class Web:
             Route("/jobs/{ns}/{name}/resume", self.resume_job, methods=["POST"]),
             Route("/runs/{id}/resolve", self.resolve_run, methods=["POST"]),
             Route("/runs/{id}/cancel", self.cancel_run, methods=["POST"]),
+            Route("/runs/{id}/pause", self.pause_run, methods=["POST"]),
+            Route("/runs/{id}/resume", self.resume_run, methods=["POST"]),
             Route("/ui/events", self.events, methods=["GET"]),
             Route("/ui/jobs-table", self.jobs_table, methods=["GET"]),
             Route("/ui/job-row/{job_id}", self.job_row, methods=["GET"]),
@@ -210,6 +228,7 @@ class Web:
             {
                 "now": now,
                 "rel": lambda moment: present.relative(moment, now),
+                "short": lambda moment: present.short_time(moment, now),
                 "csrf": self.sessions.csrf(nonce) if nonce else "",
                 "signed_in": nonce is not None,
                 "here": None if fragment else _here(request),
@@ -318,19 +337,45 @@ class Web:
             job = _visible(request, await aio(client.get_job_by_id)(conn, job_id))
         return self._render(request, "job_head.html", **await self._job_context(request, job))
 
-    async def run_page(self, request: Request) -> Response:
+    async def _run_context(self, request: Request) -> dict[str, Any]:
+        """A run, its attempts (only when it has others: a retry, or retried) and a page
+        of its findings (only when it has some), newest first, of one severity if asked."""
         run_id = _int_param(request, "id")
+        severity = request.query_params.get("severity") or None
+        if severity is not None and severity not in present.SEVERITY_ORDER:
+            raise InvalidInput("severity", f"must be one of {', '.join(present.SEVERITY_ORDER)}")
+        before = _optional_int(request, "findings_before")
+        findings = None
         async with self.db() as conn:
             run = await aio(client.get_run)(conn, run_id)
-        access.check_run(request, run_id, run.namespace, operate=False)
-        return self._render(request, "run.html", run=run)
+            # Before anything else of the run is read: a run out of the token's scope.
+            access.check_run(request, run_id, run.namespace, operate=False)
+            retried = run.retry_of is not None or run.retried_by is not None
+            chain = await aio(client.run_chain)(conn, run_id) if retried else [run]
+            if run.finding_counts:
+                findings = await aio(client.list_findings)(
+                    conn,
+                    run_id,
+                    limit=FINDINGS_PAGE,
+                    severity=severity,
+                    newest_first=True,
+                    before=before,
+                )
+        view = {"severity": severity or "", "findings_before": before or ""}
+        return {
+            "run": run,
+            "chain": chain,
+            "findings": findings,
+            "severity": severity,
+            "findings_before": before,
+            "view_query": urlencode({k: v for k, v in view.items() if v}),
+        }
+
+    async def run_page(self, request: Request) -> Response:
+        return self._render(request, "run.html", **await self._run_context(request))
 
     async def run_detail(self, request: Request) -> Response:
-        run_id = _int_param(request, "id")
-        async with self.db() as conn:
-            run = await aio(client.get_run)(conn, run_id)
-        access.check_run(request, run_id, run.namespace, operate=False)
-        return self._render(request, "run_detail.html", run=run)
+        return self._render(request, "run_detail.html", **await self._run_context(request))
 
     async def run_row(self, request: Request) -> Response:
         run_id = _int_param(request, "id")
@@ -471,6 +516,33 @@ class Web:
             access.check_run(request, run_id, run.namespace, operate=True)
             await aio(client.cancel_run)(conn, run_id)
             return f"run {run_id} cancelled", {"run": run_id}
+
+        return await self._act(request, act)
+
+    async def pause_run(self, request: Request) -> Response:
+        """A running run of a recoverable job is asked to pause (``cancel_requested``,
+        then ``paused`` once its worker stops at a cursor); a queued one pauses at once."""
+        run_id = _int_param(request, "id")
+
+        async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            run = await aio(client.get_run)(conn, run_id)
+            access.check_run(request, run_id, run.namespace, operate=True)
+            status = await aio(client.pause_run)(conn, run_id)
+            words = "paused" if status == "paused" else "pausing: its worker stops at a cursor"
+            return f"run {run_id} {words}", {"run": run_id, "status": status}
+
+        return await self._act(request, act)
+
+    async def resume_run(self, request: Request) -> Response:
+        """A paused run is resumed by a trigger of its job (same run, cursor, counter);
+        a run that is not paused any more is refused, never replaced by a new one."""
+        run_id = _int_param(request, "id")
+
+        async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            run = await aio(client.get_run)(conn, run_id)
+            access.check_run(request, run_id, run.namespace, operate=True)
+            await aio(client.resume_run)(conn, run_id)
+            return f"run {run_id} resumed: queued again at its cursor", {"run": run_id}
 
         return await self._act(request, act)
 

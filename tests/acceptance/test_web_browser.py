@@ -11,8 +11,10 @@ Without the browser binaries the tests are skipped with a message, except under 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,7 +30,9 @@ import attrs
 import pytest
 
 from coordinator import buckets
+from coordinator.admin.present import CURSOR_SHOWN
 from coordinator.embedded import free_port
+from coordinator.text import TRUNCATED
 from tests.acceptance.test_cli import RUN_MAIN, sql
 from tests.acceptance.test_operator import _environment, short_dir, wait_until
 from tests.conftest import TEMPLATE, TestServer, _admin
@@ -110,6 +114,31 @@ class Site:
             status,
             moments,
         )
+
+    def paused_run(self, job_id: int, cursor: Any, findings: list[dict[str, Any]]) -> int:
+        """A paused run of ``job_id`` at ``cursor`` with ``findings`` (kind, resource_id,
+        severity, detail; recorded in that order), written as the daemon writes them."""
+        counts: dict[str, int] = {}
+        for f in findings:
+            counts[f["severity"]] = counts.get(f["severity"], 0) + 1
+        rows = sql(
+            self.dsn,
+            "WITH r AS (INSERT INTO coordinator.runs (job_id, trigger, status, cursor, count,"
+            " started_at, paused_at, last_progress_at, error_message, finding_counts)"
+            " VALUES ($1, 'manual', 'paused', $2::text::jsonb, $3, now(), now(), now(),"
+            " 'paused by operator', $4::text::jsonb) RETURNING id),"
+            " f AS (INSERT INTO coordinator.findings (run_id, kind, resource_id, severity, detail)"
+            " SELECT r.id, e.v->>'kind', e.v->>'resource_id', e.v->>'severity', e.v->'detail'"
+            " FROM r, jsonb_array_elements($5::text::jsonb) WITH ORDINALITY AS e(v, n)"
+            " ORDER BY e.n)"
+            " SELECT id FROM r",
+            job_id,
+            json.dumps(cursor),
+            len(findings),
+            json.dumps(counts),
+            json.dumps(findings),
+        )
+        return int(rows[0]["id"])
 
 
 @pytest.fixture(scope="module")
@@ -294,6 +323,26 @@ class Page:
         return self.css(f'tr[data-job="{job_id}"]')
 
 
+@contextlib.contextmanager
+def worker_process(site: Site, home: Path, module: str, source: str) -> Iterator[None]:
+    """``coordinator worker <module>:worker`` on the site's socket while the block runs."""
+    (home / f"{module}.py").write_text(textwrap.dedent(source))
+    env = {**_environment(None), "PYTHONPATH": str(home)}
+    worker = subprocess.Popen(
+        [sys.executable, "-c", RUN_MAIN, "worker", f"{module}:worker",
+         "--socket", str(site.worker_socket)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(10)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
 @pytest.fixture(scope="module")
 def page(browser: Any, site: Site, shots: Path) -> Iterator[Page]:
     p = Page(driver=browser, site=site, shots=shots)
@@ -438,8 +487,7 @@ def test_sparkline_has_the_right_buckets(
 def test_a_runs_detail_shows_its_progress_live(page: Page, site: Site, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     gate.mkdir()
-    (tmp_path / "web_worker.py").write_text(
-        textwrap.dedent(f"""
+    source = f"""
         from pathlib import Path
         import trio
         from coordinator.worker import Worker
@@ -456,15 +504,8 @@ def test_a_runs_detail_shows_its_progress_live(page: Page, site: Site, tmp_path:
             while not (GATE / "done").exists():
                 await trio.sleep(0.05)
             return {{"count": 10}}
-        """)
-    )
-    env = {**_environment(None), "PYTHONPATH": str(tmp_path)}
-    worker = subprocess.Popen(
-        [sys.executable, "-c", RUN_MAIN, "worker", "web_worker:worker",
-         "--socket", str(site.worker_socket)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
+        """
+    with worker_process(site, tmp_path, "web_worker", source):
         site.define("copy", target={"kind": "worker", "type": "slow-copy"})
         page.go("/status")
         page.live()
@@ -496,12 +537,198 @@ def test_a_runs_detail_shows_its_progress_live(page: Page, site: Site, tmp_path:
         )
         assert page.same_document()
         assert "checking" in page.css("section.progress").text  # the final snapshot
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(10)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+
+
+#: A recoverable scan over 60 rows, ten a batch, each row a finding (severities in
+#: turn); it waits after 30 rows until GATE/go exists, and pauses when asked. Each call
+#: leaves GATE/start-<the cursor it was handed>.
+SCAN_WORKER = """
+    from pathlib import Path
+    import trio
+    from coordinator.worker import Paused, Worker
+
+    worker = Worker(capacity=1)
+    GATE = Path({gate!r})
+    SEVERITIES = ("info", "warning", "error", "data_loss")
+
+    @worker.job("web-scan")
+    async def scan(ctx):
+        (GATE / f"start-{{ctx.cursor}}").touch()
+        position = ctx.cursor or 0
+        while position < 60:
+            if ctx.cancelled.is_set():
+                raise Paused()
+            if position >= 30 and not (GATE / "go").exists():
+                await trio.sleep(0.05)
+                continue
+            for row in range(position, position + 10):
+                await ctx.finding("check", f"row-{{row}}", severity=SEVERITIES[row % 4],
+                                  detail={{"row": row}})
+            position += 10
+            await ctx.checkpoint(position, count=10)
+    """
+
+
+def test_pause_and_resume_a_recoverable_run_and_see_its_findings(
+    page: Page, site: Site, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    with worker_process(site, tmp_path, "scan_worker", SCAN_WORKER.format(gate=str(gate))):
+        job_id = site.define(
+            "table-scan", target={"kind": "worker", "type": "web-scan"}, recoverable=True
+        )
+        run_id = int(
+            sql(site.dsn, "SELECT coordinator.trigger('default', 'table-scan') AS id")[0]["id"]
+        )
+
+        def cursor() -> Any:
+            rows = sql(site.dsn, "SELECT cursor::text FROM coordinator.runs WHERE id = $1", run_id)
+            return rows[0]["cursor"]
+
+        wait_until(lambda: cursor() == "30", timeout=30, what="the scan to wait at row 30")
+        page.go(f"/runs/{run_id}")
+        page.live()
+        assert "running" in page.css("article.run h1").text
+        assert page.css("section.recovery pre.cursor").text == "30"
+        page.mark()
+
+        page.click(f"article.run form[action='/runs/{run_id}/pause'] button")
+        page.wait(
+            lambda d: "paused" in d.find_element(By.CSS_SELECTOR, "article.run h1").text,
+            what="the run to be paused",
+        )
+        assert page.same_document()
+        recovery = page.css("section.recovery")
+        assert recovery.find_element(By.CSS_SELECTOR, "pre.cursor").text == "30"
+        assert recovery.find_element(By.CSS_SELECTOR, ".counted").text == "30"
+        assert "paused by operator" in recovery.text
+        assert page.all(f"article.run form[action='/runs/{run_id}/resume'] button")
+        assert not page.all(f"article.run form[action='/runs/{run_id}/pause']")
+        page.shot("run-paused")
+
+        # The jobs view: which run is paused, since when, and a Resume button.
+        page.go("/")
+        page.live()
+        outstanding = page.row(job_id).find_element(By.CSS_SELECTOR, ".outstanding")
+        assert re.match(
+            rf"run {run_id} paused at (\d{{4}}-\d\d-\d\d )?\d\d:\d\d UTC,\sResume", outstanding.text
+        )
+        assert outstanding.find_elements(By.CSS_SELECTOR, "form[action$='/resume'] button")
+        page.shot("jobs-run-paused")
+
+        # Resume from the run's page: the same run goes on from row 30 to the end.
+        page.go(f"/runs/{run_id}")
+        page.live()
+        page.mark()
+        (gate / "go").touch()
+        page.click(f"article.run form[action='/runs/{run_id}/resume'] button")
+        page.wait(
+            lambda d: "succeeded" in d.find_element(By.CSS_SELECTOR, "article.run h1").text,
+            what="the resumed run to succeed",
+        )
+        assert page.same_document()
+        assert page.css("section.recovery .resumes").text == "1"
+        assert page.css("section.recovery .counted").text == "60"
+        runs = sql(site.dsn, "SELECT count(*) AS n FROM coordinator.runs WHERE job_id = $1", job_id)
+        assert runs[0]["n"] == 1
+        # The resumed call was handed the cursor the pause saved (not a fresh start).
+        assert sorted(p.name for p in gate.glob("start-*")) == ["start-30", "start-None"]
+
+    # The findings, newest first, with their severities; then one severity only.
+    rows = page.all("table.findings tbody tr[data-finding]")
+    assert len(rows) == 25
+    ids = [int(r.get_attribute("data-finding")) for r in rows]
+    assert ids == sorted(ids, reverse=True)
+    assert rows[0].find_element(By.CSS_SELECTOR, "td.resource").text == "row-59"
+    shown = {r.find_element(By.CSS_SELECTOR, ".sev").text for r in rows}
+    assert shown == {"info", "warning", "error", "data loss"}
+    page.driver.execute_script("document.getElementById('findings').scrollIntoView()")
+    page.shot("run-findings")
+    # The next page: older findings, still newest first.
+    page.click("section.findings nav.pages a[href*='findings_before']")
+    page.wait(lambda d: "findings_before=" in d.current_url, what="the older findings")
+    older = [int(r.get_attribute("data-finding")) for r in page.all("tr[data-finding]")]
+    assert len(older) == 25
+    assert older == sorted(older, reverse=True)
+    assert max(older) < min(ids)
+    assert page.all(f"section.findings nav.pages a[href$='/runs/{run_id}#findings']")
+    page.click("nav.severities a.sev-data_loss")
+    page.wait(lambda d: "severity=data_loss" in d.current_url, what="the data loss filter")
+    rows = page.all("table.findings tbody tr[data-finding]")
+    assert len(rows) == 15
+    assert {r.find_element(By.CSS_SELECTOR, ".sev").text for r in rows} == {"data loss"}
+    page.shot("run-findings-data-loss")
+
+
+def test_a_retried_jobs_attempts_and_a_waiting_retry(
+    page: Page, site: Site, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls"
+    flaky = site.define(
+        "flaky",
+        target={
+            "kind": "exec",
+            "argv": ["sh", "-c", f'echo x >> {calls}; [ "$COORDINATOR_ATTEMPT" -ge 3 ]'],
+        },
+        retries=3,
+        retry_backoff=timedelta(milliseconds=200),
+    )
+    page.go("/jobs/default/flaky")
+    page.live()
+    page.mark()
+    assert "3 retries, after 200 ms doubling to at most 1 h" in page.css(".job-head").text
+    page.click(".job-head form[action$='/run'] button")
+
+    def attempts(d: Any) -> list[str]:
+        return [r.text for r in d.find_elements(By.CSS_SELECTOR, "tbody[data-runs-of] tr")]
+
+    page.wait(
+        lambda d: len(attempts(d)) == 3 and "succeeded" in attempts(d)[0],
+        what="three attempts, the last one succeeded",
+    )
+    assert page.same_document()
+    first, second, third = reversed(attempts(page.driver))
+    assert "failed" in first
+    assert "failed" in second
+    assert "attempt 2" in second
+    assert "attempt 3" in third
+    page.shot("job-attempts")
+
+    page.click("tbody[data-runs-of] tr:first-child td:first-child a")
+    page.wait(lambda d: d.find_elements(By.CSS_SELECTOR, "table.chain"), what="the chain")
+    chain = page.all("table.chain tbody tr.attempt")
+    assert [r.find_element(By.CSS_SELECTOR, "td").text for r in chain] == ["1", "2", "3"]
+    assert [len(r.find_elements(By.CSS_SELECTOR, "a")) for r in chain] == [1, 1, 0]
+    assert "unknown" in chain[0].text  # a failed command's category
+    assert "succeeded" in chain[2].text
+    page.shot("run-attempts")
+    chain[0].find_element(By.CSS_SELECTOR, "a").click()
+    page.wait(lambda d: "Retried by" in d.find_element(By.CSS_SELECTOR, "article.run").text,
+              what="the first attempt's detail")  # fmt: skip
+    rows = sql(site.dsn, "SELECT count(*) AS n FROM coordinator.runs WHERE job_id = $1", flaky)
+    assert rows[0]["n"] == 3
+
+    # A retry waiting for its due time (an hour's backoff): the jobs view says which, when.
+    patient = site.define(
+        "patient", target={"kind": "exec", "argv": ["false"]}, retries=4,
+        retry_backoff=timedelta(hours=1), misfire="skip", misfire_grace=timedelta(minutes=10),
+    )  # fmt: skip
+    page.go("/")
+    page.live()
+    page.mark()
+    sql(site.dsn, "SELECT coordinator.trigger('default', 'patient')")
+    page.wait(
+        lambda d: "retry 1 of 4 due in" in page.row(patient).text,
+        what="the waiting retry in the jobs view, without a reload",
+    )
+    assert page.same_document()
+    page.shot("jobs-retry-waiting")
+    page.go("/jobs/default/patient")
+    head = page.css(".job-head").text
+    assert "retry 1 of 4 due in" in head
+    assert "skip if more than 10 min late" in head
+    page.shot("job-retry-policy")
 
 
 def test_a_job_named_like_a_script_is_shown_as_text(page: Page, site: Site) -> None:
@@ -515,6 +742,51 @@ def test_a_job_named_like_a_script_is_shown_as_text(page: Page, site: Site) -> N
     assert page.css(".job-head h1").text.startswith(XSS)
     with pytest.raises(NoAlertPresentException):
         page.driver.switch_to.alert  # noqa: B018
+
+
+def test_a_runs_cursor_and_findings_are_shown_as_text_with_their_severity(
+    page: Page, site: Site
+) -> None:
+    job_id = site.define("audit", target={"kind": "worker", "type": "web-audit"}, recoverable=True)
+    severities = ("info", "warning", "error", "data_loss")
+    findings = [
+        {"kind": "orphan", "resource_id": f"row-{i}", "severity": severities[i % 4],
+         "detail": {"i": i}}
+        for i in range(30)
+    ]  # fmt: skip
+    newest = {"kind": XSS, "resource_id": XSS, "severity": "data_loss", "detail": {"x": XSS}}
+    findings.append(newest)
+    cursor = {"after": XSS, "pad": "y" * 5000}  # 5 kB: more than the page shows
+    run_id = site.paused_run(job_id, cursor, findings)
+    page.go(f"/runs/{run_id}")
+    page.live()
+    with pytest.raises(NoAlertPresentException):
+        page.driver.switch_to.alert  # noqa: B018 - raises when no alert is open
+    # Only the page's own script: nothing a worker sent became an element.
+    inline = "return [...document.scripts].filter(s => !s.src).length"
+    assert page.driver.execute_script(inline) == 0
+    assert page.driver.execute_script("return document.querySelectorAll('b, i, img').length") == 0
+
+    row = page.css("table.findings tbody tr[data-finding]")
+    cells = [c.text for c in row.find_elements(By.CSS_SELECTOR, "td")]
+    assert cells[:3] == ["data loss", XSS, XSS]
+    assert cells[3] == json.dumps({"x": XSS})
+    assert row.find_element(By.CSS_SELECTOR, ".sev").get_attribute("class") == ("sev sev-data_loss")
+    counts = page.css("nav.severities").text
+    assert "all 31" in counts
+    assert "data loss 8" in counts
+    assert "warning 8" in counts
+
+    shown = page.css("section.recovery pre.cursor").text
+    assert XSS in shown  # as text
+    assert len(shown) <= CURSOR_SHOWN + len(TRUNCATED)
+    assert "y" * 2000 not in shown
+    size = len(json.dumps(cursor, separators=(",", ":")).encode())
+    assert f"{size} bytes, the first {CURSOR_SHOWN} characters shown" in (
+        page.css("section.recovery").text
+    )
+    assert page.all(f"article.run form[action='/runs/{run_id}/resume'] button")
+    page.shot("run-findings-escaped")
 
 
 def test_a_post_without_the_csrf_token_is_refused(page: Page, site: Site) -> None:
@@ -577,19 +849,43 @@ def test_an_open_page_sends_no_sql_for_a_minute(
     page: Page, site: Site, sql_log: Any, pg_server: TestServer
 ) -> None:
     job_id = site.define("someday", schedule_kind="cron", schedule="0 0 1 1 *")
+    # A second tab, open on the same window: a paused recoverable run's detail (cursor,
+    # findings, Resume), which follows the stream for its run and its job.
+    scan = site.define("someday-scan", target={"kind": "worker", "type": "web-idle"},
+                       recoverable=True)  # fmt: skip
+    finding = {"kind": "gap", "resource_id": "row-1", "severity": "warning", "detail": {}}
+    run_id = site.paused_run(scan, {"after": 1}, [finding])
     page.go("/")
     page.live()
-    time.sleep(1.0)  # let the refresh the definition asked for land
-    page.requested()
-    sql_log.mark()
-    time.sleep(IDLE_WINDOW)
-    statements = sql_log.statements(db=site.dbname)
-    assert statements == [], [s.sql[:200] for s in statements]
-    # The page stayed connected all along: no new request, no reconnect of the stream.
-    assert page.requested() == []
-    assert "on" in page.css("#live").get_attribute("class")
-    # The count means something: one event later, the page reads what it names.
     page.mark()
+    jobs_tab = page.driver.current_window_handle
+    page.driver.switch_to.new_window("tab")
+    try:
+        page.go(f"/runs/{run_id}")
+        page.live()
+        page.mark()
+        assert page.all("section.findings tr[data-finding]")
+        time.sleep(1.0)  # let the refresh the definitions asked for land
+        page.requested()
+        sql_log.mark()
+        time.sleep(IDLE_WINDOW)
+        statements = sql_log.statements(db=site.dbname)
+        assert statements == [], [s.sql[:200] for s in statements]
+        # The pages stayed connected all along: no new request, no reconnect of a stream.
+        assert page.requested() == []
+        assert "on" in page.css("#live").get_attribute("class")
+        # The count means something: one event later, the run's page reads what it names.
+        sql(site.dsn, "SELECT coordinator.cancel($1)", run_id)
+        page.wait(
+            lambda d: "cancelled" in d.find_element(By.CSS_SELECTOR, "article.run h1").text,
+            what="the cancelled run's detail",
+        )
+        assert page.same_document()
+    finally:
+        page.driver.close()
+        page.driver.switch_to.window(jobs_tab)
+    assert "on" in page.css("#live").get_attribute("class")
+    # And the jobs view, open all along, follows too.
     sql(site.dsn, "SELECT coordinator.pause('default', 'someday')")
     page.wait(
         lambda d: (

@@ -594,3 +594,53 @@ async def test_sync_and_runs_show_the_new_fields(conn: asyncpg.Connection) -> No
     with pytest.raises(InvalidInput, match="limit"):
         await aio(client.list_findings)(conn, run_id, limit=0)
     assert (await aio(client.list_findings)(conn, run_id)).findings == ()
+
+
+async def test_resume_run_resumes_only_a_paused_run(conn: asyncpg.Connection) -> None:
+    job_id = await _define(conn, "scan", target=WORKER, recoverable=True, paused=True)
+    run_id = await aio(client.trigger)(conn, "scan")
+    with pytest.raises(Conflict, match=f"run {run_id} is queued, not paused"):
+        await aio(client.resume_run)(conn, run_id)
+    assert await aio(client.pause_run)(conn, run_id) == "paused"
+    paused = await aio(client.get_job)(conn, "scan")
+    assert paused.outstanding_paused_at == (await aio(client.get_run)(conn, run_id)).paused_at
+    assert paused.outstanding_paused_at is not None
+    assert paused.outstanding_attempt == 1
+    assert await aio(client.resume_run)(conn, run_id) == run_id
+    view = await aio(client.get_job)(conn, "scan")
+    assert (view.outstanding_run, view.outstanding_status) == (run_id, "queued")
+    # Once it is over, a Resume starts nothing (a plain trigger would start a new run).
+    await aio(client.cancel_run)(conn, run_id)
+    with pytest.raises(Conflict, match="cancelled, not paused"):
+        await aio(client.resume_run)(conn, run_id)
+    assert (
+        await aio(conn.fetchval)("SELECT count(*) FROM coordinator.runs WHERE job_id = $1", job_id)
+        == 1
+    )
+    with pytest.raises(RunNotFound):
+        await aio(client.resume_run)(conn, 999_999)
+
+
+async def test_findings_newest_first_by_pages(conn: asyncpg.Connection) -> None:
+    job_id = await _define(conn, "scan", target=WORKER, recoverable=True)
+    run_id = await _insert_run(conn, job_id, "paused", finding_counts='{"info": 5}')
+    await aio(conn.execute)(
+        "INSERT INTO coordinator.findings (run_id, kind, resource_id, severity, detail)"
+        " SELECT $1, 'k', 'r' || i, CASE WHEN i % 2 = 0 THEN 'info' ELSE 'error' END, '{}'"
+        "   FROM generate_series(1, 5) i",
+        run_id,
+    )
+    first = await aio(client.list_findings)(conn, run_id, limit=2, newest_first=True)
+    assert [f.resource_id for f in first.findings] == ["r5", "r4"]
+    assert (first.next_after, first.next_before) == (None, first.findings[-1].id)
+    rest = await aio(client.list_findings)(
+        conn, run_id, limit=5, newest_first=True, before=first.next_before
+    )
+    assert [f.resource_id for f in rest.findings] == ["r3", "r2", "r1"]
+    assert rest.next_before is None
+    errors = await aio(client.list_findings)(conn, run_id, newest_first=True, severity="error")
+    assert [f.resource_id for f in errors.findings] == ["r5", "r3", "r1"]
+    with pytest.raises(InvalidInput, match="before"):
+        await aio(client.list_findings)(conn, run_id, before=3)
+    with pytest.raises(InvalidInput, match="after"):
+        await aio(client.list_findings)(conn, run_id, after=1, newest_first=True)

@@ -18,14 +18,27 @@ import pytest
 import trio
 
 from coordinator import buckets, client
-from coordinator.admin import Metrics, make_app
+from coordinator.admin import Metrics, make_app, present
+from coordinator.admin.web import FINDINGS_PAGE
 from coordinator.db import aio
 
 from .conftest import Harness, StartDaemon, define
 from .test_admin import serve
+from .test_recoverable import (
+    BATCH,
+    ITEMS,
+    SEVENS,
+    Scan,
+    recoverable,
+    run_row,
+    run_worker,
+    tune,
+    wait_run,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from pathlib import Path
 
     import asyncpg
 
@@ -434,3 +447,265 @@ async def test_stats_refuse_a_bad_since_in_one_line(
     assert word in response.json()["message"]
     missing = await site.get("/api/jobs/default/nope/stats", headers=AUTH)
     assert missing.status_code == 404
+
+
+# -- recoverable runs, findings and attempts (issues 12 and 13 on the page) ---------------------
+
+FETCH = {"X-Requested-With": "fetch"}
+
+
+def _forms(html: str) -> set[str]:
+    """The actions of the page's POST forms."""
+    return set(re.findall(r'<form method="post" action="([^"]+)"', html))
+
+
+async def _row(site: Site, job_id: int) -> str:
+    page = await site.get(f"/ui/job-row/{job_id}")
+    assert page.status_code == 200, page.text[:500]
+    return page.text
+
+
+async def test_pause_and_resume_a_recoverable_run_from_the_page(
+    site: Site, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    harness = site.harness
+    job_id = await recoverable(conn)
+    tune(harness, checkpoint_interval=0.1)
+    scan = Scan(hold_after=3)
+    await run_worker(nursery, scan.worker(), harness)
+    await site.sign_in()
+    csrf = await site.csrf()
+    started = await site.post("/jobs/default/scan/run", data={"csrf": csrf}, headers=FETCH)
+    run_id = started.json()["run"]
+    await wait_run(conn, run_id, lambda r: r["cursor"] == 3 * BATCH)
+
+    running = (await site.get(f"/runs/{run_id}")).text
+    assert f"/runs/{run_id}/pause" in _forms(running)
+    assert f"/runs/{run_id}/resume" not in _forms(running)
+    assert 'class="recovery"' in running
+    assert '<pre class="cursor">30</pre>' in running
+    assert '<dd class="counted">30</dd>' in running
+    assert 'class="findings"' in running  # checkpoints carried findings
+
+    # Without the CSRF token nothing happens.
+    refused = await site.post(f"/runs/{run_id}/pause", data={})
+    assert refused.status_code == 403
+    assert (await run_row(conn, run_id))["status"] == "running"
+
+    # Pause as a plain form post (JavaScript off): back to the run, with a note.
+    paused = await site.post(
+        f"/runs/{run_id}/pause", data={"csrf": csrf, "next": f"/runs/{run_id}"}
+    )
+    assert paused.status_code == 303
+    assert paused.headers["location"].startswith(f"/runs/{run_id}?note=run+{run_id}+pausing")
+    pausing = (await site.get(paused.headers["location"])).text
+    assert "cancel_requested" in pausing
+    assert "pausing" in pausing
+    assert f"run {run_id}</a> pausing" in await _row(site, job_id)
+
+    scan.gate.set()  # the handler sees the request at its next batch and pauses
+    row = await wait_run(conn, run_id, lambda r: r["status"] == "paused")
+    cursor = row["cursor"]
+    assert 3 * BATCH <= cursor < ITEMS
+    detail = (await site.get(f"/runs/{run_id}")).text
+    assert f"/runs/{run_id}/resume" in _forms(detail)
+    assert f"/runs/{run_id}/pause" not in _forms(detail)
+    assert f"/runs/{run_id}/cancel" in _forms(detail)  # a paused run may be ended too
+    assert f'<pre class="cursor">{cursor}</pre>' in detail
+    assert f'<dd class="counted">{cursor}</dd>' in detail
+    assert "paused by operator" in detail
+    assert 'class="error-box"' not in detail  # a pause is not an error
+
+    # The jobs and job views say it is paused, since when, and offer Resume.
+    jobs_row = await _row(site, job_id)
+    assert re.search(
+        rf"run {run_id}</a> paused at <time[^>]*>(\d{{4}}-\d\d-\d\d )?\d\d:\d\d UTC<", jobs_row
+    ), jobs_row
+    assert f"/runs/{run_id}/resume" in _forms(jobs_row)
+    job_view = (await site.get("/jobs/default/scan")).text
+    assert "Recoverable" in job_view
+    assert f"/runs/{run_id}/resume" in _forms(job_view)
+
+    # Resume (the page's script posts in the background): the same run, from its cursor.
+    resumed = await site.post(f"/runs/{run_id}/resume", data={"csrf": csrf}, headers=FETCH)
+    assert resumed.json() == {
+        "ok": True,
+        "message": f"run {run_id} resumed: queued again at its cursor",
+        "run": run_id,
+    }
+    await wait_run(conn, run_id, lambda r: r["status"] == "succeeded")
+    assert scan.starts[-1] == (run_id, cursor, cursor)
+    # A Resume from a page that is out of date starts nothing.
+    again = await site.post(f"/runs/{run_id}/resume", data={"csrf": csrf}, headers=FETCH)
+    assert again.status_code == 409
+    assert "succeeded, not paused" in again.json()["message"]
+    assert (
+        await aio(conn.fetchval)("SELECT count(*) FROM coordinator.runs WHERE job_id = $1", job_id)
+        == 1
+    )
+
+    done = (await site.get(f"/runs/{run_id}")).text
+    assert '<dd class="resumes">1</dd>' in done
+    assert f'<dd class="counted">{ITEMS}</dd>' in done
+    shown = [int(i) for i in re.findall(r'<tr data-finding="(\d+)"', done)]
+    assert len(shown) == min(SEVENS, FINDINGS_PAGE)
+    assert shown == sorted(shown, reverse=True)  # newest first
+    assert f"warning <small>{SEVENS}</small>" in done
+
+
+async def _paused_run(
+    conn: asyncpg.Connection, job_id: int, cursor: Any, findings: list[tuple[str, str, str, Any]]
+) -> int:
+    """A paused run with ``cursor`` and ``findings`` (kind, resource, severity, detail),
+    written as the daemon would have written them."""
+    counts: dict[str, int] = {}
+    for _kind, _resource, severity, _detail in findings:
+        counts[severity] = counts.get(severity, 0) + 1
+    run_id: int = await aio(conn.fetchval)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, cursor, count, started_at,"
+        " paused_at, last_progress_at, error_message, finding_counts, resumes)"
+        " VALUES ($1, 'manual', 'paused', $2::jsonb, 7, now(), now(), now(),"
+        " 'paused by operator', $3::jsonb, 2) RETURNING id",
+        job_id,
+        json.dumps(cursor),
+        json.dumps(counts),
+    )
+    await aio(conn.executemany)(
+        "INSERT INTO coordinator.findings (run_id, kind, resource_id, severity, detail)"
+        " VALUES ($1, $2, $3, $4, $5::jsonb)",
+        [(run_id, k, r, s, json.dumps(d)) for k, r, s, d in findings],
+    )
+    return run_id
+
+
+async def test_findings_page_newest_first_filter_by_severity_and_escape_everything(
+    site: Site, conn: asyncpg.Connection
+) -> None:
+    job_id = await recoverable(conn, XSS)
+    severities = ("info", "warning", "error", "data_loss")
+    findings = [
+        (f"kind{i}" if i else XSS, f"res-{i}" if i else XSS, severities[i % 4], {"i": i, "x": XSS})
+        for i in range(60)
+    ]
+    cursor = {"after": XSS, "pad": "y" * 5000}  # bigger than the page shows
+    run_id = await _paused_run(conn, job_id, cursor, findings)
+    await site.sign_in()
+
+    page = (await site.get(f"/runs/{run_id}")).text
+    assert XSS not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    # The cursor is bounded: its start, its size, and a word that the rest is not shown.
+    size = len(json.dumps(cursor, separators=(",", ":")).encode())
+    assert f"{size} bytes, the first {present.CURSOR_SHOWN} characters shown" in page
+    assert "y" * 5000 not in page
+    assert '<dd class="resumes">2</dd>' in page
+    first = [int(i) for i in re.findall(r'<tr data-finding="(\d+)"', page)]
+    assert len(first) == FINDINGS_PAGE
+    assert first == sorted(first, reverse=True)
+    older = re.search(r'findings_before=(\d+)#findings">Older findings', page)
+    assert older is not None
+    rest: list[int] = []
+    before: str | None = older.group(1)
+    while before is not None:
+        more = (await site.get(f"/runs/{run_id}?findings_before={before}")).text
+        rest += [int(i) for i in re.findall(r'<tr data-finding="(\d+)"', more)]
+        found = re.search(r'findings_before=(\d+)#findings">Older findings', more)
+        before = found.group(1) if found else None
+    assert len(first) + len(rest) == 60
+    assert max(rest) < min(first)
+
+    # By severity: only those, each counted in the filter.
+    losses = (await site.get(f"/runs/{run_id}?severity=data_loss")).text
+    assert "data loss <small>15</small>" in losses
+    assert losses.count('<span class="sev sev-data_loss">') == 15
+    assert '<span class="sev sev-info">' not in losses
+    # The live fragment keeps the view's filter.
+    assert f'data-src="/ui/run/{run_id}?severity=data_loss"' in losses
+    fragment = (await site.get(f"/ui/run/{run_id}?severity=data_loss")).text
+    assert fragment.count('<span class="sev sev-data_loss">') == 15
+    assert XSS not in fragment
+    bad = await site.get(f"/runs/{run_id}?severity=fatal")
+    assert bad.status_code == 400
+    assert "severity" in bad.text
+
+    # The jobs view: the paused run, since when, and Resume; all escaped.
+    jobs = (await site.get("/")).text
+    assert XSS not in jobs
+    assert f"/runs/{run_id}/resume" in _forms(jobs)
+    only = (await site.get("/?state=run-paused")).text
+    assert f'data-job="{job_id}"' in only
+
+
+async def test_an_attempt_chain_a_waiting_retry_and_the_policies(
+    site: Site, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.txt"
+    flaky = await define(
+        conn,
+        "flaky",
+        target={
+            "kind": "exec",
+            "argv": ["sh", "-c", f'echo x >> {calls}; [ "$COORDINATOR_ATTEMPT" -ge 3 ]'],
+        },
+        retries=4,
+        retry_backoff=timedelta(milliseconds=100),
+        misfire="skip",
+        misfire_grace=timedelta(minutes=5),
+    )
+    patient = await define(
+        conn,
+        "patient",
+        target={"kind": "exec", "argv": ["false"]},
+        retries=3,
+        retry_backoff=timedelta(hours=1),
+        alert=False,
+        keep_last=30,
+        retention=timedelta(days=90),
+    )
+    harness = site.harness
+    await site.sign_in()
+    first = await aio(client.trigger)(conn, "flaky")
+    waits = await aio(client.trigger)(conn, "patient")
+    await harness.wait_event("job.run", job_id=flaky, outcome="succeeded", timeout=30)
+    retry = (await harness.wait_event("job.run", run=waits))[0]["retry"]
+
+    chain = await aio(client.run_chain)(conn, first)
+    assert [r.attempt for r in chain] == [1, 2, 3]
+    last = chain[-1].id
+    detail = (await site.get(f"/runs/{last}")).text
+    rows = re.findall(r'<tr class="attempt"(?: aria-current="true")?>(.*?)</tr>', detail, re.S)
+    assert len(rows) == 3
+    for attempt, (row, run) in enumerate(zip(rows, chain, strict=True), start=1):
+        assert f"<td>{attempt}</td>" in row
+        assert run.status in row
+        if run.id == last:
+            assert f"<strong>run {run.id}</strong>" in row  # this one, not a link
+        else:
+            assert f'<a href="/runs/{run.id}">run {run.id}</a>' in row
+            assert '<span class="pill cat">unknown</span>' in row
+    assert f'data-chain="{first} {chain[1].id} {last} "' in detail
+    # The first attempt's detail lists the same chain, and who retried it.
+    head = (await site.get(f"/runs/{first}")).text
+    assert len(re.findall(r'<tr class="attempt"', head)) == 3
+    assert f'Retried by</dt><dd><a href="/runs/{chain[1].id}">' in head
+    history = (await site.get("/jobs/default/flaky")).text
+    assert f'attempt 3, retries <a href="/runs/{chain[1].id}">run {chain[1].id}</a>' in history
+    assert "4 retries, after 100 ms doubling to at most 1 h" in history
+    assert "skip if more than 5 min late" in history
+    assert '<dt>Alerts</dt><dd class="policy">on</dd>' in history
+    assert "the defaults (the retention setting)" in history
+    patient_view = (await site.get("/jobs/default/patient")).text
+    assert "run once, however late" in patient_view
+    assert "off: no alert is ever sent for it" in patient_view  # #16's opt-out
+    assert "the newest 30 runs, none older than 90 days" in patient_view
+
+    # A waiting retry: the jobs row and the job view say which and when.
+    row = await _row(site, patient)
+    assert re.search(rf'<a href="/runs/{retry}">retry 1 of 3</a> due <time[^>]*>in \d+ min', row)
+    view = (await site.get("/jobs/default/patient")).text
+    assert "retry 1 of 3</a> due" in view
+    waiting = (await site.get(f"/runs/{retry}")).text
+    assert "queued" in waiting
+    assert f"/runs/{retry}/cancel" in _forms(waiting)
+    assert len(re.findall(r'<tr class="attempt"', waiting)) == 2
+    assert (await site.get("/?state=retrying")).text.count("<tr data-job=") == 1

@@ -223,6 +223,11 @@ def test_csrf_tokens_are_bound_to_the_session() -> None:
             {"job_id": 3, "run": 9, "status": "queued"},
         ),
         (NotificationWake(payload={"changed": "many"}), "jobs", {}),
+        (
+            NotificationWake(payload={"pause": 9}),
+            "run",
+            {"run": 9, "status": "cancel_requested"},
+        ),
         (Refreshed(jobs=3, armed=1, initialised=1, elapsed_ms=1.0), "jobs", {}),
         (
             WorkerConnected(worker="w", types=("a",), capacity=1, transport="unix", peer="-"),
@@ -258,3 +263,86 @@ def test_a_finished_runs_error_is_cut() -> None:
     found = live.message(event)
     assert found is not None
     assert len(found[1]["error"]) == live.MAX_ERROR
+
+
+def test_a_paused_or_retried_run_says_so_in_its_message() -> None:
+    paused = live.message(
+        RunFinished(
+            job="d/j", job_id=1, run=2, trigger="manual", outcome="paused", elapsed_ms=1.0,
+            error="paused by operator", cursor_bytes=12, resumes=1,
+        )
+    )  # fmt: skip
+    assert paused is not None
+    assert (paused[1]["status"], paused[1]["resumes"], paused[1]["retry"]) == ("paused", 1, None)
+    failed = live.message(
+        RunFinished(
+            job="d/j", job_id=1, run=2, trigger="manual", outcome="failed", elapsed_ms=1.0,
+            attempt=1, category="timeout", retry=3, retry_at=NOW, exhausted=False,
+        )
+    )  # fmt: skip
+    assert failed is not None
+    assert {k: failed[1][k] for k in ("attempt", "category", "retry", "retry_at")} == {
+        "attempt": 1,
+        "category": "timeout",
+        "retry": 3,
+        "retry_at": "2026-03-02T12:00:00+00:00",
+    }
+    json.loads(live.encode(*failed).decode().split("data: ", 1)[1])  # JSON all through
+
+
+def test_policies_and_waiting_retries_in_words() -> None:
+    assert present.retry_policy(job()) == "none"
+    assert present.retry_policy(job(retries=1, retry_backoff=timedelta(seconds=30))) == (
+        "1 retry, after 30 s"
+    )
+    assert (
+        present.retry_policy(
+            job(retries=4, retry_backoff=timedelta(minutes=1), retry_max_delay=timedelta(hours=2))
+        )
+        == "4 retries, after 1 min doubling to at most 2 h"
+    )
+    assert present.retry_policy(job(retries=2, retry_backoff=timedelta(hours=2))) == (
+        "2 retries, 1 h apart"  # the cap (1 h by default) wins over the first delay
+    )
+    assert present.misfire_policy(job()) == "run once, however late"
+    assert present.history_kept(job()) == "the defaults (the retention setting)"
+    assert present.history_kept(job(keep_last=30, retention=timedelta(days=90))) == (
+        "the newest 30 runs, none older than 90 days"
+    )
+    assert present.history_kept(job(keep_last=5)) == (
+        "the newest 5 runs, none older than the default age"
+    )
+    assert present.history_kept(job(retention=timedelta(hours=12))) == (
+        "the default number of newest runs, none older than 12 h"
+    )
+    skip = job(misfire="skip", misfire_grace=timedelta(minutes=5))
+    assert present.misfire_policy(skip).startswith("skip if more than 5 min late")
+    waiting = job(
+        retries=4, outstanding_run=7, outstanding_status="queued", outstanding_attempt=3,
+        outstanding_due_at=NOW,
+    )  # fmt: skip
+    assert present.retry_of_total(waiting) == "retry 2 of 4"
+    assert present.matches(waiting, "retrying", status())
+    queued = job(outstanding_run=7, outstanding_status="queued", outstanding_attempt=1)
+    assert present.retry_of_total(queued) is None
+    assert not present.matches(queued, "retrying", status())
+    paused = job(outstanding_run=7, outstanding_status="paused", recoverable=True)
+    assert present.matches(paused, "run-paused", status())
+    assert not present.matches(waiting, "run-paused", status())
+
+
+def test_a_cursor_is_shown_bounded() -> None:
+    small = present.json_text({"after": 40}, 100)
+    assert small == ('{\n "after": 40\n}', len('{"after":40}'), False)
+    text, size, cut = present.json_text({"pad": "x" * 5000}, 100)
+    assert cut
+    assert len(text) == 101  # the limit and the mark that says it was cut
+    assert text.endswith("…")
+    assert size == len('{"pad":""}') + 5000
+    assert present.json_text({"b": 1, "a": "é"}, 100, indent=None)[0] == '{"a": "é", "b": 1}'
+
+
+def test_short_times_leave_out_todays_date() -> None:
+    assert present.short_time(NOW - timedelta(hours=3), NOW) == "09:00 UTC"
+    assert present.short_time(NOW - timedelta(days=1), NOW) == "2026-03-01 12:00 UTC"
+    assert present.short_time(None, NOW) == "-"

@@ -115,7 +115,12 @@
         var row = parse(html);
         if (!row) return;
         all("tr.none", body).forEach(function (none) { none.remove(); });
-        body.insertBefore(row, body.firstElementChild);
+        // In the history's order (newest, i.e. highest id, first), whatever order the
+        // fetches of several new runs (an attempt and its retry) came back in.
+        var older = Array.from(body.children).find(function (tr) {
+          return Number(tr.dataset.run) < Number(runId);
+        });
+        body.insertBefore(row, older || null);
         ages(row);
       });
     }).catch(function () {}).then(function () {
@@ -132,14 +137,22 @@
   function onJob(jobId, structural) {
     var found = all('[data-job="' + jobId + '"]');
     found.forEach(want);
-    if (!found.length && structural) everything('[data-live="jobs"]');
+    if (!structural) return;
+    // The job changed (or a run of it, by a path that names only the job): a run's
+    // detail of it reads itself again too.
+    all('[data-run-job="' + jobId + '"]').forEach(want);
+    if (!found.length) everything('[data-live="jobs"]');
   }
 
   function onRun(d) {
-    onJob(d.job_id, false);
+    // A pause names only the run: the job showing it as outstanding reads itself again.
+    if (d.job_id == null) all('[data-outstanding="' + d.run + '"]').forEach(want);
+    else onJob(d.job_id, false);
     var found = all('[data-run="' + d.run + '"]');
     found.forEach(want);
-    if (!found.length) addRun(d.job_id, d.run);
+    all('[data-chain~="' + d.run + '"]').forEach(want); // a detail listing it as an attempt
+    if (!found.length && d.job_id != null) addRun(d.job_id, d.run);
+    if (d.retry && d.job_id != null) addRun(d.job_id, d.retry); // a retry, waiting
     everything('[data-live="status"]');
   }
 
@@ -190,7 +203,7 @@
     on("run", onRun);
     on("progress", onProgress);
     on("job", function (d) { onJob(d.job_id, true); });
-    on("jobs", function () { everything('[data-live="jobs"], [data-job]'); });
+    on("jobs", function () { everything('[data-live="jobs"], [data-job], [data-run-job]'); });
     on("worker", function () {
       everything('[data-live="status"], [data-live="jobs"], [data-job]');
     });
