@@ -12,6 +12,16 @@
 -- queued runs, resume paused runs, insert new runs; save results, queue retries, mark
 -- exhausted runs, save next deadlines), each skipped when no item needs it.
 --
+-- Plans that survive statistics (0004, tests/integration/test_stable_plans.py): PL/pgSQL
+-- keeps a statement's generic plan, possibly made while the tables were tiny. So no
+-- statement here joins a table to the items: each table is reached by its key only
+-- (`id = ANY (array)`: the primary key, whatever the statistics say), the rows read are
+-- kept in arrays, and the items are matched to them among the arrays (a few dozen rows in
+-- memory). Where a run's status must be checked in the same scan, the statuses are a
+-- parameter (`= ANY (v_settleable)`), not constants, so that no plan may read the whole
+-- partial index of outstanding runs in place of the few rows asked for
+-- (tests/integration/test_batch_sets.py counts the rows a batch reads).
+--
 -- Every rule is the one of coordinator._claim and coordinator._settle (0012), item by item:
 -- the same refusals in the same order of precedence, the same row locks, the same
 -- ON CONFLICT on the one-outstanding-run index, the same fencing (once per batch, as in
@@ -72,24 +82,36 @@ LANGUAGE plpgsql SET enable_seqscan = off AS $$
 -- (OUT columns share names with table columns: in SQL here names mean the columns.)
 #variable_conflict use_column
 DECLARE
-    items   json := p_items::json;
+    items    json := p_items::json;
     -- The items, one array per field, in job id order (the order rows are locked in).
-    a_i     integer[];
-    a_job   bigint[];
-    a_run   bigint[];
-    a_at    timestamptz[];
-    a_v     integer[];
-    a_now   timestamptz[];
-    a_skip  timestamptz[];
-    a_why   text[];     -- the refusal (NULL: granted)
-    a_held  boolean[];  -- the job has a paused run (a granted deadline resumes it)
-    claimed coordinator.runs[] := '{}';
-    more    coordinator.runs[];
-    n_items integer;
-    n_jobs  integer;
-    any_promoted boolean;  -- some granted item promotes a queued run
-    any_resumed  boolean;  -- some granted deadline resumes a paused run
-    any_new      boolean;  -- some granted deadline inserts a run
+    a_i      integer[];
+    a_job    bigint[];
+    a_run    bigint[];
+    a_at     timestamptz[];
+    a_v      integer[];
+    a_now    timestamptz[];
+    a_skip   timestamptz[];
+    a_why    text[];                 -- each item's refusal (NULL: granted)
+    n_items  integer;
+    n_jobs   integer;
+    n_twice  integer;                -- runs named by more than one item
+    locked   coordinator.jobs[];     -- the jobs as locked
+    queued   coordinator.runs[];     -- the items' queued runs as locked
+    claimed  coordinator.runs[] := '{}';
+    more     coordinator.runs[];
+    -- What to write: misfired deadlines (job, the deadline saved in its place); queued
+    -- runs to promote (run, its job's schedule version); paused runs to resume and new
+    -- runs to insert (job, deadline, schedule version).
+    m_job    bigint[];
+    m_skip   timestamptz[];
+    p_run    bigint[];
+    p_ver    integer[];
+    r_job    bigint[];
+    r_at     timestamptz[];
+    r_ver    integer[];
+    n_job    bigint[];
+    n_at     timestamptz[];
+    n_ver    integer[];
 BEGIN
     -- Fencing once for the batch (each item would otherwise scan pg_locks again).
     IF p_leader_pid IS NOT NULL AND NOT EXISTS (
@@ -112,8 +134,9 @@ BEGIN
     SELECT array_agg(x.i ORDER BY x.job, x.i), array_agg(x.job ORDER BY x.job, x.i),
            array_agg(x.run ORDER BY x.job, x.i), array_agg(x.at ORDER BY x.job, x.i),
            array_agg(x.v ORDER BY x.job, x.i), array_agg(x.now ORDER BY x.job, x.i),
-           array_agg(x.skip ORDER BY x.job, x.i), count(*), count(DISTINCT x.job)
-      INTO a_i, a_job, a_run, a_at, a_v, a_now, a_skip, n_items, n_jobs
+           array_agg(x.skip ORDER BY x.job, x.i), count(*), count(DISTINCT x.job),
+           count(x.run) - count(DISTINCT x.run)
+      INTO a_i, a_job, a_run, a_at, a_v, a_now, a_skip, n_items, n_jobs, n_twice
       FROM json_to_recordset(items)
            AS x(i integer, job bigint, run bigint, at timestamptz, v integer,
                 now timestamptz, skip timestamptz);
@@ -125,32 +148,48 @@ BEGIN
     -- back to here and done again item by item, each in a subtransaction of its own
     -- (a subtransaction per item costs more than the batch: only pay it when needed).
     BEGIN
-        IF n_jobs < n_items THEN
-            -- Two items of one job: the second sees what the first did. Item by item.
+        IF n_jobs < n_items OR n_twice > 0 THEN
+            -- Two items of one job or run (the second sees what the first did), or an
+            -- item without a job: item by item, as before.
             RETURN QUERY SELECT * FROM coordinator._claim_each(items, p_instance, p_workers,
                                                                false);
             RETURN;
         END IF;
 
         -- The jobs' row locks, in job id order; then the queued runs' (each only if it is
-        -- its item's job's, as _claim locks it).
-        PERFORM 1 FROM coordinator.jobs j WHERE j.id = ANY (a_job) ORDER BY j.id
-            FOR NO KEY UPDATE;
+        -- its item's job's, as _claim locks it). Both read as locked.
+        SELECT coalesce(array_agg(s.j), '{}') INTO locked
+          FROM (SELECT j FROM coordinator.jobs j WHERE j.id = ANY (a_job) ORDER BY j.id
+                   FOR NO KEY UPDATE OF j) s;
         IF cardinality(array_remove(a_run, NULL)) > 0 THEN
-            PERFORM 1 FROM unnest(a_job, a_run) AS x(job, run)
-                      JOIN coordinator.runs r
-                        ON r.id = x.run AND r.job_id = x.job AND r.id = ANY (a_run)
-             ORDER BY x.job FOR UPDATE OF r;
+            SELECT coalesce(array_agg(s.r), '{}') INTO queued
+              FROM (SELECT r FROM coordinator.runs r
+                     WHERE r.id = ANY (a_run)
+                       AND r.job_id = a_job[array_position(a_run, r.id)]
+                     ORDER BY r.id FOR UPDATE OF r) s;
+        ELSE
+            queued := '{}';
         END IF;
 
-        -- Each item's outcome, as _claim decides it, from the rows as they are now locked.
-        SELECT array_agg(d.why ORDER BY d.o), array_agg(d.held ORDER BY d.o),
-               coalesce(bool_or(d.why IS NULL AND d.run IS NOT NULL), false),
-               coalesce(bool_or(d.why IS NULL AND d.held), false),
-               coalesce(bool_or(d.why IS NULL AND d.run IS NULL AND NOT d.held), false)
-          INTO a_why, a_held, any_promoted, any_resumed, any_new
+        -- Each item's outcome, as _claim decides it, from the rows as locked; and what to
+        -- write for it.
+        SELECT array_agg(d.why ORDER BY d.o),
+               array_agg(d.job) FILTER (WHERE d.why = 'misfire'),
+               array_agg(d.skip) FILTER (WHERE d.why = 'misfire'),
+               array_agg(d.run) FILTER (WHERE d.why IS NULL AND d.run IS NOT NULL),
+               array_agg(d.ver) FILTER (WHERE d.why IS NULL AND d.run IS NOT NULL),
+               array_agg(d.job) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND d.held),
+               array_agg(d.at) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND d.held),
+               array_agg(d.ver) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND d.held),
+               array_agg(d.job ORDER BY d.job)
+                   FILTER (WHERE d.why IS NULL AND d.run IS NULL AND NOT d.held),
+               array_agg(d.at ORDER BY d.job)
+                   FILTER (WHERE d.why IS NULL AND d.run IS NULL AND NOT d.held),
+               array_agg(d.ver ORDER BY d.job)
+                   FILTER (WHERE d.why IS NULL AND d.run IS NULL AND NOT d.held)
+          INTO a_why, m_job, m_skip, p_run, p_ver, r_job, r_at, r_ver, n_job, n_at, n_ver
           FROM (
-            SELECT x.o, x.run,
+            SELECT x.o, x.job, x.run, x.at, x.skip, j.schedule_version AS ver,
                    CASE
                        WHEN j.id IS NULL THEN 'gone'
                        WHEN x.run IS NOT NULL AND r.id IS NULL THEN 'gone'
@@ -170,85 +209,73 @@ BEGIN
                             AND NOT ((j.target->>'type') = ANY (coalesce(p_workers, '{}')))
                             THEN 'unavailable'
                    END AS why,
-                   x.run IS NULL AND EXISTS (
+                   -- A deadline of a job whose run is paused resumes that run.
+                   x.run IS NULL AND j.id IS NOT NULL AND EXISTS (
                        SELECT 1 FROM coordinator.runs p
                         WHERE p.job_id = x.job AND p.status = 'paused') AS held
-              FROM unnest(a_job, a_run, a_at, a_v, a_now) WITH ORDINALITY
-                   AS x(job, run, at, v, now, o)
-              LEFT JOIN coordinator.jobs j ON j.id = x.job AND j.id = ANY (a_job)
-              LEFT JOIN coordinator.runs r
-                ON r.id = x.run AND r.job_id = x.job AND r.id = ANY (a_run)
+              FROM unnest(a_job, a_run, a_at, a_v, a_now, a_skip) WITH ORDINALITY
+                   AS x(job, run, at, v, now, skip, o)
+              LEFT JOIN unnest(locked) AS j ON j.id = x.job
+              LEFT JOIN unnest(queued) AS r ON r.id = x.run AND r.job_id = x.job
           ) d;
 
         -- A misfired deadline: the one after the daemon's clock is saved in its place.
-        IF 'misfire' = ANY (a_why) THEN
-            UPDATE coordinator.jobs j SET next_run_at = x.skip, updated_at = now()
-              FROM unnest(a_job, a_skip, a_why) AS x(job, skip, why)
-             WHERE x.why = 'misfire' AND j.id = x.job AND j.id = ANY (a_job);
+        IF m_job IS NOT NULL THEN
+            UPDATE coordinator.jobs
+               SET next_run_at = m_skip[array_position(m_job, jobs.id)], updated_at = now()
+             WHERE jobs.id = ANY (m_job);
         END IF;
 
         -- Queued manual and retry runs: promoted. (A queued run that started before is a
         -- resume, a trigger of a paused run: it keeps its first start.)
-        IF any_promoted THEN
+        IF p_run IS NOT NULL THEN
             WITH u AS (
                 UPDATE coordinator.runs
                    SET status = 'running', claimed_at = now(),
                        started_at = coalesce(runs.started_at, now()),
-                       instance = p_instance, schedule_version = j.schedule_version,
-                       resumes = runs.resumes + CASE WHEN runs.started_at IS NULL THEN 0 ELSE 1 END,
+                       instance = p_instance,
+                       schedule_version = p_ver[array_position(p_run, runs.id)],
+                       resumes = runs.resumes
+                                 + CASE WHEN runs.started_at IS NULL THEN 0 ELSE 1 END,
                        paused_at = NULL, error_cause = NULL, error_message = NULL
-                  FROM unnest(a_job, a_run, a_why) AS x(job, run, why)
-                  JOIN coordinator.jobs j ON j.id = x.job AND j.id = ANY (a_job)
-                 WHERE x.why IS NULL AND x.run IS NOT NULL AND runs.id = x.run
-                   AND runs.id = ANY (a_run)
+                 WHERE runs.id = ANY (p_run)
                 RETURNING runs
             )
-            SELECT coalesce(array_agg(u.runs), '{}') INTO more FROM u;
-            claimed := claimed || more;
+            SELECT claimed || coalesce(array_agg(u.runs), '{}') INTO claimed FROM u;
         END IF;
 
         -- Deadlines of jobs whose run is paused: the tick resumes it; it serves this
         -- deadline now.
-        IF any_resumed THEN
+        IF r_job IS NOT NULL THEN
             WITH u AS (
                 UPDATE coordinator.runs
                    SET status = 'running', claimed_at = now(), instance = p_instance,
-                       schedule_version = j.schedule_version, scheduled_for = x.at,
+                       schedule_version = r_ver[array_position(r_job, runs.job_id)],
+                       scheduled_for = r_at[array_position(r_job, runs.job_id)],
                        resumes = runs.resumes + 1, paused_at = NULL, error_cause = NULL,
                        error_message = NULL
-                  FROM unnest(a_job, a_at, a_why, a_held) AS x(job, at, why, held)
-                  JOIN coordinator.jobs j ON j.id = x.job AND j.id = ANY (a_job)
-                 WHERE x.why IS NULL AND x.held AND runs.job_id = x.job
-                   AND runs.job_id = ANY (a_job)
-                   AND runs.status = 'paused'
+                 WHERE runs.job_id = ANY (r_job) AND runs.status = 'paused'
                 RETURNING runs
             )
-            SELECT coalesce(array_agg(u.runs), '{}') INTO more FROM u;
-            claimed := claimed || more;
+            SELECT claimed || coalesce(array_agg(u.runs), '{}') INTO claimed FROM u;
         END IF;
 
         -- Other deadlines: a new run, unless one is outstanding (the partial unique index
         -- decides, whatever races).
-        IF any_new THEN
+        IF n_job IS NOT NULL THEN
             WITH u AS (
                 INSERT INTO coordinator.runs AS n (job_id, trigger, status, scheduled_for,
                                                    claimed_at, started_at, schedule_version,
                                                    instance)
-                SELECT x.job, 'schedule', 'running', x.at, now(), now(), j.schedule_version,
-                       p_instance
-                  FROM unnest(a_job, a_run, a_at, a_why, a_held)
-                       AS x(job, run, at, why, held)
-                  JOIN coordinator.jobs j ON j.id = x.job AND j.id = ANY (a_job)
-                 WHERE x.why IS NULL AND x.run IS NULL AND NOT x.held
-                 ORDER BY x.job
+                SELECT x.job, 'schedule', 'running', x.at, now(), now(), x.ver, p_instance
+                  FROM unnest(n_job, n_at, n_ver) AS x(job, at, ver)
                 ON CONFLICT (job_id)
                    WHERE status IN ('queued', 'pending', 'running', 'unresolved',
                                     'cancel_requested', 'paused')
                 DO NOTHING
                 RETURNING n
             )
-            SELECT coalesce(array_agg(u.n), '{}') INTO more FROM u;
-            claimed := claimed || more;
+            SELECT claimed || coalesce(array_agg(u.n), '{}') INTO claimed FROM u;
         END IF;
 
         RETURN QUERY
@@ -280,7 +307,7 @@ BEGIN
           FROM unnest(a_i, a_job, a_at, a_skip, a_why) WITH ORDINALITY
                AS x(i, job, at, skip, why, o)
           LEFT JOIN unnest(claimed) AS c ON c.job_id = x.job
-          LEFT JOIN coordinator.jobs j ON j.id = x.job AND j.id = ANY (a_job)
+          LEFT JOIN unnest(locked) AS j ON j.id = x.job
          ORDER BY x.o;
     EXCEPTION WHEN others THEN
         RETURN QUERY SELECT * FROM coordinator._claim_each(items, p_instance, p_workers, true);
@@ -311,29 +338,74 @@ LANGUAGE plpgsql SET enable_seqscan = off AS $$
 -- (OUT columns share names with table columns: in SQL here names mean the columns.)
 #variable_conflict use_column
 DECLARE
-    items     json := p_items::json;
-    a_job     bigint[];    -- each item's run's job (NULL: no such run), in job id order
-    a_run     bigint[];    -- each item's run, in the same order
-    n_items   integer;
-    n_jobs    integer;     -- distinct jobs among the items that have one
-    n_orphans integer;     -- items whose run does not exist
-    n_found   integer;     -- items that carry findings
-    saved     coordinator.runs[];
-    to_retry  bigint[];    -- saved runs whose job's policy asks for a retry ...
-    spent     bigint[];    -- ... and those that used the job's last attempt
-    moving    bigint[];    -- saved runs that may move their job's deadline
-    q_of      bigint[];    -- retries queued now: of which run, id, due time
-    q_id      bigint[];
-    q_due     timestamptz[];
+    items       json := p_items::json;
+    -- A parameter, not constants: see the head of this file.
+    settleable  text[] := '{running,pending,cancel_requested}';
+    waiting     text[] := '{queued}';
+    found       coordinator.runs[];   -- the items' runs as they were before
+    -- The items, one array per field, in job id order (the order rows are locked in).
+    a_i         integer[];
+    a_run       bigint[];
+    a_job       bigint[];             -- the run's job (NULL: no such run)
+    a_status    text[];
+    a_started   timestamptz[];
+    a_finished  timestamptz[];
+    a_count     bigint[];
+    a_extra     jsonb[];
+    a_cause     text[];
+    a_message   text[];
+    a_v         integer[];
+    a_next      timestamptz[];
+    a_category  text[];
+    a_retryable boolean[];
+    a_jitter    double precision[];
+    a_cursor    jsonb[];              -- {"v": cursor}, or NULL: unchanged
+    n_items     integer;
+    n_jobs      integer;              -- distinct jobs among the items that have one
+    n_orphans   integer;              -- items whose run does not exist
+    n_found     integer;              -- items that carry findings
+    locked      coordinator.jobs[];   -- the jobs as locked
+    saved       coordinator.runs[];   -- the runs as saved now
+    moved       coordinator.jobs[];   -- the jobs whose deadline moved, as updated
+    to_retry    bigint[];             -- saved runs whose job's policy asks for a retry ...
+    spent       bigint[];             -- ... and those that used the job's last attempt
+    mv_run      bigint[];             -- saved runs that move their job's deadline: run,
+    mv_job      bigint[];             -- job, the next deadline
+    mv_next     timestamptz[];
+    q_of        bigint[];             -- retries queued now: of which run, id, due time
+    q_id        bigint[];
+    q_due       timestamptz[];
 BEGIN
-    -- (Each run looked up by its key: a join could read the whole table.)
-    SELECT array_agg(x.job ORDER BY x.job, x.i), array_agg(x.run ORDER BY x.job, x.i),
-           count(*), count(DISTINCT x.job), count(*) FILTER (WHERE x.job IS NULL),
+    SELECT coalesce(array_agg(s.r), '{}') INTO found
+      FROM (SELECT r FROM coordinator.runs r
+             WHERE r.id = ANY (ARRAY(SELECT (e->>'run')::bigint
+                                       FROM json_array_elements(items) e))) s;
+    SELECT array_agg(x.i ORDER BY r.job_id, x.i), array_agg(x.run ORDER BY r.job_id, x.i),
+           array_agg(r.job_id ORDER BY r.job_id, x.i),
+           array_agg(x.status ORDER BY r.job_id, x.i),
+           array_agg(x.started ORDER BY r.job_id, x.i),
+           array_agg(x.finished ORDER BY r.job_id, x.i),
+           array_agg(x.count ORDER BY r.job_id, x.i),
+           array_agg(x.extra ORDER BY r.job_id, x.i),
+           array_agg(x.cause ORDER BY r.job_id, x.i),
+           array_agg(x.message ORDER BY r.job_id, x.i),
+           array_agg(x.v ORDER BY r.job_id, x.i),
+           array_agg(x.next ORDER BY r.job_id, x.i),
+           array_agg(x.category ORDER BY r.job_id, x.i),
+           array_agg(x.retryable ORDER BY r.job_id, x.i),
+           array_agg(x.jitter ORDER BY r.job_id, x.i),
+           array_agg(x.cursor ORDER BY r.job_id, x.i),
+           count(*), count(DISTINCT r.job_id), count(*) FILTER (WHERE r.job_id IS NULL),
            count(*) FILTER (WHERE x.findings IS NOT NULL)
-      INTO a_job, a_run, n_items, n_jobs, n_orphans, n_found
-      FROM (SELECT x.i, x.run, x.findings,
-                   (SELECT r.job_id FROM coordinator.runs r WHERE r.id = x.run) AS job
-              FROM json_to_recordset(items) AS x(i integer, run bigint, findings jsonb)) x;
+      INTO a_i, a_run, a_job, a_status, a_started, a_finished, a_count, a_extra, a_cause,
+           a_message, a_v, a_next, a_category, a_retryable, a_jitter, a_cursor,
+           n_items, n_jobs, n_orphans, n_found
+      FROM json_to_recordset(items)
+           AS x(i integer, run bigint, status text, started timestamptz,
+                finished timestamptz, count bigint, extra jsonb, cause text,
+                message text, v integer, next timestamptz, category text,
+                retryable boolean, jitter double precision, cursor jsonb, findings jsonb)
+      LEFT JOIN unnest(found) AS r ON r.id = x.run;
     IF n_items = 0 THEN
         RETURN;
     END IF;
@@ -342,66 +414,83 @@ BEGIN
     BEGIN
         IF n_jobs + n_orphans < n_items OR n_found > 0 THEN
             -- Two results of one job (the second sees what the first saved), or findings
-            -- to record: item by item.
+            -- to record: item by item, as before.
             RETURN QUERY SELECT * FROM coordinator._settle_each(items, false);
             RETURN;
         END IF;
 
-        -- The jobs' row locks, in job id order (a job gone meanwhile: its item is 'gone').
-        PERFORM 1 FROM coordinator.jobs j WHERE j.id = ANY (a_job) ORDER BY j.id
-            FOR NO KEY UPDATE;
+        -- The jobs' row locks, in job id order, read as locked (a job gone meanwhile: its
+        -- item is 'gone', and its runs went with it).
+        SELECT coalesce(array_agg(s.j), '{}') INTO locked
+          FROM (SELECT j FROM coordinator.jobs j WHERE j.id = ANY (a_job) ORDER BY j.id
+                   FOR NO KEY UPDATE OF j) s;
 
-        -- The results, saved if the run still waits for one (else 'already'); with what
-        -- decides the rest, read from the rows as saved.
-        WITH x AS (
-            SELECT x.*, r.job_id AS job
-              FROM json_to_recordset(items)
-                   AS x(i integer, run bigint, status text, started timestamptz,
-                        finished timestamptz, count bigint, extra jsonb, cause text,
-                        message text, v integer, next timestamptz, category text,
-                        retryable boolean, jitter double precision, cursor jsonb)
-              JOIN coordinator.runs r ON r.id = x.run AND r.id = ANY (a_run)
-        ), u AS (
+        -- The results, saved if the run still waits for one (else 'already').
+        WITH u AS (
             UPDATE coordinator.runs
-               SET status = x.status,
+               SET status = a_status[array_position(a_run, runs.id)],
                    -- A resumed run keeps its first start.
                    started_at = CASE WHEN runs.resumes > 0 THEN runs.started_at
-                                     ELSE coalesce(x.started, runs.started_at) END,
+                                     ELSE coalesce(a_started[array_position(a_run, runs.id)],
+                                                   runs.started_at) END,
                    -- A paused run is not finished: it has paused_at instead.
-                   finished_at = CASE WHEN x.status = 'paused' THEN NULL ELSE x.finished END,
-                   paused_at = CASE WHEN x.status = 'paused' THEN x.finished END,
-                   count = x.count, extra = x.extra,
-                   error_cause = x.cause, error_message = x.message,
+                   finished_at = CASE WHEN a_status[array_position(a_run, runs.id)] = 'paused'
+                                      THEN NULL
+                                      ELSE a_finished[array_position(a_run, runs.id)] END,
+                   paused_at = CASE WHEN a_status[array_position(a_run, runs.id)] = 'paused'
+                                    THEN a_finished[array_position(a_run, runs.id)] END,
+                   count = a_count[array_position(a_run, runs.id)],
+                   extra = a_extra[array_position(a_run, runs.id)],
+                   error_cause = a_cause[array_position(a_run, runs.id)],
+                   error_message = a_message[array_position(a_run, runs.id)],
                    -- A worker's last progress snapshot is saved with the result.
-                   progress = coalesce(x.extra->'progress', runs.progress),
-                   category = CASE WHEN x.status NOT IN ('succeeded', 'paused')
-                                   THEN coalesce(x.category,
-                                                 coordinator._category(x.status, x.cause)) END,
-                   retryable = CASE WHEN x.status NOT IN ('succeeded', 'paused')
-                                    THEN x.retryable END,
-                   cursor = coalesce(x.cursor -> 'v', runs.cursor),
-                   last_progress_at = CASE WHEN x.cursor -> 'v' IS NULL
-                                           THEN runs.last_progress_at ELSE x.finished END
-              FROM x JOIN coordinator.jobs j ON j.id = x.job AND j.id = ANY (a_job)
-             WHERE runs.id = x.run AND runs.id = ANY (a_run)
-               AND runs.status IN ('running', 'pending', 'cancel_requested')
-            RETURNING runs,
-                      runs.status IN ('failed', 'timed_out') AND j.retries > 0
-                      AND coalesce(x.retryable, runs.category IS DISTINCT FROM 'invalid-input')
-                      AS retry,
-                      runs.attempt <= j.retries AS left,
-                      j.schedule_version = x.v
-                      AND (runs.trigger = 'schedule'
-                           OR (runs.scheduled_for IS NOT NULL
-                               AND j.next_run_at = runs.scheduled_for)
-                           OR j.next_run_at <= x.finished) AS moves
+                   progress = coalesce(a_extra[array_position(a_run, runs.id)] -> 'progress',
+                                       runs.progress),
+                   category = CASE WHEN a_status[array_position(a_run, runs.id)]
+                                        NOT IN ('succeeded', 'paused')
+                                   THEN coalesce(a_category[array_position(a_run, runs.id)],
+                                                 coordinator._category(
+                                                     a_status[array_position(a_run, runs.id)],
+                                                     a_cause[array_position(a_run, runs.id)]))
+                              END,
+                   retryable = CASE WHEN a_status[array_position(a_run, runs.id)]
+                                         NOT IN ('succeeded', 'paused')
+                                    THEN a_retryable[array_position(a_run, runs.id)] END,
+                   cursor = coalesce(a_cursor[array_position(a_run, runs.id)] -> 'v',
+                                     runs.cursor),
+                   last_progress_at = CASE WHEN a_cursor[array_position(a_run, runs.id)] -> 'v'
+                                                IS NULL
+                                           THEN runs.last_progress_at
+                                           ELSE a_finished[array_position(a_run, runs.id)] END
+             WHERE runs.id = ANY (a_run) AND runs.status = ANY (settleable)
+            RETURNING runs
         )
-        SELECT coalesce(array_agg(u.runs), '{}'),
-               array_agg((u.runs).id) FILTER (WHERE u.retry AND u.left),
-               array_agg((u.runs).id) FILTER (WHERE u.retry AND NOT u.left),
-               array_agg((u.runs).id) FILTER (WHERE u.moves)
-          INTO saved, to_retry, spent, moving
-          FROM u;
+        SELECT coalesce(array_agg(u.runs), '{}') INTO saved FROM u;
+
+        -- What the saved results ask for, by the job's policy as locked: a retry, the mark
+        -- of the last attempt, or the next deadline (if the run consumed the saved deadline
+        -- and the schedule was not edited meanwhile).
+        SELECT array_agg(d.id) FILTER (WHERE d.retry AND d.left),
+               array_agg(d.id) FILTER (WHERE d.retry AND NOT d.left),
+               array_agg(d.id ORDER BY d.job) FILTER (WHERE d.moves),
+               array_agg(d.job ORDER BY d.job) FILTER (WHERE d.moves),
+               array_agg(d.next ORDER BY d.job) FILTER (WHERE d.moves)
+          INTO to_retry, spent, mv_run, mv_job, mv_next
+          FROM (
+            SELECT s.id, s.job_id AS job, x.next,
+                   s.status IN ('failed', 'timed_out') AND j.retries > 0
+                   AND coalesce(x.retryable, s.category IS DISTINCT FROM 'invalid-input')
+                   AS retry,
+                   s.attempt <= j.retries AS left,
+                   j.schedule_version = x.v
+                   AND (s.trigger = 'schedule'
+                        OR (s.scheduled_for IS NOT NULL AND j.next_run_at = s.scheduled_for)
+                        OR j.next_run_at <= x.finished) AS moves
+              FROM unnest(saved) AS s
+              JOIN unnest(locked) AS j ON j.id = s.job_id
+              JOIN unnest(a_run, a_v, a_next, a_finished, a_retryable)
+                   AS x(run, v, next, finished, retryable) ON x.run = s.id
+          ) d;
 
         -- A failure the job's policy retries: a new run, due after the backoff (less the
         -- jitter); a recoverable job's retry goes on from the failed run's cursor and
@@ -421,10 +510,9 @@ BEGIN
                        CASE WHEN j.recoverable THEN r.cursor END,
                        CASE WHEN j.recoverable THEN r.count END
                   FROM unnest(saved) AS r
-                  JOIN json_to_recordset(items)
-                       AS x(run bigint, finished timestamptz, jitter double precision)
+                  JOIN unnest(locked) AS j ON j.id = r.job_id
+                  JOIN unnest(a_run, a_finished, a_jitter) AS x(run, finished, jitter)
                     ON x.run = r.id
-                  JOIN coordinator.jobs j ON j.id = r.job_id AND j.id = ANY (a_job)
                  WHERE r.id = ANY (to_retry)
                  ORDER BY r.job_id
                 ON CONFLICT (job_id)
@@ -443,41 +531,50 @@ BEGIN
             UPDATE coordinator.runs SET exhausted = true WHERE runs.id = ANY (spent);
         END IF;
 
-        -- The next deadline, saved with the result if the run consumed the saved deadline
-        -- and the schedule was not edited meanwhile (and no retry was queued instead).
-        IF moving IS NOT NULL THEN
-            UPDATE coordinator.jobs j SET next_run_at = x.next, updated_at = now()
-              FROM unnest(saved) AS r
-              JOIN json_to_recordset(items) AS x(run bigint, next timestamptz)
-                ON x.run = r.id
-             WHERE j.id = r.job_id AND j.id = ANY (a_job) AND r.id = ANY (moving)
-               AND NOT (r.id = ANY (coalesce(q_of, '{}')));
+        -- The next deadline, saved with the result (not where a retry was queued instead).
+        IF mv_job IS NOT NULL AND q_of IS NOT NULL THEN
+            SELECT array_agg(m.job), array_agg(m.next) INTO mv_job, mv_next
+              FROM unnest(mv_run, mv_job, mv_next) AS m(run, job, next)
+             WHERE NOT (m.run = ANY (q_of));
+        END IF;
+        IF mv_job IS NOT NULL THEN
+            WITH m AS (
+                UPDATE coordinator.jobs
+                   SET next_run_at = mv_next[array_position(mv_job, jobs.id)],
+                       updated_at = now()
+                 WHERE jobs.id = ANY (mv_job)
+                RETURNING jobs
+            )
+            SELECT array_agg(m.jobs) INTO moved FROM m;
         END IF;
 
         RETURN QUERY
         SELECT x.i, NULL::text, NULL::text,
                CASE WHEN j.id IS NULL THEN 'gone'
                     WHEN s.id IS NULL THEN 'already' ELSE 'saved' END,
-               j.id, j.paused,
-               CASE WHEN j.id IS NOT NULL THEN j.invalid_reason IS NOT NULL END,
-               j.schedule_version, j.next_run_at,
+               j.id,
+               CASE WHEN m.id IS NULL THEN j.paused ELSE m.paused END,
+               CASE WHEN m.id IS NOT NULL THEN m.invalid_reason IS NOT NULL
+                    WHEN j.id IS NOT NULL THEN j.invalid_reason IS NOT NULL END,
+               CASE WHEN m.id IS NULL THEN j.schedule_version ELSE m.schedule_version END,
+               CASE WHEN m.id IS NULL THEN j.next_run_at ELSE m.next_run_at END,
                CASE WHEN s.id IS NULL THEN w.id ELSE q.id END,
                CASE WHEN s.id IS NULL THEN w.due_at ELSE q.due END,
                coalesce(s.id = ANY (spent), false),
                s.category
-          FROM json_to_recordset(items) AS x(i integer, run bigint)
-          LEFT JOIN coordinator.runs r ON r.id = x.run AND r.id = ANY (a_run)
-          LEFT JOIN coordinator.jobs j ON j.id = r.job_id AND j.id = ANY (a_job)
+          FROM unnest(a_i, a_run, a_job) WITH ORDINALITY AS x(i, run, job, o)
+          LEFT JOIN unnest(locked) AS j ON j.id = x.job
+          LEFT JOIN unnest(moved) AS m ON m.id = x.job
           LEFT JOIN unnest(saved) AS s ON s.id = x.run
           LEFT JOIN unnest(q_of, q_id, q_due) AS q(of, id, due) ON q.of = x.run
           -- Saved before: the retry it queued then, if it still waits, is armed again.
           LEFT JOIN LATERAL (
               SELECT w.id, w.due_at FROM coordinator.runs w
-               WHERE w.retry_of = x.run AND w.status = 'queued'
-                 AND j.id IS NOT NULL AND s.id IS NULL
+               WHERE j.id IS NOT NULL AND s.id IS NULL
+                 AND w.retry_of = x.run AND w.status = ANY (waiting)
                LIMIT 1
           ) w ON true
-         ORDER BY r.job_id, x.i;
+         ORDER BY x.o;
     EXCEPTION WHEN others THEN
         RETURN QUERY SELECT * FROM coordinator._settle_each(items, true);
     END;

@@ -306,3 +306,82 @@ async def test_every_settlement_outcome_is_the_same_item_by_item_and_as_a_set(
     )
     assert calls == 1
     assert many_state == each_state
+
+
+async def _rows_read(sessions: list[asyncpg.Connection], observer: asyncpg.Connection) -> int:
+    """Rows of jobs and runs read so far: by sequential scans, and index entries returned
+    (full index scans and bitmap scans included), from the server's statistics."""
+    for c in sessions:
+        await aio(c.execute)("SELECT pg_stat_force_next_flush()")
+    await aio(observer.execute)("SELECT pg_stat_clear_snapshot()")
+    n: int = await aio(observer.fetchval)(
+        """
+        SELECT (SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables
+                 WHERE schemaname = 'coordinator' AND relname IN ('jobs', 'runs'))
+             + (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+                 WHERE schemaname = 'coordinator' AND relname IN ('jobs', 'runs'))
+        """
+    )
+    return n
+
+
+async def test_a_set_based_batch_reads_its_own_rows_whatever_the_statistics_said(
+    conn: asyncpg.Connection, database: str
+) -> None:
+    # As in test_stable_plans: the tables ANALYZEd while empty, the plans cached on tiny
+    # tables; then many runs. A batch must still reach its rows by their keys (a join
+    # planned as a hash join over a whole index would read every run: no seq scan, but
+    # the same cost).
+    await aio(conn.execute)(
+        "ALTER TABLE coordinator.jobs SET (autovacuum_enabled = off);"
+        "ALTER TABLE coordinator.runs SET (autovacuum_enabled = off);"
+        "ANALYZE coordinator.jobs; ANALYZE coordinator.runs;"
+    )
+    daemon = await aio(asyncpg.connect)(
+        database, server_settings={"application_name": "tests-daemon", "coordinator.origin": "daemon"}
+    )
+    observer = await aio(asyncpg.connect)(database)
+    try:
+
+        async def batch(job_ids: list[int], run_ids: list[int]) -> None:
+            claims = [dict(claim_item(j, r), i=n) for n, (j, r) in enumerate(zip(job_ids, run_ids, strict=True))]
+            rows = await aio(daemon.fetch)(CLAIM_MANY, json.dumps(claims), "test", WORKERS)
+            assert all(r["reason"] is None and r["err_state"] is None for r in rows), rows
+            settles = [dict(settle_item(r), i=n, v=None, next=None) for n, r in enumerate(run_ids)]
+            rows = await aio(daemon.fetch)(SETTLE_MANY, json.dumps(settles))
+            assert all(r["outcome"] == "saved" for r in rows), rows
+
+        async def queue(names: list[str]) -> tuple[list[int], list[int]]:
+            rows = await aio(conn.fetch)(
+                """
+                WITH j AS (
+                    INSERT INTO coordinator.jobs (name, schedule_kind, target)
+                    SELECT n, 'manual', '{"kind": "exec", "argv": ["true"]}'
+                      FROM unnest($1::text[]) n RETURNING id)
+                INSERT INTO coordinator.runs (job_id, trigger, status)
+                SELECT id, 'manual', 'queued' FROM j RETURNING job_id, id
+                """,
+                names,
+            )
+            return [r["job_id"] for r in rows], [r["id"] for r in rows]
+
+        for n in range(7):  # PL/pgSQL keeps the generic plan after five executions
+            await batch(*await queue([f"warm{n}-{k}" for k in range(3)]))
+        # Many runs, settled (history), and the batch's own.
+        await aio(conn.execute)(
+            """
+            INSERT INTO coordinator.jobs (name, schedule_kind, target)
+            SELECT 'old' || g, 'manual', '{"kind": "exec", "argv": ["true"]}'
+              FROM generate_series(1, 2000) g;
+            INSERT INTO coordinator.runs (job_id, trigger, status, finished_at)
+            SELECT id, 'manual', 'succeeded', now() FROM coordinator.jobs, generate_series(1, 2);
+            """
+        )
+        jobs, runs = await queue([f"load-{k}" for k in range(20)])
+        before = await _rows_read([conn, daemon], observer)
+        await batch(jobs, runs)
+        read = await _rows_read([conn, daemon], observer) - before
+        assert 0 < read < 20 * 20, read  # a whole index is 4,000+ rows
+    finally:
+        await aio(daemon.close)()
+        await aio(observer.close)()
