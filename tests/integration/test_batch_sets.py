@@ -155,30 +155,69 @@ async def test_every_claim_outcome_is_the_same_item_by_item_and_as_a_set(
     items: list[dict[str, Any]] = []
     j = await job(conn, "manual", schedule_kind="manual", schedule=None, next_run_at=None)
     items.append(claim_item(j, await run(conn, j, "queued")))
-    j = await job(conn, "resumed-by-trigger", schedule_kind="manual", schedule=None,
-                  next_run_at=None, target=WORKER, recoverable=True)
-    items.append(claim_item(j, await run(conn, j, "queued", started_at=DUE, resumes=1,
-                                         cursor={"k": 1}, count=7)))
+    j = await job(
+        conn,
+        "resumed-by-trigger",
+        schedule_kind="manual",
+        schedule=None,
+        next_run_at=None,
+        target=WORKER,
+        recoverable=True,
+    )
+    items.append(
+        claim_item(
+            j, await run(conn, j, "queued", started_at=DUE, resumes=1, cursor={"k": 1}, count=7)
+        )
+    )
     items.append(claim_item(await job(conn, "due")))
     j = await job(conn, "paused-run", target=WORKER, recoverable=True)
-    await run(conn, j, "paused", trigger="schedule", scheduled_for=DUE - timedelta(minutes=1),
-              started_at=DUE, paused_at=DUE, error_message="stopping", cursor={"k": 2})
+    await run(
+        conn,
+        j,
+        "paused",
+        trigger="schedule",
+        scheduled_for=DUE - timedelta(minutes=1),
+        started_at=DUE,
+        paused_at=DUE,
+        error_message="stopping",
+        cursor={"k": 2},
+    )
     items.append(claim_item(j))
     items.append(claim_item(await job(conn, "paused-job", paused=True)))
     items.append(claim_item(await job(conn, "invalid", invalid_reason="bad schedule")))
     j = await job(conn, "retry-not-due", retries=2)
-    items.append(claim_item(j, await run(conn, j, "queued", trigger="retry", attempt=2,
-                                         due_at=NOW + timedelta(hours=1)), at=NOW.isoformat()))
+    items.append(
+        claim_item(
+            j,
+            await run(
+                conn, j, "queued", trigger="retry", attempt=2, due_at=NOW + timedelta(hours=1)
+            ),
+            at=NOW.isoformat(),
+        )
+    )
     j = await job(conn, "retry-due", retries=2)
-    items.append(claim_item(j, await run(conn, j, "queued", trigger="retry", attempt=2,
-                                         scheduled_for=DUE, due_at=DUE), at=NOW.isoformat()))
+    items.append(
+        claim_item(
+            j,
+            await run(conn, j, "queued", trigger="retry", attempt=2, scheduled_for=DUE, due_at=DUE),
+            at=NOW.isoformat(),
+        )
+    )
     items.append(claim_item(await job(conn, "edited"), v=7))
     items.append(claim_item(await job(conn, "moved"), at=(DUE - timedelta(minutes=1)).isoformat()))
     late = NOW - timedelta(hours=1)
     items.append(
-        claim_item(await job(conn, "misfired", misfire="skip", misfire_grace=timedelta(seconds=1),
-                             next_run_at=late),
-                   at=late.isoformat(), skip=LATER.isoformat())
+        claim_item(
+            await job(
+                conn,
+                "misfired",
+                misfire="skip",
+                misfire_grace=timedelta(seconds=1),
+                next_run_at=late,
+            ),
+            at=late.isoformat(),
+            skip=LATER.isoformat(),
+        )
     )
     items.append(claim_item(await job(conn, "no-worker", target={"kind": "worker", "type": "x"})))
     items.append(claim_item(10_000_000))
@@ -190,8 +229,9 @@ async def test_every_claim_outcome_is_the_same_item_by_item_and_as_a_set(
     j = await job(conn, "outstanding")
     await run(conn, j, "queued")
     items.append(claim_item(j))
-    j = await job(conn, "worker", schedule_kind="manual", schedule=None, next_run_at=None,
-                  target=WORKER)
+    j = await job(
+        conn, "worker", schedule_kind="manual", schedule=None, next_run_at=None, target=WORKER
+    )
     items.append(claim_item(j, await run(conn, j, "queued", args={"a": 1})))
     for n, item in enumerate(reversed(items)):
         item["i"] = n
@@ -204,8 +244,19 @@ async def test_every_claim_outcome_is_the_same_item_by_item_and_as_a_set(
     reasons = sorted(str(r["reason"]) for r in rows)
     assert reasons == sorted(
         ["None"] * 6
-        + ["paused", "invalid", "not_due", "version", "deadline", "misfire", "unavailable",
-           "gone", "gone", "not_queued", "outstanding"]
+        + [
+            "paused",
+            "invalid",
+            "not_due",
+            "version",
+            "deadline",
+            "misfire",
+            "unavailable",
+            "gone",
+            "gone",
+            "not_queued",
+            "outstanding",
+        ]
     )
     assert all(r["err_state"] is None for r in rows)
 
@@ -250,8 +301,15 @@ async def test_every_settlement_outcome_is_the_same_item_by_item_and_as_a_set(
     async def running(name: str, **kw: Any) -> int:
         job_cols = {k: kw.pop(k) for k in list(kw) if k.startswith("job_")}
         j = await job(conn, name, **{**policy, **{k[4:]: v for k, v in job_cols.items()}})
-        return await run(conn, j, kw.pop("status", "running"), trigger=kw.pop("trigger", "schedule"),
-                         scheduled_for=kw.pop("scheduled_for", DUE), started_at=DUE, **kw)
+        return await run(
+            conn,
+            j,
+            kw.pop("status", "running"),
+            trigger=kw.pop("trigger", "schedule"),
+            scheduled_for=kw.pop("scheduled_for", DUE),
+            started_at=DUE,
+            **kw,
+        )
 
     items = [
         settle_item(await running("ok")),
@@ -259,29 +317,57 @@ async def test_every_settlement_outcome_is_the_same_item_by_item_and_as_a_set(
         settle_item(await running("exhausted", attempt=3, trigger="retry"), "failed"),
         settle_item(await running("not-retryable"), "failed", retryable=False),
         settle_item(await running("invalid-input"), "failed", category="invalid-input"),
-        settle_item(await running("invalid-but-retryable"), "failed", category="invalid-input",
-                    retryable=True),
+        settle_item(
+            await running("invalid-but-retryable"),
+            "failed",
+            category="invalid-input",
+            retryable=True,
+        ),
         settle_item(await running("timed-out"), "timed_out", cause="timeout"),
         settle_item(await running("cancelled"), "cancelled", cause=None),
-        settle_item(await running("paused", job_target=WORKER, job_recoverable=True,
-                                  cursor={"k": 1}), "paused", cursor={"v": {"k": 9}}),
-        settle_item(await running("recoverable-retry", job_target=WORKER, job_recoverable=True,
-                                  cursor={"k": 1}), "failed", cursor={"v": {"k": 5}}),
-        settle_item(await running("resumed", job_target=WORKER, job_recoverable=True,
-                                  resumes=2, cursor={"k": 1}), cursor={"v": None}),
-        settle_item(await running("cancel-requested", status="cancel_requested"), "cancelled",
-                    cause=None),
+        settle_item(
+            await running("paused", job_target=WORKER, job_recoverable=True, cursor={"k": 1}),
+            "paused",
+            cursor={"v": {"k": 9}},
+        ),
+        settle_item(
+            await running(
+                "recoverable-retry", job_target=WORKER, job_recoverable=True, cursor={"k": 1}
+            ),
+            "failed",
+            cursor={"v": {"k": 5}},
+        ),
+        settle_item(
+            await running(
+                "resumed", job_target=WORKER, job_recoverable=True, resumes=2, cursor={"k": 1}
+            ),
+            cursor={"v": None},
+        ),
+        settle_item(
+            await running("cancel-requested", status="cancel_requested"), "cancelled", cause=None
+        ),
         settle_item(await running("already", status="succeeded", finished_at=DUE)),
         settle_item(await running("edited"), v=2),
-        settle_item(await running("manual", trigger="manual", scheduled_for=None,
-                                  job_next_run_at=DUE)),
-        settle_item(await running("manual-early", trigger="manual", scheduled_for=None,
-                                  job_next_run_at=LATER)),
+        settle_item(
+            await running("manual", trigger="manual", scheduled_for=None, job_next_run_at=DUE)
+        ),
+        settle_item(
+            await running(
+                "manual-early", trigger="manual", scheduled_for=None, job_next_run_at=LATER
+            )
+        ),
         settle_item(10_000_000),
     ]
     j = await job(conn, "already-retried", **policy)
-    first = await run(conn, j, "failed", trigger="schedule", scheduled_for=DUE,
-                      finished_at=DUE, error_cause="handler")
+    first = await run(
+        conn,
+        j,
+        "failed",
+        trigger="schedule",
+        scheduled_for=DUE,
+        finished_at=DUE,
+        error_cause="handler",
+    )
     await run(conn, j, "queued", trigger="retry", attempt=2, retry_of=first, due_at=LATER)
     items.append(settle_item(first, "failed"))
     for n, item in enumerate(reversed(items)):
@@ -299,8 +385,14 @@ async def test_every_settlement_outcome_is_the_same_item_by_item_and_as_a_set(
     assert all(r["err_state"] is None for r in rows)
 
     # Findings, or two results of one job: item by item, as before.
-    findings = [settle_item(first, "failed", i=0, findings=[
-        {"kind": "k", "resource_id": "r", "severity": "info", "detail": {}}])]
+    findings = [
+        settle_item(
+            first,
+            "failed",
+            i=0,
+            findings=[{"kind": "k", "resource_id": "r", "severity": "info", "detail": {}}],
+        )
+    ]
     rows, each_state, many_state, calls = await both_paths(
         conn, SETTLE_EACH, SETTLE_MANY, (json.dumps(findings),), "_settle"
     )
@@ -338,13 +430,17 @@ async def test_a_set_based_batch_reads_its_own_rows_whatever_the_statistics_said
         "ANALYZE coordinator.jobs; ANALYZE coordinator.runs;"
     )
     daemon = await aio(asyncpg.connect)(
-        database, server_settings={"application_name": "tests-daemon", "coordinator.origin": "daemon"}
+        database,
+        server_settings={"application_name": "tests-daemon", "coordinator.origin": "daemon"},
     )
     observer = await aio(asyncpg.connect)(database)
     try:
 
         async def batch(job_ids: list[int], run_ids: list[int]) -> None:
-            claims = [dict(claim_item(j, r), i=n) for n, (j, r) in enumerate(zip(job_ids, run_ids, strict=True))]
+            claims = [
+                dict(claim_item(j, r), i=n)
+                for n, (j, r) in enumerate(zip(job_ids, run_ids, strict=True))
+            ]
             rows = await aio(daemon.fetch)(CLAIM_MANY, json.dumps(claims), "test", WORKERS)
             assert all(r["reason"] is None and r["err_state"] is None for r in rows), rows
             settles = [dict(settle_item(r), i=n, v=None, next=None) for n, r in enumerate(run_ids)]
