@@ -257,7 +257,17 @@ BEGIN
                  WHERE runs.job_id = ANY (r_job) AND runs.status = 'paused'
                 RETURNING runs
             )
-            SELECT claimed || coalesce(array_agg(u.runs), '{}') INTO claimed FROM u;
+            SELECT coalesce(array_agg(u.runs), '{}') INTO more FROM u;
+            claimed := claimed || more;
+            IF cardinality(more) < cardinality(r_job) THEN
+                -- A paused run changed meanwhile (cancelled, say): a new run instead, as
+                -- _claim would find no paused run and insert one.
+                SELECT n_job || array_agg(x.job), n_at || array_agg(x.at),
+                       n_ver || array_agg(x.ver)
+                  INTO n_job, n_at, n_ver
+                  FROM unnest(r_job, r_at, r_ver) AS x(job, at, ver)
+                 WHERE NOT EXISTS (SELECT 1 FROM unnest(more) AS m WHERE m.job_id = x.job);
+            END IF;
         END IF;
 
         -- Other deadlines: a new run, unless one is outstanding (the partial unique index
@@ -269,6 +279,7 @@ BEGIN
                                                    instance)
                 SELECT x.job, 'schedule', 'running', x.at, now(), now(), x.ver, p_instance
                   FROM unnest(n_job, n_at, n_ver) AS x(job, at, ver)
+                 ORDER BY x.job
                 ON CONFLICT (job_id)
                    WHERE status IN ('queued', 'pending', 'running', 'unresolved',
                                     'cancel_requested', 'paused')

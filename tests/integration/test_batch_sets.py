@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import trio
 
 from coordinator.db import aio
 
@@ -481,3 +482,55 @@ async def test_a_set_based_batch_reads_its_own_rows_whatever_the_statistics_said
     finally:
         await aio(daemon.close)()
         await aio(observer.close)()
+
+
+async def test_a_paused_run_changed_while_the_batch_waits_for_it_gives_way_to_a_new_run(
+    conn: asyncpg.Connection, database: str, nursery: Any
+) -> None:
+    # _claim finds the paused run under its row lock; if another session changed it
+    # meanwhile (here: cancelled it), there is no paused run and the deadline inserts a
+    # new one. The set-based path decides "resume" before it locks that run, so it must
+    # notice the change and insert too.
+    j = await job(conn, "paused-run", target=WORKER, recoverable=True)
+    paused = await run(conn, j, "paused", trigger="schedule", scheduled_for=DUE, started_at=DUE)
+    other = await job(conn, "due")
+    blocker = await aio(asyncpg.connect)(database)
+    daemon = await aio(asyncpg.connect)(
+        database, server_settings={"application_name": "tests-daemon"}
+    )
+    try:
+        await aio(blocker.execute)("BEGIN")
+        await aio(blocker.execute)(
+            "UPDATE coordinator.runs SET status = 'cancelled', finished_at = now() WHERE id = $1",
+            paused,
+        )
+        answer: list[Any] = []
+
+        async def claim() -> None:
+            items = [dict(claim_item(j), i=0), dict(claim_item(other), i=1)]
+            answer.extend(await aio(daemon.fetch)(CLAIM_MANY, json.dumps(items), "test", WORKERS))
+
+        nursery.start_soon(claim)
+        with trio.fail_after(30):
+            while not await aio(conn.fetchval)(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                "'tests-daemon' AND wait_event_type = 'Lock'"
+            ):
+                await trio.sleep(0.02)
+        await aio(blocker.execute)("COMMIT")
+        with trio.fail_after(30):
+            while not answer:
+                await trio.sleep(0.02)
+    finally:
+        await aio(blocker.close)()
+        await aio(daemon.close)()
+    rows = {r["i"]: r for r in answer}
+    assert rows[0]["reason"] is None
+    assert rows[0]["err_state"] is None
+    assert rows[0]["run_id"] != paused
+    assert rows[0]["trigger"] == "schedule"
+    assert rows[1]["reason"] is None
+    statuses = dict(
+        await aio(conn.fetch)("SELECT id, status FROM coordinator.runs WHERE job_id = $1", j)
+    )
+    assert statuses == {paused: "cancelled", rows[0]["run_id"]: "running"}
