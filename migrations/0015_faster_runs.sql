@@ -1,16 +1,17 @@
 -- Faster batches (issue #14): a batch of claims or settlements in a few set-based
 -- statements instead of a few statements per item.
 --
--- Measured (perf on the backend, a 5,000-run burst of claims and settlements in batches
--- of 30): about 60% of PostgreSQL's time went to starting and ending statements, not to
--- the rows -- every UPDATE or INSERT of a run re-reads the table's CHECK constraints and
--- trigger WHEN clauses from their stored form, plans them and builds its executor state;
--- the function call per item (with its SET clause) and the copy of thirty OUT columns came
--- on top. Row work (the heap, five indexes) was under 10%. So the batch functions now do
--- their work once per batch: lock the jobs (in id order, as before), lock the queued runs,
--- decide every item's outcome in one SELECT, then one statement per kind of write (promote
--- queued runs, resume paused runs, insert new runs; save results, queue retries, mark
--- exhausted runs, save next deadlines), each skipped when no item needs it.
+-- Measured (perf on the backend, 5,000 claims and settlements in batches of 30): more
+-- than half of PostgreSQL's time went to starting statements, not to their rows -- every
+-- UPDATE or INSERT of a run re-reads the table's CHECK constraints and trigger WHEN clauses
+-- from their stored form and plans them (ExecConstraints alone: 20%), and builds its
+-- executor state (ExecutorStart: 19%); the function call per item (with its SET clause)
+-- and the copy of thirty OUT columns came on top. Index inserts were 7%. So the batch
+-- functions now do their work once per batch: lock the jobs (in id order, as before),
+-- lock the queued runs, decide every item's outcome in one SELECT, then one statement per
+-- kind of write (promote queued runs, resume paused runs, insert new runs; save results,
+-- queue retries, mark exhausted runs, save next deadlines), each skipped when no item
+-- needs it.
 --
 -- Plans that survive statistics (0004, tests/integration/test_stable_plans.py): PL/pgSQL
 -- keeps a statement's generic plan, possibly made while the tables were tiny. So no
@@ -18,16 +19,18 @@
 -- (`id = ANY (array)`: the primary key, whatever the statistics say), the rows read are
 -- kept in arrays, and the items are matched to them among the arrays (a few dozen rows in
 -- memory). Where a run's status must be checked in the same scan, the statuses are a
--- parameter (`= ANY (v_settleable)`), not constants, so that no plan may read the whole
+-- parameter (`= ANY (settleable)`), not constants, so that no plan may read the whole
 -- partial index of outstanding runs in place of the few rows asked for
 -- (tests/integration/test_batch_sets.py counts the rows a batch reads).
 --
 -- Every rule is the one of coordinator._claim and coordinator._settle (0012), item by item:
--- the same refusals in the same order of precedence, the same row locks, the same
--- ON CONFLICT on the one-outstanding-run index, the same fencing (once per batch, as in
--- 0010), the same concurrent-edit check before a next deadline is saved with its result.
+-- the same refusals in the same order of precedence, the same row locks (the batch's jobs
+-- in id order, then its queued runs, where item by item took each job's run after the
+-- job), the same ON CONFLICT on the one-outstanding-run index, the same fencing (once per
+-- batch, as in 0010), the same concurrent-edit check before a next deadline is saved with
+-- its result.
 -- Items of one batch can meet only through their job, so the set-based path is taken
--- only when every item names a different job (and, for settlements, none carries
+-- only when every item names a different job and run (and, for settlements, none carries
 -- findings, which have their own bookkeeping); any other batch goes item by item exactly
 -- as before (coordinator._claim_each / _settle_each, unchanged). If anything fails, the
 -- batch is rolled back and done again item by item, each item in a subtransaction of its
