@@ -151,9 +151,10 @@ BEGIN
     -- back to here and done again item by item, each in a subtransaction of its own
     -- (a subtransaction per item costs more than the batch: only pay it when needed).
     BEGIN
-        IF n_jobs < n_items OR n_twice > 0 THEN
-            -- Two items of one job or run (the second sees what the first did), or an
-            -- item without a job: item by item, as before.
+        IF n_items = 1 OR n_jobs < n_items OR n_twice > 0 THEN
+            -- One item (a lone trigger on an idle daemon: the set-based statements' fixed
+            -- cost, ~2 ms, would be its latency), two items of one job or run (the second
+            -- sees what the first did), or an item without a job: item by item, as before.
             RETURN QUERY SELECT * FROM coordinator._claim_each(items, p_instance, p_workers,
                                                                false);
             RETURN;
@@ -426,9 +427,10 @@ BEGIN
 
     -- As in _claim_many: optimistically all at once, item by item only if one fails.
     BEGIN
-        IF n_jobs + n_orphans < n_items OR n_found > 0 THEN
-            -- Two results of one job (the second sees what the first saved), or findings
-            -- to record: item by item, as before.
+        IF n_items = 1 OR n_jobs + n_orphans < n_items OR n_found > 0 THEN
+            -- One result (the set-based statements' fixed cost is not worth it), two
+            -- results of one job (the second sees what the first saved), or findings to
+            -- record: item by item, as before.
             RETURN QUERY SELECT * FROM coordinator._settle_each(items, false);
             RETURN;
         END IF;

@@ -269,6 +269,14 @@ async def test_every_claim_outcome_is_the_same_item_by_item_and_as_a_set(
     assert calls == 2
     assert many_state == each_state
 
+    # One item (a lone trigger on an idle daemon): item by item, which is quicker for one.
+    lone = [claim_item(j, None, i=0)]
+    rows, each_state, many_state, calls = await both_paths(
+        conn, CLAIM_EACH, CLAIM_MANY, (json.dumps(lone), "test", WORKERS), "_claim"
+    )
+    assert calls == 1
+    assert many_state == each_state
+
 
 def settle_item(run_id: int, status: str = "succeeded", **kw: Any) -> dict[str, Any]:
     item: dict[str, Any] = {
