@@ -8,13 +8,11 @@ transaction holds the job, the function must wait for it *without* holding the r
 
 from __future__ import annotations
 
-from typing import Any
-
 import asyncpg
 import pytest
 import trio
 
-from coordinator.db import aio
+from coordinator.db import aio, transaction
 
 from .conftest import define
 
@@ -25,27 +23,14 @@ async def _connect(database: str) -> asyncpg.Connection:
 
 async def _run_is_free(other: asyncpg.Connection, run_id: int) -> bool:
     """Whether nobody holds the run's row lock (tried without waiting)."""
-    async with _Tx(other):
-        try:
+    try:
+        async with transaction(other):
             await aio(other.execute)(
                 "SELECT 1 FROM coordinator.runs WHERE id = $1 FOR UPDATE NOWAIT", run_id
             )
-        except asyncpg.LockNotAvailableError:
-            return False
-        return True
-
-
-class _Tx:
-    """A transaction on an asyncpg connection, from trio, always rolled back."""
-
-    def __init__(self, conn: asyncpg.Connection) -> None:
-        self.conn = conn
-
-    async def __aenter__(self) -> None:
-        await aio(self.conn.execute)("BEGIN")
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await aio(self.conn.execute)("ROLLBACK")
+    except asyncpg.LockNotAvailableError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize(
