@@ -271,6 +271,15 @@ _CLAIM_MANY = """
 SELECT * FROM coordinator._claim_many($1, $2, $3, $4, $5, $6)
 """
 
+# A batch of one (a lone trigger on an idle daemon: its latency) goes straight to the
+# per-item function _claim_many would call for it (fencing included): no JSON items, no
+# batch bookkeeping, no subtransaction. Timestamps travel as text cast in SQL, like the
+# batches' (no codec lookups).
+_CLAIM_ONE = """
+SELECT * FROM coordinator._claim($1, $2, $3::text::timestamptz, $4, $5, $6, $7, $8, $9,
+                                 $10::text::timestamptz, $11::text::timestamptz)
+"""
+
 _SETTLE_MANY = "SELECT * FROM coordinator._settle_many($1)"
 
 _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1)"
@@ -402,11 +411,13 @@ class Batcher(Generic[ItemT, ResultT]):
     """Group commit for one kind of statement.
 
     Items submitted while a statement is in flight wait and go together in the next one;
-    an item submitted to an idle batcher goes at once (a batch of one), so batching costs
-    an idle daemon no latency. ``send`` takes the items and returns, in order, a result
-    or an exception per item (an item the database refused fails alone); if the
-    statement itself fails, every item of that batch gets its error. Until :meth:`run`
-    is started (a store used on its own) each item is sent by its caller, alone.
+    an item submitted to an idle batcher goes at once, sent by its own caller (after one
+    yield, so that items submitted in the same turn go with it, in order), so batching
+    costs an idle daemon no latency and no hand-off between tasks. ``send`` takes the
+    items and returns, in order, a result or an exception per item (an item the database
+    refused fails alone); if the statement itself fails, every item of that batch gets
+    its error. Until :meth:`run` is started (a store used on its own) each item is sent
+    by its caller, alone.
     """
 
     send: Callable[[list[ItemT]], Awaitable[list[ResultT | BaseException]]]
@@ -415,6 +426,10 @@ class Batcher(Generic[ItemT, ResultT]):
     _queue: list[tuple[ItemT, _Slot[ResultT]]] = attrs.field(factory=list)
     _wake: trio.Event = attrs.field(factory=trio.Event)
     _running: bool = False
+    #: A statement is in flight (sent by the batching task, or by an idle batcher's caller).
+    _busy: bool = False
+    #: An idle batcher's caller is about to send the next batch itself.
+    _leading: bool = False
     #: Statements sent and items carried (for the benchmarks' batch sizes).
     batches: int = 0
     items: int = 0
@@ -424,10 +439,28 @@ class Batcher(Generic[ItemT, ResultT]):
         slot: _Slot[ResultT] = _Slot(order=order)
         if not self._running:
             await self._send([(item, slot)])
-        else:
-            self._queue.append((item, slot))
+            return self._outcome(slot)
+        self._queue.append((item, slot))
+        if self._busy or self._leading:
             self._wake.set()
-            await slot.done.wait()
+        else:
+            # Idle: this caller sends the next batch itself, sparing the hand-offs to the
+            # batching task and back (a lone claim's latency). It first lets the other
+            # tasks that are ready now (claims admitted in the same turn) join it.
+            self._leading = True
+            try:
+                await trio.lowlevel.checkpoint()
+            finally:
+                self._leading = False
+            if not self._busy:
+                await self._send_next()
+            if self._queue:
+                self._wake.set()
+        await slot.done.wait()
+        return self._outcome(slot)
+
+    @staticmethod
+    def _outcome(slot: _Slot[ResultT]) -> ResultT:
         if slot.error is not None:
             raise slot.error
         return cast("ResultT", slot.result)
@@ -438,17 +471,25 @@ class Batcher(Generic[ItemT, ResultT]):
         task_status.started()
         try:
             while True:
-                while not self._queue:
+                while not self._queue or self._busy or self._leading:
                     self._wake = trio.Event()
                     await self._wake.wait()
-                self._queue.sort(key=lambda entry: entry[1].order)
-                batch, self._queue = self._queue[: self.limit], self._queue[self.limit :]
-                await self._send(batch)
+                await self._send_next()
         finally:
             self._running = False
             queued, self._queue = self._queue, []
             for _item, slot in queued:  # nobody will send them now: their callers retry
                 slot.finish(StoreUnavailable("the daemon is stopping; not sent"))
+
+    async def _send_next(self) -> None:
+        """Send the queued items (in order, at most :attr:`limit`) as one statement."""
+        self._queue.sort(key=lambda entry: entry[1].order)
+        batch, self._queue = self._queue[: self.limit], self._queue[self.limit :]
+        self._busy = True
+        try:
+            await self._send(batch)
+        finally:
+            self._busy = False
 
     async def _send(self, batch: list[tuple[ItemT, _Slot[ResultT]]]) -> None:
         self.batches += 1
@@ -657,6 +698,8 @@ class Store:
         return await self.claims.submit((ticket, tuple(workers), now, skip_next), order=order)
 
     async def _claim_batch(self, items: list[_ClaimItem]) -> list[ClaimResult | BaseException]:
+        if len(items) == 1:
+            return [await self._claim_one(items[0])]
         batch = [
             {
                 "i": i,
@@ -705,6 +748,34 @@ class Store:
                 place = (batch_no, rank[index], len(granted))
                 out[index] = _claim_result(row, items[index][0].job_id, place)
         return out
+
+    async def _claim_one(self, item: _ClaimItem) -> ClaimResult:
+        """A batch of one, as :data:`_CLAIM_ONE` (the same rules: ``_claim`` is what the
+        batch function runs for each of its items)."""
+        ticket, workers, now, skip = item
+        row: Record = await self._call(
+            "claim",
+            "fetchrow",
+            _CLAIM_ONE,
+            ticket.job_id,
+            ticket.run_id,
+            _text(ticket.scheduled_for),
+            ticket.schedule_version,
+            self.instance,
+            list(workers),
+            self.leader_pid,
+            LOCK_CLASS,
+            LOCK_OBJECT,
+            _text(now),
+            _text(skip),
+        )
+        if row["reason"] == "misfire":
+            return ClaimResult(
+                reason="misfire", skipped=row["scheduled_for"], next_run_at=row["next_run_at"]
+            )
+        if row["reason"] is not None:
+            return ClaimResult(reason=row["reason"])
+        return _claim_result(row, ticket.job_id, (self.claims.batches, 0, 1))
 
     async def settle(self, held: HeldResult) -> JobState:
         """Save a result and its job's next deadline in one transaction (grouped with
@@ -888,6 +959,10 @@ def _claim_result(row: Record, job_id: int, place: tuple[int, int, int]) -> Clai
         target_error=target_error,
         place=place,
     )
+
+
+def _text(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
 
 
 def _recoverable_item(held: HeldResult) -> dict[str, Any]:

@@ -39,7 +39,7 @@ async def claims_waiting(conn: asyncpg.Connection) -> bool:
     return bool(
         await aio(conn.fetchval)(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'coordinator' "
-            "AND wait_event_type = 'Lock' AND query LIKE '%_claim_many%'"
+            "AND wait_event_type = 'Lock' AND query LIKE '%coordinator._claim%'"
         )
     )
 
@@ -185,7 +185,7 @@ async def test_a_failed_batch_runs_nothing_twice(
         # rolled back; the daemon must claim every run again, and run each once.
         await aio(conn.execute)(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name = 'coordinator' AND query LIKE '%_claim_many%'"
+            "WHERE application_name = 'coordinator' AND query LIKE '%coordinator._claim%'"
         )
     finally:
         await aio(blocker.execute)("COMMIT")

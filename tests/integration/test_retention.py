@@ -133,7 +133,7 @@ async def test_prune_deletes_in_batches_while_claims_go_on(
     # Claims were served between the prune's batches (in the server's own log order).
     statements = [s.sql for s in sql_log.statements(app="coordinator", db=database_name)]
     prunes = [i for i, sql in enumerate(statements) if "coordinator._prune(" in sql]
-    claims = [i for i, sql in enumerate(statements) if "_claim_many" in sql]
+    claims = [i for i, sql in enumerate(statements) if "coordinator._claim" in sql]
     assert len(prunes) == pruned["batches"]
     assert any(prunes[0] < i < prunes[-1] for i in claims)
     latencies = await aio(conn.fetch)(

@@ -148,8 +148,9 @@ async def test_a_scheduled_run_overrunning_ticks_logs_them_and_nothing_queues(
     [finished] = await harness.wait_event("job.run", job="default/minutely", timeout=30)
     [skipped] = await harness.wait_event("job.tick_skipped")
 
-    [run] = await runs_of(conn, job)  # nothing queued up: one run, no catch-up
-    assert (run["trigger"], run["scheduled_for"]) == ("schedule", tick)
+    runs = await runs_of(conn, job)
+    [run] = [r for r in runs if r["scheduled_for"] == tick]
+    assert run["trigger"] == "schedule"
     started, ended = run["started_at"], run["finished_at"]
     # The minute boundaries in (started, ended]: what the run made the job skip.
     first_minute = math.floor(started.timestamp() / 60) + 1
@@ -159,11 +160,17 @@ async def test_a_scheduled_run_overrunning_ticks_logs_them_and_nothing_queues(
     assert skipped["missed"] == last_minute - first_minute + 1
     assert skipped["first"] == datetime.fromtimestamp(first_minute * 60, UTC)
     assert skipped["last"] == datetime.fromtimestamp(last_minute * 60, UTC)
-    # The next deadline is the first tick after the run's end, armed.
-    saved = (await job_row(conn, job))["next_run_at"]
-    assert saved == datetime.fromtimestamp((last_minute + 1) * 60, UTC)
-    assert harness.daemon.deadlines.get(job) == saved.timestamp()
-    assert calls.read_text().count("x") == 1
+    # Nothing queued up, no catch-up: the next run is for the first tick after the run's
+    # end (one real second later on this clock, so a slow machine may see it already).
+    next_tick = datetime.fromtimestamp((last_minute + 1) * 60, UTC)
+    assert [r["scheduled_for"] for r in runs if r is not run] in ([], [next_tick])
+    if len(runs) == 1:
+        # That next deadline is saved and armed.
+        saved = (await job_row(conn, job))["next_run_at"]
+        assert saved == next_tick
+        assert harness.daemon.deadlines.get(job) == saved.timestamp()
+    # (The next run, if claimed already, may not have spawned its command yet.)
+    assert calls.read_text().count("x") in ({1} if len(runs) == 1 else {1, 2})
 
 
 # -- un-pausing ----------------------------------------------------------------------------
