@@ -282,6 +282,14 @@ SELECT * FROM coordinator._claim($1, $2, $3::text::timestamptz, $4, $5, $6, $7, 
 
 _SETTLE_MANY = "SELECT * FROM coordinator._settle_many($1)"
 
+# A settlement batch of one, likewise straight to the _settle that _settle_many would run
+# for it. Values travel as text cast in SQL (no codec lookups).
+_SETTLE_ONE = """
+SELECT * FROM coordinator._settle($1, $2, $3::text::timestamptz, $4::text::timestamptz, $5,
+                                  $6::text::jsonb, $7, $8, $9, $10::text::timestamptz, $11,
+                                  $12, $13, $14::text::jsonb, $15::text::jsonb)
+"""
+
 _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1)"
 
 # A worker's declared schedules (migrations/0014): coordinator.sync, only when it would
@@ -786,6 +794,8 @@ class Store:
         return await self.settlements.submit(held)
 
     async def _settle_batch(self, items: list[HeldResult]) -> list[JobState | BaseException]:
+        if len(items) == 1:
+            return [await self._settle_one(items[0])]
         batch = [
             {
                 "i": i,
@@ -817,19 +827,34 @@ class Store:
             if row["err_state"] is not None:
                 out[index] = _item_error("settle", row["err_state"], row["err_message"])
             else:
-                out[index] = JobState(
-                    outcome=row["outcome"],
-                    job_id=row["job_id"],
-                    paused=bool(row["paused"]),
-                    invalid=bool(row["invalid"]),
-                    schedule_version=row["schedule_version"],
-                    next_run_at=row["next_run_at"],
-                    retry_run_id=row["retry_run_id"],
-                    retry_due_at=row["retry_due_at"],
-                    exhausted=bool(row["exhausted"]),
-                    category=row["category"],
-                )
+                out[index] = _job_state(row)
         return out
+
+    async def _settle_one(self, held: HeldResult) -> JobState:
+        """A batch of one, as :data:`_SETTLE_ONE` (the same values the batch item carries;
+        a cursor that is JSON null is ``'null'``, no cursor is SQL NULL)."""
+        outcome = held.outcome
+        row: Record = await self._call(
+            "settle",
+            "fetchrow",
+            _SETTLE_ONE,
+            held.run_id,
+            outcome.status,
+            outcome.started_at.isoformat(),
+            outcome.finished_at.isoformat(),
+            outcome.count,
+            None if outcome.extra is None else json.dumps(outcome.extra, default=str),
+            outcome.error_cause,
+            outcome.error_message,
+            held.schedule_version,
+            _text(held.next_run_at),
+            outcome.category,
+            outcome.retryable,
+            held.retry_jitter,
+            None if outcome.cursor is None else json.dumps(outcome.cursor.value, default=str),
+            json.dumps([f.to_json() for f in outcome.findings]) if outcome.findings else None,
+        )
+        return _job_state(row)
 
     async def mark_unresolved(self, run_id: int, reason: str) -> None:
         """Leave a run for an operator (its spooled result was refused at start)."""
@@ -958,6 +983,21 @@ def _claim_result(row: Record, job_id: int, place: tuple[int, int, int]) -> Clai
         ),
         target_error=target_error,
         place=place,
+    )
+
+
+def _job_state(row: Record) -> JobState:
+    return JobState(
+        outcome=row["outcome"],
+        job_id=row["job_id"],
+        paused=bool(row["paused"]),
+        invalid=bool(row["invalid"]),
+        schedule_version=row["schedule_version"],
+        next_run_at=row["next_run_at"],
+        retry_run_id=row["retry_run_id"],
+        retry_due_at=row["retry_due_at"],
+        exhausted=bool(row["exhausted"]),
+        category=row["category"],
     )
 
 
