@@ -36,10 +36,13 @@ from .rows import job_from_row, json_object, json_text, json_value
 from .spool import HeldResult
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
     from asyncpg import Record
 
+
+#: Most rows one statement of a full refresh reads.
+REFRESH_PAGE: Final = 50_000
 
 #: Extra seconds a statement may take per million rows it reads or writes.
 SECONDS_PER_MILLION_ROWS: Final = 120.0
@@ -214,7 +217,8 @@ class LostRun:
 
 
 _REFRESH = """
-SELECT j.id, j.namespace, j.name, j.schedule_kind, j.schedule, j.timezone, j.priority,
+SELECT j.id, j.namespace || '/' || j.name AS key,
+       j.schedule_kind, j.schedule, j.timezone, j.priority,
        CASE WHEN j.target->>'kind' = 'worker' THEN j.target->>'type' END AS worker_type,
        j.next_run_at, j.schedule_version,
        r.id AS run_id, r.status AS run_status, r.created_at AS run_created_at,
@@ -229,6 +233,12 @@ SELECT j.id, j.namespace, j.name, j.schedule_kind, j.schedule, j.timezone, j.pri
         OR (r.id IS NOT NULL AND r.status <> 'paused'))
 """
 
+# A full refresh reads the table a page at a time, in id order (the primary key's
+# index): the rows of one page are turned into entries and dropped before the next page
+# is read, so a million asyncpg records never live at once, and the first deadlines of
+# one page are written while the next one is read.
+_REFRESH_PAGE = _REFRESH + "   AND j.id > $1\n ORDER BY j.id\n LIMIT $2\n"
+
 # The same, for the jobs a wake named (an incremental refresh). The ids arrive as text
 # ('{1,2,3}') cast in SQL: no array codec, no type lookup.
 _REFRESH_SOME = _REFRESH + "   AND j.id = ANY ($1::text::bigint[])\n"
@@ -242,7 +252,9 @@ _REFRESH_SOME = _REFRESH + "   AND j.id = ANY ($1::text::bigint[])\n"
 # First deadlines go as three parallel arrays written as text ('{1,2,3}') and cast in
 # SQL: at a million jobs that is several times cheaper to build and to parse than JSON
 # objects. Only the jobs *not* written come back (normally none): the daemon arms the
-# others with the deadlines it sent, so a million rows are not read back.
+# others with the deadlines it sent, so a million rows are not read back. The batch is
+# one page of a refresh (ids ascending): the range of its ids lets the planner reach
+# those rows by the primary key instead of reading the whole table for each page.
 _INIT_DEADLINES = """
 WITH v AS (
     SELECT * FROM unnest($1::text::bigint[], $2::text::timestamptz[], $3::text::integer[])
@@ -252,6 +264,7 @@ WITH v AS (
        SET next_run_at = v.at, updated_at = now()
       FROM v
      WHERE j.id = v.id AND j.schedule_version = v.version AND j.next_run_at IS NULL
+       AND j.id BETWEEN (SELECT min(id) FROM v) AND (SELECT max(id) FROM v)
     RETURNING j.id
 )
 SELECT v.id FROM v WHERE NOT EXISTS (SELECT 1 FROM written w WHERE w.id = v.id)
@@ -529,6 +542,47 @@ def _item_error(what: str, state: str, message: str) -> Exception:
 
 
 @attrs.define(eq=False)
+class _Shared:
+    """One object per distinct value across the pages of a refresh: many jobs share a
+    schedule, a priority, a worker type and a deadline, so memory grows with distinct
+    values, not with the job count (a million deadlines as separate datetimes are 48 MB)."""
+
+    schedules: dict[tuple[str, str | None, str], Schedule] = attrs.field(factory=dict)
+    texts: dict[str, str] = attrs.field(factory=dict)
+    times: dict[datetime, datetime] = attrs.field(factory=dict)
+
+    def entries(self, rows: Sequence[Record]) -> list[JobEntry]:
+        """Entries from rows of ``_REFRESH`` (read by position: cheaper than by name)."""
+        schedules, texts, times = self.schedules, self.texts, self.times
+        entries = []
+        for r in rows:
+            shape = (r[2], r[3], r[4])
+            schedule = schedules.get(shape)
+            if schedule is None:
+                schedule = schedules[shape] = Schedule(kind=r[2], expression=r[3], timezone=r[4])
+            worker_type = r[6]
+            next_run_at = r[7]
+            entries.append(
+                JobEntry(
+                    id=r[0],
+                    key=r[1],
+                    schedule=schedule,
+                    priority=texts.setdefault(r[5], r[5]),
+                    worker_type=texts.setdefault(worker_type, worker_type) if worker_type else None,
+                    next_run_at=(
+                        times.setdefault(next_run_at, next_run_at) if next_run_at else None
+                    ),
+                    schedule_version=r[8],
+                    run_id=r[9],
+                    run_status=r[10],
+                    run_created_at=r[11],
+                    run_due_at=r[12],
+                )
+            )
+        return entries
+
+
+@attrs.define(eq=False)
 class Store:
     """The daemon's SQL. One instance per daemon; safe for concurrent tasks (each call
     takes its own pooled connection)."""
@@ -542,10 +596,6 @@ class Store:
     leader_pid: int | None = None
     #: Statements sent so far (``coordinator_sql_statements_total``).
     statements: int = 0
-    #: Rows the last full refresh read (bounds the next one's time); before the first,
-    #: assume a large inventory: a start may take its time, a hung server is noticed by
-    #: TCP keepalive anyway.
-    _inventory_size: int = 1_000_000
     claims: Batcher[_ClaimItem, ClaimResult] = attrs.field(init=False)
     settlements: Batcher[HeldResult, JobState] = attrs.field(init=False)
 
@@ -608,52 +658,31 @@ class Store:
 
     # -- inventory ----------------------------------------------------------------------
 
-    async def refresh(self, ids: Sequence[int] | None = None) -> list[JobEntry]:
-        """Read every job that may need a timer or a dispatch (or only those of ``ids``
-        that may), in one statement."""
-        if ids is None:
-            # A full read of a large inventory gets the time its size needs (known
-            # from the last one).
-            rows: list[Record] = await self._call(
-                "refresh", "fetch", _REFRESH, rows=self._inventory_size
-            )
-        else:
+    async def refresh(
+        self, ids: Sequence[int] | None = None
+    ) -> AsyncGenerator[list[JobEntry], None]:
+        """Read every job that may need a timer or a dispatch, a page of at most
+        :data:`REFRESH_PAGE` rows per statement (an inventory smaller than a page: one
+        statement); or only those of ``ids`` that may (one statement)."""
+        shared = _Shared()
+        if ids is not None:
             text = "{" + ",".join(str(int(i)) for i in ids) + "}"
-            rows = await self._call("refresh", "fetch", _REFRESH_SOME, text)
-        # Many jobs share a schedule, a priority, a worker type: keep one object of each,
-        # so memory grows with distinct values, not with the job count.
-        schedules: dict[tuple[str, str | None, str], Schedule] = {}
-        texts: dict[str, str] = {}
-        entries = []
-        for r in rows:
-            shape = (r["schedule_kind"], r["schedule"], r["timezone"])
-            schedule = schedules.get(shape)
-            if schedule is None:
-                schedule = schedules[shape] = Schedule(
-                    kind=shape[0], expression=shape[1], timezone=shape[2]
-                )
-            worker_type = r["worker_type"]
-            entries.append(
-                JobEntry(
-                    id=r["id"],
-                    key=f"{r['namespace']}/{r['name']}",
-                    schedule=schedule,
-                    priority=texts.setdefault(r["priority"], r["priority"]),
-                    worker_type=(
-                        texts.setdefault(worker_type, worker_type) if worker_type else None
-                    ),
-                    next_run_at=r["next_run_at"],
-                    schedule_version=r["schedule_version"],
-                    run_id=r["run_id"],
-                    run_status=r["run_status"],
-                    run_created_at=r["run_created_at"],
-                    run_due_at=r["run_due_at"],
-                )
+            yield shared.entries(await self._call("refresh", "fetch", _REFRESH_SOME, text))
+            return
+        after = 0
+        while True:
+            rows: list[Record] = await self._call(
+                "refresh", "fetch", _REFRESH_PAGE, after, REFRESH_PAGE, rows=REFRESH_PAGE
             )
-        if ids is None:
-            self._inventory_size = len(rows)
-        del rows
-        return entries
+            if not rows:
+                return
+            after = rows[-1][0]
+            full = len(rows) == REFRESH_PAGE
+            page = shared.entries(rows)
+            del rows  # the records go before the next page arrives
+            yield page
+            if not full:
+                return
 
     async def init_deadlines(self, items: Sequence[tuple[int, datetime, int]]) -> set[int]:
         """Save first deadlines (job id, deadline, schedule version) where none is saved

@@ -20,6 +20,7 @@ stops the loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import aclosing
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
@@ -32,11 +33,12 @@ from ..core.coalescer import RefreshCoalescer
 from ..core.deadlines import DeadlineSet
 from ..errors import CoordinatorError
 from ..events import EventBus, Refreshed, milliseconds
+from ..model import Schedule
 from ..store import JobEntry, Store
 from .policy import ErrorPolicy
 
 if TYPE_CHECKING:
-    from ..model import Job, Schedule
+    from ..model import Job
     from ..store import JobState
 
 
@@ -251,12 +253,76 @@ class Inventory:
             self._dirty = set()
 
     async def _refresh(self, ids: frozenset[int] | None) -> tuple[int, int, int]:
-        entries = await self.store.refresh(None if ids is None else sorted(ids))
+        # Read page by page; each page's first deadlines are written (by a task of their
+        # own, one statement at a time) while the next page is read. Nothing is armed
+        # until everything is read, and a first deadline only once it is saved.
         now = self.clock.now()
+        firsts = _Firsts(now)
+        loaded: list[JobEntry] = []
+        to_init: list[tuple[int, datetime, int]] = []
+        to_invalidate: list[tuple[int, str, int]] = []
+        refused: set[int] = set()
+        rows = 0
+        try:
+            async with trio.open_nursery() as nursery:
+                send, receive = trio.open_memory_channel[list[tuple[int, datetime, int]]](1)
+                nursery.start_soon(self._write_firsts, receive, refused)
+                async with (
+                    send,
+                    aclosing(self.store.refresh(None if ids is None else sorted(ids))) as pages,
+                ):
+                    async for page in pages:
+                        rows += len(page)
+                        page_init: list[tuple[int, datetime, int]] = []
+                        for entry in page:
+                            reason, first_at = firsts.of(entry)
+                            if reason is not None:
+                                to_invalidate.append((entry.id, reason, entry.schedule_version))
+                                continue
+                            loaded.append(entry)
+                            if first_at is not None and entry.schedule.kind in _RECURRING:
+                                page_init.append((entry.id, first_at, entry.schedule_version))
+                        del page
+                        if page_init:
+                            to_init.extend(page_init)
+                            await send.send(page_init)
+                    self._rebuild(ids, loaded)
+                    del loaded
+        except BaseExceptionGroup as group:
+            error = _first_error(group)
+            if error is group:
+                raise  # cancelled from outside
+            raise error from None
+        if to_invalidate:
+            marked = await self.store.mark_invalid(to_invalidate)
+            for job_id, reason, _version in to_invalidate:
+                if job_id in marked:
+                    self.events.log.warning("job.invalid", job_id=job_id, reason=reason)
+        if to_init:
+            self._arm_written(
+                (job_id, at) for job_id, at, _version in to_init if job_id not in refused
+            )
+        return rows, len(to_init), len(to_invalidate)
+
+    async def _write_firsts(
+        self,
+        batches: trio.MemoryReceiveChannel[list[tuple[int, datetime, int]]],
+        refused: set[int],
+    ) -> None:
+        """Save the first deadlines of each page as it comes (one statement per page);
+        collect the jobs whose deadline was not written (changed meanwhile)."""
+        async with batches:
+            async for batch in batches:
+                refused |= await self.store.init_deadlines(batch)
+
+    def _rebuild(self, ids: frozenset[int] | None, loaded: list[JobEntry]) -> None:
+        """Replace what the refresh read (everything, or the named jobs) and arm it; no
+        await between the first change and the last, so the loop never sees half."""
         served = self.served()
         jobs: dict[int, JobEntry]
         if ids is None:
-            jobs = {}
+            # Let the old inventory go before the new one is indexed.
+            self.jobs = jobs = {}
             self.deadlines.clear()
         else:
             # Only the named jobs are re-read: forget what we knew of them; a job not
@@ -265,57 +331,66 @@ class Inventory:
             for job_id in ids:
                 jobs.pop(job_id, None)
                 self.deadlines.discard(job_id)
-        to_init: list[tuple[int, datetime, int]] = []
-        to_invalidate: list[tuple[int, str, int]] = []
-        # Jobs share schedules (the store hands out one object per distinct schedule):
-        # check each one, and compute its first deadline from now, once.
-        checked: dict[Schedule, str | None] = {}
-        firsts: dict[Schedule, tuple[datetime | None, str | None]] = {}
-        for entry in entries:
-            schedule = entry.schedule
-            if schedule in checked:
-                reason = checked[schedule]
-            else:
-                reason = checked[schedule] = schedules.invalid_reason(schedule)
-            first_at = None
-            if reason is None and entry.next_run_at is None:
-                first = firsts.get(schedule)
-                if first is None:
-                    first = firsts[schedule] = next_deadline(
-                        schedules.initial_deadline, schedule, now
-                    )
-                first_at, reason = first
-            if reason is not None:
-                to_invalidate.append((entry.id, reason, entry.schedule_version))
-                continue
+        for entry in loaded:
             jobs[entry.id] = entry
             if entry.run_status == "queued" and not entry.retry_waiting and not self.busy(entry.id):
                 self.queued(entry)  # a manual run: at once (a waiting retry is armed below)
             elif entry.run_status == "cancel_requested" and entry.run_id is not None:
                 self.pausing(entry.run_id)
-            if first_at is not None and entry.schedule.kind in ("cron", "interval"):
-                to_init.append((entry.id, first_at, entry.schedule_version))
             self.arm(entry, served)
-        self.jobs = jobs
-        if to_invalidate:
-            marked = await self.store.mark_invalid(to_invalidate)
-            for job_id, reason, _version in to_invalidate:
-                if job_id in marked:
-                    self.events.log.warning("job.invalid", job_id=job_id, reason=reason)
-        if to_init:
-            refused = await self.store.init_deadlines(to_init)
-            self._arm_written(
-                ((job_id, at) for job_id, at, _version in to_init if job_id not in refused),
-                served,
-            )
-        return len(entries), len(to_init), len(to_invalidate)
 
-    def _arm_written(self, written: Iterable[tuple[int, datetime]], served: frozenset[str]) -> None:
+    def _arm_written(self, written: Iterable[tuple[int, datetime]]) -> None:
+        served = self.served()
         for job_id, at in written:
             known = self.jobs.get(job_id)
             if known is not None:
                 known.next_run_at = at
                 self.arm(known, served)
+
+
+#: Kinds whose first deadline the daemon computes and saves (a one-shot job's is its
+#: instant, saved by whoever defined it).
+_RECURRING: Final = frozenset({"cron", "interval"})
+
+
+@attrs.define(eq=False)
+class _Firsts:
+    """Checks each distinct schedule once, and computes its first deadline from ``now``
+    once: jobs share schedules (the store hands out one object per distinct schedule)."""
+
+    now: datetime
+    _checked: dict[Schedule, str | None] = attrs.field(factory=dict)
+    _firsts: dict[Schedule, tuple[datetime | None, str | None]] = attrs.field(factory=dict)
+
+    def of(self, entry: JobEntry) -> tuple[str | None, datetime | None]:
+        """``(reason the schedule is unusable, None)``, or ``(None, first deadline to
+        save)`` when the job has none saved yet, or ``(None, None)``."""
+        schedule = entry.schedule
+        checked = self._checked
+        if schedule in checked:
+            reason = checked[schedule]
+        else:
+            reason = checked[schedule] = schedules.invalid_reason(schedule)
+        if reason is not None or entry.next_run_at is not None:
+            return reason, None
+        first = self._firsts.get(schedule)
+        if first is None:
+            first = self._firsts[schedule] = next_deadline(
+                schedules.initial_deadline, schedule, self.now
+            )
+        first_at, reason = first
+        return reason, first_at
+
+
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first error of a group that is not a cancellation (the group if none is): the
+    refresh fails with what the statement raised, for the error policy to classify."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first_error(exc)
+        if not isinstance(exc, trio.Cancelled):
+            return exc
+    return group
 
 
 def _entry_of(job: Job, state: JobState) -> JobEntry:
