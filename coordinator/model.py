@@ -76,7 +76,7 @@ def _findings(value: Iterable[Finding]) -> tuple[Finding, ...]:
     return tuple(value)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class Schedule:
     """When a job is due, as its definition says."""
 

@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 #: Most jobs a refresh re-reads by id; a wake naming more (or none) reads them all.
 INCREMENTAL_LIMIT: Final = 1000
 
+#: Statements saving first deadlines at once (each a page of jobs, on a pooled connection
+#: of its own): on a first start the database's writing sets the pace.
+FIRST_DEADLINE_WRITERS: Final = 2
+
 
 def next_deadline(
     compute: Callable[[Schedule, datetime], datetime | None], schedule: Schedule, at: datetime
@@ -255,18 +259,19 @@ class Inventory:
             self._dirty = set()
 
     async def _refresh(self, ids: frozenset[int] | None) -> tuple[int, int, int]:
-        # Read page by page; each page's first deadlines are written (by a task of their
-        # own, one statement at a time) while the next page is read. Nothing is armed
-        # until everything is read, and a first deadline only once it is saved.
+        # Read page by page; each page's first deadlines are written (by tasks of their
+        # own) while the next page is read. Nothing is armed until everything is read,
+        # and a first deadline only once it is saved.
         read = _Read(_Firsts(self.clock.now()))
         try:
             async with trio.open_nursery() as nursery:
                 send, receive = trio.open_memory_channel[list[tuple[int, datetime, int]]](1)
-                nursery.start_soon(self._write_firsts, receive, read.refused)
+                async with receive:
+                    for _ in range(FIRST_DEADLINE_WRITERS):
+                        nursery.start_soon(self._write_firsts, receive.clone(), read)
                 async with send:
                     await self._read(ids, read, send)
-                self._rebuild(ids, read.loaded)
-                read.loaded = []
+                self._rebuild(ids, read)
         except BaseExceptionGroup as group:
             error = _first_error(group)
             if error is group:
@@ -277,11 +282,11 @@ class Inventory:
             for job_id, reason, _version in read.to_invalidate:
                 if job_id in marked:
                     self.events.log.warning("job.invalid", job_id=job_id, reason=reason)
-        if read.to_init:
-            self._arm_written(
-                (job_id, at) for job_id, at, _version in read.to_init if job_id not in read.refused
-            )
-        return read.rows, len(read.to_init), len(read.to_invalidate)
+        # The pages written after the rebuild.
+        served = self.served()
+        for entry in self._take_written(read):
+            self.arm(entry, served)
+        return read.rows, read.initialised, len(read.to_invalidate)
 
     async def _read(
         self,
@@ -304,24 +309,24 @@ class Inventory:
                     if first_at is not None and entry.schedule.kind in _RECURRING:
                         page_init.append((entry.id, first_at, entry.schedule_version))
                 if page_init:
-                    read.to_init.extend(page_init)
+                    read.initialised += len(page_init)
                     await firsts_out.send(page_init)
 
     async def _write_firsts(
-        self,
-        batches: trio.MemoryReceiveChannel[list[tuple[int, datetime, int]]],
-        refused: set[int],
+        self, batches: trio.MemoryReceiveChannel[list[tuple[int, datetime, int]]], read: _Read
     ) -> None:
-        """Save the first deadlines of each page as it comes (one statement per page);
-        collect the jobs whose deadline was not written (changed meanwhile)."""
+        """Save the first deadlines of each page as it comes (one statement per page)."""
         async with batches:
             async for batch in batches:
-                refused |= await self.store.init_deadlines(batch)
+                refused = await self.store.init_deadlines(batch)
+                read.written.append((batch, refused))
 
-    def _rebuild(self, ids: frozenset[int] | None, loaded: list[JobEntry]) -> None:
+    def _rebuild(self, ids: frozenset[int] | None, read: _Read) -> None:
         """Replace what the refresh read (everything, or the named jobs) and arm it; no
-        await between the first change and the last, so the loop never sees half."""
+        await between the first change and the last, so the loop never sees half. The
+        first deadlines already saved are armed with the rest."""
         served = self.served()
+        loaded, read.loaded = read.loaded, []
         jobs: dict[int, JobEntry]
         if ids is None:
             # Let the old inventory go before the new one is indexed.
@@ -340,15 +345,24 @@ class Inventory:
                 self.queued(entry)  # a manual run: at once (a waiting retry is armed below)
             elif entry.run_status == "cancel_requested" and entry.run_id is not None:
                 self.pausing(entry.run_id)
+        self._take_written(read)  # armed below, with the others
+        for entry in loaded:
             self.arm(entry, served)
 
-    def _arm_written(self, written: Iterable[tuple[int, datetime]]) -> None:
-        served = self.served()
-        for job_id, at in written:
-            known = self.jobs.get(job_id)
-            if known is not None:
-                known.next_run_at = at
-                self.arm(known, served)
+    def _take_written(self, read: _Read) -> list[JobEntry]:
+        """Give the jobs whose first deadline was saved since the last call that deadline
+        (not those refused: changed meanwhile, the next refresh reads them)."""
+        jobs = self.jobs
+        entries = []
+        for batch, refused in read.written:
+            for job_id, at, _version in batch:
+                if job_id not in refused:
+                    entry = jobs.get(job_id)
+                    if entry is not None:
+                        entry.next_run_at = at
+                        entries.append(entry)
+        read.written = []
+        return entries
 
 
 #: Kinds whose first deadline the daemon computes and saves (a one-shot job's is its
@@ -363,12 +377,13 @@ class _Read:
     firsts: _Firsts
     #: Entries to load (usable schedules).
     loaded: list[JobEntry] = attrs.field(factory=list)
-    #: (job id, first deadline, schedule version) to save, then arm.
-    to_init: list[tuple[int, datetime, int]] = attrs.field(factory=list)
+    #: First deadlines sent to be saved.
+    initialised: int = 0
+    #: Pages of (job id, first deadline, schedule version) saved, with the ids refused
+    #: (not written), not yet applied to the inventory.
+    written: list[tuple[list[tuple[int, datetime, int]], set[int]]] = attrs.field(factory=list)
     #: (job id, reason, schedule version) to make inert.
     to_invalidate: list[tuple[int, str, int]] = attrs.field(factory=list)
-    #: Jobs whose first deadline was not written (changed meanwhile).
-    refused: set[int] = attrs.field(factory=set)
     rows: int = 0
 
 

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from coordinator import store
 from coordinator.db import aio
 
 if TYPE_CHECKING:
     import asyncpg
+    import pytest
 
     from coordinator.embedded import StatementLog
 
@@ -95,3 +97,45 @@ async def test_a_wake_naming_an_unknown_job_is_harmless(
     assert (refreshed[-1]["named"], refreshed[-1]["jobs"]) == (1, 0)
     assert not harness.done.is_set()
     assert harness.daemon.status().state == "ready"
+
+
+async def test_a_full_refresh_reads_pages_and_saves_each_pages_first_deadlines(
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    sql_log: StatementLog,
+    database_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Pages of 3 rows: 7 recurring jobs without a deadline, one unusable schedule among
+    # them, a manual job (not loaded) and one with its deadline saved already.
+    monkeypatch.setattr(store, "REFRESH_PAGE", 3)
+    target = '{"kind": "exec", "argv": ["true"]}'
+    await aio(conn.execute)(
+        "INSERT INTO coordinator.jobs (name, schedule_kind, schedule, target, next_run_at) "
+        "SELECT 'j' || g, CASE WHEN g = 4 THEN 'manual' ELSE 'cron' END, "
+        "CASE WHEN g = 4 THEN NULL WHEN g = 5 THEN '61 25 * * *' ELSE '0 0 1 1 *' END, "
+        "$1::jsonb, CASE WHEN g = 8 THEN now() + interval '1 day' END "
+        "FROM generate_series(1, 10) g",
+        target,
+    )
+    sql_log.mark()
+    harness = await start_daemon()
+    statements = [s.sql for s in sql_log.statements(app="coordinator", db=database_name)]
+    # 9 rows may need a timer (all but the manual job): three full pages, and a fourth
+    # statement finds no more.
+    assert sum("LEFT JOIN coordinator.runs r" in s for s in statements) == 4
+    # Each page's first deadlines in a statement of their own; the unusable one marked.
+    assert (
+        sum("UPDATE coordinator.jobs j" in s and "next_run_at = v.at" in s for s in statements) == 3
+    )
+    rows = await aio(conn.fetch)(
+        "SELECT id, name, next_run_at, invalid_reason FROM coordinator.jobs ORDER BY id"
+    )
+    saved = {r["id"]: r["next_run_at"].timestamp() for r in rows if r["next_run_at"] is not None}
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["j5"]["invalid_reason"] is not None
+    assert by_name["j5"]["next_run_at"] is None
+    assert by_name["j4"]["next_run_at"] is None
+    # Every usable recurring job is armed on exactly what is saved.
+    assert len(saved) == 8
+    assert dict(harness.daemon.deadlines.items()) == saved
