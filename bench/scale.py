@@ -3,14 +3,15 @@
 Per size, in a fresh database (jobs written with one INSERT ... SELECT generate_series):
 
 * **cold start**: no deadline saved yet, so the startup refresh computes one per job
-  (croniter) and saves them in one batched statement;
+  (croniter) and saves them, one batched statement per page of 50,000 jobs read;
 * **warm start**: a restart with every deadline saved (the steady state);
 * **wake refresh**: on the warm daemon, one ``NOTIFY coordinator`` from the bench asks for
   a refresh (``--refresh-spacing 1s`` so it is granted at once).
 
 Figures: time to ``ready`` (spawn -> the ``ready`` line), the ``refresh`` event's
 ``elapsed_ms``, the daemon's peak RSS (``VmHWM``), and the daemon's statements (server
-log): at startup, and for the wake refresh (must not grow with the job count).
+log): at startup, and for each wake refresh (one-job: one statement at any size; full:
+one per 50,000 jobs).
 """
 
 from __future__ import annotations
