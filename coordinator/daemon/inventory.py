@@ -1,8 +1,9 @@
 """The job inventory: what the daemon keeps in memory about jobs, and their timers.
 
-A refresh reads every job that may need a timer or a dispatch (one statement; paused,
-manual-only and invalid jobs are not even loaded), rebuilds the armed deadlines, offers
-queued manual runs to admission, saves first deadlines where none is saved and makes
+A refresh reads every job that may need a timer or a dispatch (a page of
+``store.REFRESH_PAGE`` rows per statement; paused, manual-only and invalid jobs are not
+even loaded), rebuilds the armed deadlines, offers queued manual runs to admission, saves
+first deadlines where none is saved (each page's while the next is read) and makes
 unusable schedules inert. Between refreshes the inventory is kept current without SQL:
 a settlement returns its job's new deadline state (:meth:`Inventory.settled`), a
 rejected claim re-arms the job from memory (:meth:`Inventory.rearm`), and workers
