@@ -3,7 +3,8 @@
 The question: ``migrations/0014_namespaces.sql`` enables row-level security on jobs and
 runs. Does it slow the daemon? The daemon's statements are measured directly -- the
 claim statement (``coordinator._claim_many``) and the settlement statement
-(``coordinator._settle_many``), exactly as ``coordinator/store.py`` sends them, with the
+(``coordinator._settle_many``), as ``coordinator/store.py`` sends them under load (a
+batch of one it now sends as ``coordinator._claim``/``_settle`` directly), with the
 daemon's session setting (``coordinator.origin = 'daemon'``) -- in five configurations,
 on one cluster, rounds interleaved so that whatever else the machine does falls on all
 of them alike:

@@ -471,13 +471,24 @@ class Batcher(Generic[ItemT, ResultT]):
             # tasks that are ready now (claims admitted in the same turn) join it.
             self._leading = True
             try:
-                await trio.lowlevel.checkpoint()
+                try:
+                    await trio.lowlevel.checkpoint()
+                except BaseException:
+                    # Cancelled before anything was sent: withdraw this item (nobody
+                    # waits for it); the batching task sends the others.
+                    self._queue = [entry for entry in self._queue if entry[1] is not slot]
+                    raise
+                finally:
+                    self._leading = False
+                if not self._busy:
+                    # The batch may carry other callers' items: once sent, it is seen
+                    # through (bounded by the statement timeout) whatever happens to
+                    # this caller, as the batching task would.
+                    with trio.CancelScope(shield=True):
+                        await self._send_next()
             finally:
-                self._leading = False
-            if not self._busy:
-                await self._send_next()
-            if self._queue:
-                self._wake.set()
+                if self._queue:
+                    self._wake.set()
         await slot.done.wait()
         return self._outcome(slot)
 
@@ -505,6 +516,8 @@ class Batcher(Generic[ItemT, ResultT]):
 
     async def _send_next(self) -> None:
         """Send the queued items (in order, at most :attr:`limit`) as one statement."""
+        if not self._queue:
+            return  # (taken by the batching task's shutdown meanwhile)
         self._queue.sort(key=lambda entry: entry[1].order)
         batch, self._queue = self._queue[: self.limit], self._queue[self.limit :]
         self._busy = True
@@ -882,7 +895,11 @@ class Store:
             outcome.retryable,
             held.retry_jitter,
             None if outcome.cursor is None else json.dumps(outcome.cursor.value, default=str),
-            json.dumps([f.to_json() for f in outcome.findings]) if outcome.findings else None,
+            (
+                json.dumps([f.to_json() for f in outcome.findings], default=str)
+                if outcome.findings
+                else None
+            ),
         )
         return _job_state(row)
 

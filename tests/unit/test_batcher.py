@@ -109,3 +109,52 @@ async def test_a_failed_statement_fails_every_item_of_its_batch_only() -> None:
         await submit(3)
         nursery.cancel_scope.cancel()
     assert outcomes == {1: "the statement failed", 2: "the statement failed", 3: 3}
+
+
+async def test_a_cancelled_leader_still_sees_its_batch_through_and_leaves_nobody_behind(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    recorder = Recorder()
+    recorder.gate = trio.Event()
+    batcher: Batcher[int, int] = Batcher(send=recorder.send)
+    results: dict[int, object] = {}
+
+    async def submit(item: int, scope: trio.CancelScope) -> None:
+        with scope:
+            results[item] = await batcher.submit(item, order=item)
+        if scope.cancelled_caught:
+            results[item] = "cancelled"
+
+    leader, other = trio.CancelScope(), trio.CancelScope()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(batcher.run)
+            nursery.start_soon(submit, 1, leader)
+            await recorder.sending.wait()  # the leader's statement is in flight
+            nursery.start_soon(submit, 2, other)
+            await trio.testing.wait_all_tasks_blocked()
+            leader.cancel()  # e.g. the daemon abandoning calls at stop
+            await trio.testing.wait_all_tasks_blocked()
+            assert recorder.batches == [[1]]  # not cut short: still in flight
+            recorder.gate.set()
+            while 2 not in results:
+                await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+    # The statement was seen through (its outcome is known to the batch), the caller
+    # that left got its cancellation, and the item queued behind it was sent.
+    assert recorder.batches == [[1], [2]]
+    assert results == {1: "cancelled", 2: 20}
+
+
+async def test_a_leader_cancelled_before_sending_withdraws_its_item() -> None:
+    recorder = Recorder()
+    batcher: Batcher[int, int] = Batcher(send=recorder.send)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(batcher.run)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await batcher.submit(1)
+        assert scope.cancelled_caught
+        assert await batcher.submit(2) == 20
+        nursery.cancel_scope.cancel()
+    assert recorder.batches == [[2]]
