@@ -82,7 +82,13 @@ from . import migrate as migrations
 from . import schedule as schedules
 from .demo import DEMO_JOBS as DEMO_JOBS
 from .demo import DEMO_NAMESPACE as DEMO_NAMESPACE
-from .errors import ConfigError, CoordinatorError, DatabaseUnavailable, InvalidInput
+from .errors import (
+    ConfigError,
+    CoordinatorError,
+    DatabaseUnavailable,
+    InvalidInput,
+    first_error,
+)
 from .model import (
     DEFAULT_KEEP_LAST,
     DEFAULT_RETRY_BACKOFF,
@@ -142,7 +148,7 @@ async def _invoke(args: argparse.Namespace) -> int:
             return await handler(args, ctx)
         except BaseExceptionGroup as group:
             # A nursery wraps what its tasks raise: a person sees the error, not the group.
-            raise _unwrap(group) from None
+            raise first_error(group) from None
     except CoordinatorError as exc:
         _error(str(exc))
         return exc.exit_code
@@ -153,16 +159,6 @@ async def _invoke(args: argparse.Namespace) -> int:
     finally:
         with trio.CancelScope(shield=True):
             await ctx.stop_cluster()
-
-
-def _unwrap(group: BaseExceptionGroup) -> BaseException:
-    """The first error of a group that is not a cancellation (the group if none is)."""
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            return _unwrap(exc)
-        if not isinstance(exc, trio.Cancelled):
-            return exc
-    return group
 
 
 def _error(message: str) -> None:

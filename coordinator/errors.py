@@ -7,6 +7,8 @@ mistake of theirs. asyncpg errors are wrapped once, where the SQL is sent.
 
 from __future__ import annotations
 
+import trio
+
 
 class CoordinatorError(Exception):
     """Base of every error this package raises on purpose."""
@@ -85,3 +87,15 @@ class PermissionDenied(CoordinatorError, PermissionError):
         super().__init__(f"permission denied for {what}" + (f" ({detail})" if detail else ""))
         self.namespace = namespace
         self.detail = detail
+
+
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first error of a task group's that is not a cancellation (the group itself if
+    none is): what a caller reports or classifies when sibling tasks were cancelled
+    because of it."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return first_error(exc)
+        if not isinstance(exc, trio.Cancelled):
+            return exc
+    return group

@@ -33,7 +33,7 @@ from .. import schedule as schedules
 from ..clock import WallClock
 from ..core.coalescer import RefreshCoalescer
 from ..core.deadlines import DeadlineSet
-from ..errors import CoordinatorError
+from ..errors import CoordinatorError, first_error
 from ..events import EventBus, Refreshed, milliseconds
 from ..model import Schedule
 from ..store import JobEntry, Store
@@ -274,7 +274,8 @@ class Inventory:
                     await self._read(ids, read, send)
                 self._rebuild(ids, read)
         except BaseExceptionGroup as group:
-            error = _first_error(group)
+            # The refresh fails with what the statement raised, for the policy to classify.
+            error = first_error(group)
             if error is group:
                 raise  # cancelled from outside
             raise error from None
@@ -431,17 +432,6 @@ def _no_cyclic_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The first error of a group that is not a cancellation (the group if none is): the
-    refresh fails with what the statement raised, for the error policy to classify."""
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            return _first_error(exc)
-        if not isinstance(exc, trio.Cancelled):
-            return exc
-    return group
 
 
 def _entry_of(job: Job, state: JobState) -> JobEntry:
