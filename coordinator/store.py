@@ -756,10 +756,10 @@ class Store:
                 "i": i,
                 "job": t.job_id,
                 "run": t.run_id,
-                "at": t.scheduled_for.isoformat() if t.scheduled_for is not None else None,
+                "at": _text(t.scheduled_for),
                 "v": t.schedule_version,
-                "now": now.isoformat() if now is not None else None,
-                "skip": skip.isoformat() if skip is not None else None,
+                "now": _text(now),
+                "skip": _text(skip),
             }
             for i, (t, _workers, now, skip) in enumerate(items)
         ]
@@ -851,7 +851,7 @@ class Store:
                 "cause": h.outcome.error_cause,
                 "message": h.outcome.error_message,
                 "v": h.schedule_version,
-                "next": h.next_run_at.isoformat() if h.next_run_at is not None else None,
+                "next": _text(h.next_run_at),
                 "category": h.outcome.category,
                 "retryable": h.outcome.retryable,
                 "jitter": h.retry_jitter,
@@ -1049,6 +1049,7 @@ def _job_state(row: Record) -> JobState:
 
 
 def _text(at: datetime | None) -> str | None:
+    """A timestamp as the text the statements cast to ``timestamptz`` (``None``: NULL)."""
     return None if at is None else at.isoformat()
 
 
