@@ -14,7 +14,7 @@ ends ``paused`` at its cursor).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 
@@ -63,6 +63,38 @@ class ExecutorHooks:
     declare: Callable[[Declare, str], Awaitable[Declared]] = _declare_nothing
 
 
+class Turn(Protocol):
+    """A call's place among the calls one claim statement granted: they start in
+    admission's order (docs/design.md, "Claims"). An executor passes it exactly once,
+    by one of the two methods, before its call first waits for anything long."""
+
+    def take(self, first_step: Callable[[], None]) -> None:
+        """Take ``first_step`` (synchronous, must not raise: queue the call's line) in
+        this call's turn: now, or as soon as the calls granted before it have started,
+        from whichever task starts the last of them. Never waits."""
+        ...
+
+    async def reached(self) -> None:
+        """Wait until the calls granted before this one have started; the caller starts
+        its own before it next yields (spawns the process)."""
+        ...
+
+
+@attrs.frozen
+class AtOnce:
+    """The turn of a call granted on its own: every step at once."""
+
+    def take(self, first_step: Callable[[], None]) -> None:
+        first_step()
+
+    async def reached(self) -> None:
+        return None
+
+
+#: For calls made outside a claim batch (tests, tools).
+AT_ONCE: Final = AtOnce()
+
+
 class Executor(Protocol):
     """Something that can call a run's target."""
 
@@ -93,8 +125,9 @@ class Executor(Protocol):
         """Whether this executor can call ``target`` right now."""
         ...
 
-    async def call(self, claim: Claim, *, abandon: trio.Event) -> Outcome:
-        """Call the claimed run and report how it ended.
+    async def call(self, claim: Claim, *, abandon: trio.Event, turn: Turn = AT_ONCE) -> Outcome:
+        """Call the claimed run and report how it ended. The call's first step is taken
+        in ``turn`` (:class:`Turn`).
 
         Setting ``abandon`` (the daemon's stop timeout ran out, or a second Ctrl-C) stops
         the call; it then returns a ``cancelled`` outcome (``paused`` for a recoverable
@@ -113,4 +146,4 @@ class Executor(Protocol):
         ...
 
 
-__all__ = ["Executor", "ExecutorHooks"]
+__all__ = ["AT_ONCE", "AtOnce", "Executor", "ExecutorHooks", "Turn"]

@@ -39,6 +39,7 @@ import trio
 from ..clock import WallClock
 from ..model import EXIT_TEMPFAIL, Outcome
 from ..text import TRUNCATED, clip, storable
+from .base import AT_ONCE, Turn
 from .outcomes import CANCELLED_MESSAGE, cancelled, ended, timed_out_message
 
 if TYPE_CHECKING:
@@ -104,11 +105,13 @@ class ExecExecutor:
         database refuses such a job), so there is never a call to pause: ``False``."""
         return False
 
-    async def call(self, claim: Claim, *, abandon: trio.Event) -> Outcome:
+    async def call(self, claim: Claim, *, abandon: trio.Event, turn: Turn = AT_ONCE) -> Outcome:
         """Run the claim's command and report how it ended; never raises for the command.
 
         Only ``trio.Cancelled`` propagates, after the process group has been stopped.
         """
+        # Spawning yields: the calls granted before this one spawn first.
+        await turn.reached()
         started_at = self.clock.now()
         if abandon.is_set():
             return cancelled(self.clock, started_at, _io_extra(None, "", ""))

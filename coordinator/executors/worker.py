@@ -91,7 +91,7 @@ from ..protocol import (
 )
 from ..status import WorkerView
 from ..tokens import TokenScope, TokenSet
-from .base import ExecutorHooks
+from .base import AT_ONCE, ExecutorHooks, Turn
 from .outcomes import CANCELLED_MESSAGE, PAUSE_REASONS, cancelled, ended, timed_out_message
 
 if TYPE_CHECKING:
@@ -409,15 +409,16 @@ class WorkerExecutor:
         the daemon's admission's business: see :meth:`capacities`)."""
         return target.kind == "worker" and self._capacity.get(target.worker_type or "", 0) > 0
 
-    async def call(self, claim: Claim, *, abandon: trio.Event) -> Outcome:
+    async def call(self, claim: Claim, *, abandon: trio.Event, turn: Turn = AT_ONCE) -> Outcome:
         """Call the run on a connected worker and report how it ended; never raises for
         anything the worker does. Only ``trio.Cancelled`` propagates (the worker is sent
-        ``cancel`` first)."""
+        ``cancel`` first). The call's line is queued in ``turn``, without waiting for it."""
         run_id = claim.run_id
         self._starting[run_id] = None
         try:
-            return await self._call(claim, abandon)
+            return await self._call(claim, abandon, turn)
         finally:
+            turn.take(_no_step)  # (if nothing was sent: the next call may go)
             self._starting.pop(run_id, None)
             self._calls.pop(run_id, None)
 
@@ -438,12 +439,12 @@ class WorkerExecutor:
             call.wake.set()
         return True
 
-    async def _call(self, claim: Claim, abandon: trio.Event) -> Outcome:
+    async def _call(self, claim: Claim, abandon: trio.Event, turn: Turn) -> Outcome:
         job = claim.job
         worker_type = job.target.worker_type or ""
         if abandon.is_set():
             return self._unstarted(claim, "abandon")
-        conn = await self._reserve(worker_type, job.namespace, abandon)
+        conn = await self._reserve(worker_type, job.namespace, abandon, turn)
         run_id = claim.run_id
         stop = self._starting.get(run_id)
         if conn is None or stop is not None:
@@ -493,8 +494,19 @@ class WorkerExecutor:
         if problem is not None:
             self._release(conn, call)
             return ended(self.clock, started_at, "failed", "handler", problem)
+        sent = trio.Event()
+
+        def send() -> None:
+            # Taken in the batch's order: maybe later, by the task that starts the call
+            # before this one; by then this one may have been cancelled (orphaned).
+            if not call.orphaned:
+                conn.send_bytes(data)
+                sent.set()
+
+        turn.take(send)
         try:
-            conn.send_bytes(data)
+            if not sent.is_set():
+                await sent.wait()
             ending = await self._wait(call, abandon, timeout)
             if ending == "timeout":
                 await self._cancel(call, "timeout")
@@ -505,7 +517,9 @@ class WorkerExecutor:
         except BaseException:
             if not call.done.is_set():
                 call.orphaned = True
-                if not call.cancel_sent:
+                if not sent.is_set():
+                    self._release(conn, call)  # never sent (nor will be): its slot is free
+                elif not call.cancel_sent:
                     conn.send(Cancel(run=run_id, reason="stopping"))
             self._finish_progress(call)
             self._finish_checkpoints(call)
@@ -1055,10 +1069,13 @@ class WorkerExecutor:
 
     # -- calling -------------------------------------------------------------------------
 
-    async def _reserve(self, worker_type: str, namespace: str, abandon: trio.Event) -> _Conn | None:
+    async def _reserve(
+        self, worker_type: str, namespace: str, abandon: trio.Event, turn: Turn
+    ) -> _Conn | None:
         """The least busy registered worker serving ``worker_type`` with a free slot,
-        that may run jobs of ``namespace``, waiting for one if all are busy; ``None`` if
-        none serves it (or on abandon)."""
+        that may run jobs of ``namespace``, waiting for one if all are busy (the call
+        then gives up its turn: the calls after it need not wait too); ``None`` if none
+        serves it (or on abandon)."""
         while True:
             if self._detached or abandon.is_set():
                 return None
@@ -1077,6 +1094,7 @@ class WorkerExecutor:
                 return best
             if not serving:
                 return None
+            turn.take(_no_step)
             await _wait_any(self._changed, abandon)
 
     def _release(self, conn: _Conn, call: _Call) -> None:
@@ -1092,8 +1110,11 @@ class WorkerExecutor:
         if not abandon.is_set() and call.stop_reason is None:
             # One watcher per abandon event for all calls, not a task pair per call.
             self._watch_abandon(abandon)
-            with trio.move_on_after(limit):
-                await call.wake.wait()
+            if limit == math.inf:
+                await call.wake.wait()  # (no timeout: spare a cancel scope per call)
+            else:
+                with trio.move_on_after(limit):
+                    await call.wake.wait()
         if call.done.is_set():
             return "done"
         if abandon.is_set():
@@ -1424,6 +1445,10 @@ def _category(reported: str | None, extra: dict[str, Any]) -> Category | None:
             return known
     extra["category_reported"] = reported
     return "unknown"
+
+
+def _no_step() -> None:
+    """A turn passed with nothing to do in it."""
 
 
 def _deadline(started_at: datetime, timeout: timedelta | None) -> datetime | None:

@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from coordinator.clock import SystemWallClock
 from coordinator.errors import InvalidInput
 from coordinator.events import EventBus
+from coordinator.daemon.dispatch import Turns, _Turn
 from coordinator.executors.base import ExecutorHooks
 from coordinator.executors.worker import (
     CANCELLED_MESSAGE,
@@ -346,6 +348,79 @@ async def test_timeout_sends_cancel_and_records_timed_out(sock_path: Path) -> No
             # It acknowledged the cancel: still connected, slot free.
             assert h.executor.connections()[0].busy == 0
             assert not h.named("worker.cancel_ignored")
+
+
+# -- the batch's order ----------------------------------------------------------------------
+
+
+async def test_a_line_kept_for_its_turn_goes_out_after_the_ones_before_it(
+    sock_path: Path,
+) -> None:
+    """Trio ran the second call of a batch first: it does not wait, its line is kept and
+    sent right after the first one's, by the first call's task."""
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello()
+            turns = Turns()
+            first, second = _Turn(turns, place=(1, 0, 2)), _Turn(turns, place=(1, 1, 2))
+            outcomes: list[Outcome] = []
+
+            async def call(run: int, turn: _Turn) -> None:
+                claim = make_claim(run)
+                outcomes.append(await h.executor.call(claim, abandon=trio.Event(), turn=turn))
+
+            h.nursery.start_soon(call, 2, second)
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.executor.connections()[0].busy == 1  # its slot is taken, not sent
+            h.nursery.start_soon(call, 1, first)
+            assert [(await raw.recv() or {}).get("run") for _ in range(2)] == [1, 2]
+            for run in (1, 2):
+                await raw.send({"type": "result", "run": run, "ok": True})
+            while len(outcomes) < 2:
+                await trio.sleep(0.01)
+            assert [o.status for o in outcomes] == ["succeeded", "succeeded"]
+
+
+async def test_a_call_cancelled_while_its_line_waits_for_its_turn_is_never_sent(
+    sock_path: Path,
+) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello()
+            turns = Turns()
+            first, second = _Turn(turns, place=(1, 0, 2)), _Turn(turns, place=(1, 1, 2))
+            scope = trio.CancelScope()
+
+            async def call_second() -> None:
+                with scope:
+                    await h.executor.call(make_claim(2), abandon=trio.Event(), turn=second)
+
+            h.nursery.start_soon(call_second)
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.executor.connections()[0].busy == 1
+            # Cancelled before the first call of its batch started: its line is never
+            # sent, and its slot is free again at once.
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.executor.connections()[0].busy == 0
+            done: list[Outcome] = []
+
+            async def call_first() -> None:
+                claim = make_claim(1)
+                done.append(await h.executor.call(claim, abandon=trio.Event(), turn=first))
+
+            h.nursery.start_soon(call_first)
+            assert (await raw.recv() or {}).get("run") == 1
+            await raw.send({"type": "result", "run": 1, "ok": True})
+            while not done:
+                await trio.sleep(0.01)
+            h.nursery.start_soon(h.call, make_claim(3))
+            # Nothing for run 2 came between: neither its call nor a cancel.
+            message = await raw.recv()
+            assert message is not None
+            assert (message["type"], message["run"]) == ("call", 3)
 
 
 async def test_raw_worker_sees_cancel(sock_path: Path) -> None:
