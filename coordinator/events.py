@@ -526,20 +526,29 @@ class EventBus:
             self._streams.remove(stream)
 
 
+#: Each event type's field names (``attrs.fields`` on every emit showed in profiles).
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+#: Values that may carry text to redact.
+_TEXTUAL: Final = (str, dict, list, tuple)
+
+
 def _redacted(event: Event) -> Event:
     """``event`` with its text redacted (:mod:`coordinator.redact`), before the log, the
     metrics, the live streams or an alert see it: a run's error, a progress message, a
     wake's payload. The same object when nothing in it looks secret."""
     rules = redact.default()
     changes: dict[str, Any] = {}
-    for field in attrs.fields(type(event)):
-        value = getattr(event, field.name)
-        if isinstance(value, str | dict | list | tuple) and value:
+    names = _FIELD_NAMES.get(type(event))
+    if names is None:
+        names = _FIELD_NAMES[type(event)] = tuple(f.name for f in attrs.fields(type(event)))
+    for name in names:
+        value = getattr(event, name)
+        if value and isinstance(value, _TEXTUAL):
             cleaned = rules.value(value)
             if isinstance(value, tuple):
                 cleaned = tuple(cleaned)
             if cleaned != value:
-                changes[field.name] = cleaned
+                changes[name] = cleaned
     return attrs.evolve(event, **changes) if changes else event
 
 

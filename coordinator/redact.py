@@ -84,6 +84,7 @@ class _FindingLike(Protocol):
 
 
 _F = TypeVar("_F", bound=_FindingLike)
+_V = TypeVar("_V")
 
 __all__ = ["DEFAULT_KEYS", "REDACTED", "SAFE_REASON_LIMIT", "Redactor", "default", "install"]
 
@@ -150,6 +151,18 @@ def _runs(words: Iterable[str]) -> tuple[tuple[str, ...], ...]:
     return tuple(runs)
 
 
+#: Texts up to this long are remembered once redacted, at most _MEMO_SIZE of them per
+#: kind (then the memo starts over): bounded memory, and the repeats are what is short.
+_MEMO_TEXT = 200
+_MEMO_SIZE = 4096
+
+
+def _remember(memo: dict[str, _V], key: str, value: _V) -> None:
+    if len(memo) >= _MEMO_SIZE:
+        memo.clear()
+    memo[key] = value
+
+
 @attrs.frozen(kw_only=True)
 class Redactor:
     """The redaction rules in force (the module docstring lists them)."""
@@ -164,6 +177,10 @@ class Redactor:
     #: substring test per fragment is far cheaper than the rules: most text has none).
     _needles: tuple[str, ...] = attrs.field(init=False, repr=False)
     _compiled: tuple[re.Pattern[str], ...] = attrs.field(init=False, repr=False)
+    #: Answers already worked out (the rules are fixed per instance): the same keys and
+    #: short texts -- field names, job keys, statuses -- come back run after run.
+    _key_memo: dict[str, bool] = attrs.field(init=False, repr=False, eq=False, factory=dict)
+    _text_memo: dict[str, str] = attrs.field(init=False, repr=False, eq=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         words = (*DEFAULT_KEYS, *self.keys)
@@ -202,13 +219,17 @@ class Redactor:
 
     def secret_key(self, key: str) -> bool:
         """Whether the value under ``key`` is a secret (rule 1)."""
+        known = self._key_memo.get(key)
+        if known is not None:
+            return known
         words = _words(key)
-        for run in self._runs:
-            n = len(run)
-            for i in range(len(words) - n + 1):
-                if tuple(words[i : i + n]) == run:
-                    return True
-        return False
+        found = any(
+            tuple(words[i : i + len(run)]) == run
+            for run in self._runs
+            for i in range(len(words) - len(run) + 1)
+        )
+        _remember(self._key_memo, key, found)
+        return found
 
     # -- text ---------------------------------------------------------------------------
 
@@ -216,6 +237,15 @@ class Redactor:
         """``value`` with rules 2-5 applied."""
         if not value:
             return value
+        known = self._text_memo.get(value)
+        if known is not None:
+            return known
+        out = self._apply(value)
+        if len(value) <= _MEMO_TEXT:
+            _remember(self._text_memo, value, out)
+        return out
+
+    def _apply(self, value: str) -> str:
         out = value
         lowered = value.lower()
         if any(needle in lowered for needle in self._needles):
