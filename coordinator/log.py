@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
 import attrs
+import trio
 
 from . import redact
 from .text import CONTROL
@@ -75,6 +76,41 @@ class EventLog:
     journal: bool = attrs.field(factory=_stderr_is_journal)
     #: Called with every record written (tests and the metrics use it).
     observers: list[Callable[[dict[str, Any]], None]] = attrs.field(factory=list)
+    #: While :meth:`writer` runs: lines it has yet to write, and its wake-up.
+    _pending: list[str] = attrs.field(factory=list, init=False, repr=False)
+    _wake: trio.Event | None = attrs.field(default=None, init=False, repr=False)
+
+    async def writer(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Write the lines in batches until cancelled (the daemon runs this as a task).
+
+        Each line used to be one ``write`` to stderr: in a burst of runs, one system call
+        per run that also wakes the reader (journald) per line. With this task running,
+        the lines logged in one scheduler round go in one write, at the next round;
+        whatever is left is written when it is cancelled. Without it (the CLI), each
+        line is written at once."""
+        if self._wake is not None:  # another daemon of this process writes already
+            task_status.started()
+            return
+        self._wake = trio.Event()
+        task_status.started()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                self._flush()
+        finally:
+            self._wake = None
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        text, self._pending = "".join(self._pending), []
+        stream = self.stream if self.stream is not None else sys.stderr
+        stream.write(text)
+        stream.flush()
 
     def wants(self, level: Level) -> bool:
         """Whether an event at ``level`` would be written or observed (skip building it
@@ -109,6 +145,10 @@ class EventLog:
             line = " ".join(f"{k}={_logfmt_value(v)}" for k, v in record.items())
         if self.journal:
             line = f"<{_PRIORITY[level]}>{line}"
+        if self._wake is not None:
+            self._pending.append(line + "\n")
+            self._wake.set()
+            return
         stream = self.stream if self.stream is not None else sys.stderr
         stream.write(line + "\n")
         stream.flush()

@@ -381,6 +381,7 @@ class Daemon:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                await nursery.start(self.log.writer)  # the log's lines, a write per round
                 await nursery.start(self.store.serve)  # batched claims and settlements
                 self.settlement.start(nursery)
                 if self.handle_signals:
