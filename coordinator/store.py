@@ -48,7 +48,10 @@ REFRESH_PAGE: Final = 50_000
 #: Extra seconds a statement may take per million rows it reads or writes.
 SECONDS_PER_MILLION_ROWS: Final = 120.0
 
-#: The single-writer advisory lock: pg_advisory_lock(LOCK_CLASS, LOCK_OBJECT).
+#: The single-writer advisory lock: pg_advisory_lock(LOCK_CLASS, LOCK_OBJECT). Its
+#: *fence* is the transaction-level advisory lock (LOCK_CLASS, LOCK_OBJECT + 1), which the
+#: SQL functions derive (migrations/0018): every fenced claim holds it shared until it
+#: commits, the crash sweep takes it exclusively first. Use neither key for anything else.
 LOCK_CLASS: Final = 0x636F6F72  # "coor"
 LOCK_OBJECT: Final = 1
 
@@ -304,7 +307,9 @@ SELECT * FROM coordinator._settle($1, $2, $3::text::timestamptz, $4::text::times
                                   $12, $13, $14::text::jsonb, $15::text::jsonb)
 """
 
-_SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1)"
+# It first waits for the fence (migrations/0018): claims of a previous leader still in
+# flight on their backends commit before it looks, or are refused.
+_SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1, $2, $3)"
 
 # A worker's declared schedules (migrations/0014): coordinator.sync, only when it would
 # change something.
@@ -1007,8 +1012,12 @@ class Store:
         )
 
     async def sweep_lost(self) -> list[LostRun]:
-        """Mark runs left pending/running by a dead daemon (startup only)."""
-        rows = await self._call("sweep_lost", "fetch", _SWEEP_LOST, self.instance)
+        """Mark runs left pending/running by a dead daemon (startup only, once the lock is
+        ours). Waits first for the claims a dead leader's backends are still running, so
+        that none of them can commit a run this sweep does not see."""
+        rows = await self._call(
+            "sweep_lost", "fetch", _SWEEP_LOST, self.instance, LOCK_CLASS, LOCK_OBJECT
+        )
         return [LostRun(run_id=r["run_id"], job_id=r["job_id"], action=r["action"]) for r in rows]
 
 

@@ -10,7 +10,9 @@ While leading, claims are *fenced*: each carries the lock session's backend pid 
 ``coordinator._claim`` refuses it unless that pid still holds the lock. When the lock
 session ends, the fence goes up at once (pid 0), and the lock is taken again as soon as
 the database answers; if another daemon took it meanwhile, this one steps down and
-stops (exit 1).
+stops (exit 1). The fence is also a lock in the database, held by each claim until it
+commits and waited for by the next leader's crash sweep, so a claim still running on a
+dead leader's backend cannot commit a run behind that sweep (docs/design.md, "Fencing").
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import trio
 from coordinator import client
 from coordinator.db import aio
 from coordinator.errors import InvalidInput, JobNotFound, PermissionDenied, RunNotFound
+from coordinator.store import LOCK_CLASS, LOCK_OBJECT
 from tests.integration.conftest import StartDaemon, define
 
 if TYPE_CHECKING:
@@ -329,7 +330,10 @@ async def test_the_daemon_role_sees_everything(
         "reports",
     ]
     assert await aio(daemon.fetchval)("SELECT count(*) FROM coordinator.runs") == 9
-    assert await aio(daemon.fetchval)("SELECT count(*) FROM coordinator._sweep_lost('tests')") == 0
+    swept = await aio(daemon.fetchval)(
+        "SELECT count(*) FROM coordinator._sweep_lost('tests', $1, $2)", LOCK_CLASS, LOCK_OBJECT
+    )
+    assert swept == 0
 
 
 async def test_a_daemon_under_its_own_role_runs_every_namespace(

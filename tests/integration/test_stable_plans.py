@@ -27,6 +27,7 @@ import pytest
 import trio
 
 from coordinator.db import aio
+from coordinator.store import LOCK_CLASS, LOCK_OBJECT
 
 #: Jobs (and runs per phase) of the load: enough that a sequential scan reads many pages.
 LOAD = 150
@@ -122,7 +123,9 @@ class Sessions:
         assert outcome == "saved", (run_id, outcome)
 
     async def sweep(self) -> int:
-        rows = await aio(self.daemon.fetch)("SELECT * FROM coordinator._sweep_lost('tests')")
+        rows = await aio(self.daemon.fetch)(
+            "SELECT * FROM coordinator._sweep_lost('tests', $1, $2)", LOCK_CLASS, LOCK_OBJECT
+        )
         return len(rows)
 
     async def app_call(self, sql: str, *args: Any) -> Any:

@@ -1,0 +1,150 @@
+"""Single writer (promise 9): a dead leader's claim cannot outlive the next leader's sweep.
+
+Fencing alone is a check at the start of a claim: a claim of a leader that dies (SIGKILL:
+its backends keep running the statements they were given until those end) may pass the
+check, wait for a job row, and commit a ``running`` run after the next leader's crash
+sweep has looked. Nobody would ever settle or sweep that run, and its job would never
+run again. So a claim holds the leader's *fence* (a shared transaction-level advisory
+lock) from before its check until it commits, and the sweep takes the fence exclusively
+first: it waits for every claim that passed its check, and a claim that comes after it is
+refused (its leader no longer holds the lock).
+
+The race is made deterministic here: an application transaction holds the job's row, so
+the old leader's claim is in flight (past its fence check, waiting for the row) when its
+lock session ends and the new leader sweeps.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+import pytest
+import trio
+
+from coordinator.db import aio
+from coordinator.store import LOCK_CLASS, LOCK_OBJECT, ConnectionPool, LostRun, Store
+
+from .conftest import define
+
+_CLAIM_ONE = (
+    "SELECT reason, run_id FROM coordinator._claim($1, $2, NULL, NULL, 'old', '{}', $3, $4, $5)"
+)
+_CLAIM_MANY = (
+    "SELECT reason, run_id FROM coordinator._claim_many($1, 'old', '{}', $2, $3, $4) ORDER BY i"
+)
+
+
+async def _connect(database: str) -> asyncpg.Connection:
+    return await aio(asyncpg.connect)(database)
+
+
+async def _waiting_on_a_lock(prober: asyncpg.Connection, query_like: str) -> bool:
+    count: int = await aio(prober.fetchval)(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND state = 'active' AND query LIKE $1",
+        query_like,
+    )
+    return count > 0
+
+
+async def _until(condition: Any, timeout: float = 10) -> None:
+    with trio.fail_after(timeout):
+        while not await condition():
+            await trio.sleep(0.02)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["claim", "claim_many"])
+async def test_a_claim_in_flight_when_its_leader_dies_is_swept_by_the_next_leader(
+    conn: asyncpg.Connection, database: str, batch: bool
+) -> None:
+    jobs = [await define(conn, f"pay{i}") for i in range(2 if batch else 1)]
+    runs = [
+        await aio(conn.fetchval)("SELECT coordinator.trigger('default', $1)", f"pay{i}")
+        for i in range(len(jobs))
+    ]
+    old_lock, old_claim, holder, new_lock, prober = [await _connect(database) for _ in range(5)]
+    pool = ConnectionPool(database, size=1)
+    new_leader = Store(pool=pool, instance="new")
+    claimed: list[asyncpg.Record] = []
+    lost: list[LostRun] = []
+    swept = trio.Event()
+    try:
+        assert await aio(old_lock.fetchval)(
+            "SELECT pg_try_advisory_lock($1, $2)", LOCK_CLASS, LOCK_OBJECT
+        )
+        old_pid = old_lock.get_server_pid()
+        # An application holds the last job's row: the old leader's claim passes its fence
+        # check, then waits for that row.
+        await aio(holder.execute)("BEGIN")
+        await aio(holder.execute)(
+            "SELECT 1 FROM coordinator.jobs WHERE id = $1 FOR UPDATE", jobs[-1]
+        )
+
+        async def old_leader_claims() -> None:
+            if batch:
+                items = [
+                    {"i": i, "job": job, "run": run, "at": None, "v": None, "now": None}
+                    for i, (job, run) in enumerate(zip(jobs, runs, strict=True))
+                ]
+                sql, args = _CLAIM_MANY, (json.dumps(items), old_pid, LOCK_CLASS, LOCK_OBJECT)
+            else:
+                sql, args = _CLAIM_ONE, (jobs[0], runs[0], old_pid, LOCK_CLASS, LOCK_OBJECT)
+            claimed.extend(await aio(old_claim.fetch)(sql, *args))
+
+        async def new_leader_sweeps() -> None:
+            # The lock is free once the old leader's session has ended.
+            await aio(new_lock.fetchval)("SELECT pg_advisory_lock($1, $2)", LOCK_CLASS, LOCK_OBJECT)
+            new_leader.leader_pid = new_lock.get_server_pid()
+            lost.extend(await new_leader.sweep_lost())
+            swept.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(old_leader_claims)
+            await _until(lambda: _waiting_on_a_lock(prober, "%coordinator._claim%"))
+            # The old leader dies: its lock session ends, its claim's backend goes on.
+            await aio(old_lock.close)()
+            nursery.start_soon(new_leader_sweeps)
+            # The sweep has run (the race lost) or waits for the claim in flight.
+            await _until(lambda: _sweep_done_or_waiting(swept, prober))
+            await aio(holder.execute)("ROLLBACK")
+    finally:
+        await pool.close()
+        for c in (old_lock, old_claim, holder, new_lock, prober):
+            await aio(c.close)()
+
+    # The claim was granted: it had passed its fence before the lock changed hands ...
+    assert [r["reason"] for r in claimed] == [None] * len(jobs)
+    # ... and the new leader's sweep saw every run it committed: none is left running
+    # with nobody to settle it.
+    statuses = await aio(conn.fetch)("SELECT id, status FROM coordinator.runs ORDER BY id")
+    assert [(r["id"], r["status"]) for r in statuses] == [(run, "unresolved") for run in runs]
+    assert sorted((x.run_id, x.action) for x in lost) == [(run, "unresolved") for run in runs]
+
+
+async def _sweep_done_or_waiting(swept: trio.Event, prober: asyncpg.Connection) -> bool:
+    return swept.is_set() or await _waiting_on_a_lock(prober, "%coordinator._sweep_lost%")
+
+
+async def test_a_claim_after_the_sweep_is_fenced(conn: asyncpg.Connection, database: str) -> None:
+    """The other half: a claim of the old leader that reaches its fence check only after
+    the new leader swept is refused (its leader's session no longer holds the lock)."""
+    job = await define(conn, "pay")
+    run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'pay')")
+    old_lock, new_lock = await _connect(database), await _connect(database)
+    pool = ConnectionPool(database, size=1)
+    try:
+        assert await aio(old_lock.fetchval)(
+            "SELECT pg_try_advisory_lock($1, $2)", LOCK_CLASS, LOCK_OBJECT
+        )
+        old_pid = old_lock.get_server_pid()
+        await aio(old_lock.close)()
+        await aio(new_lock.fetchval)("SELECT pg_advisory_lock($1, $2)", LOCK_CLASS, LOCK_OBJECT)
+        assert await Store(pool=pool, instance="new").sweep_lost() == []
+        row = await aio(conn.fetchrow)(_CLAIM_ONE, job, run, old_pid, LOCK_CLASS, LOCK_OBJECT)
+    finally:
+        await pool.close()
+        await aio(new_lock.close)()
+    assert row["reason"] == "fenced"
+    assert await aio(conn.fetchval)("SELECT status FROM coordinator.runs") == "queued"
