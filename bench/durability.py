@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from coordinator.model import Outcome
-from coordinator.spool import Spool, SpooledResult
+from coordinator.spool import HeldResult, Spool
 
 from . import common
 from .common import DAEMON_ROLE, BenchCluster, DaemonProcess
@@ -66,7 +66,7 @@ async def replay(bc: BenchCluster, db: str, records: int) -> dict[str, Any]:
         started = time.perf_counter()
         for row in rows:
             spool.append(
-                SpooledResult(
+                HeldResult(
                     run_id=row["id"],
                     job_key="bench/spooled",
                     schedule_version=1,

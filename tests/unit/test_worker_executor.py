@@ -26,9 +26,9 @@ import trio
 import trio.testing
 
 from coordinator.clock import SystemWallClock
+from coordinator.daemon.dispatch import Turns, _Turn
 from coordinator.errors import InvalidInput
 from coordinator.events import EventBus
-from coordinator.daemon.dispatch import Turns, _Turn
 from coordinator.executors.base import ExecutorHooks
 from coordinator.executors.worker import (
     CANCELLED_MESSAGE,
