@@ -62,6 +62,34 @@ class DeadlineSet:
         heapq.heappush(self._heap, entry)
         self._maybe_compact()
 
+    def set_many(self, items: list[tuple[float, int]]) -> None:
+        """:meth:`set` for many ``(at, job_id)`` at once (a refresh arming every job): the
+        new entries go into the heap in one O(n) step when they are many, instead of a
+        push each. The tuples given become the entries.
+
+        Raises ``ValueError`` for NaN (nothing is set then).
+        """
+        live = self._live
+        added: list[tuple[float, int]] = []
+        for entry in items:
+            at = entry[0]
+            if at != at:  # NaN, without a call per item
+                raise ValueError(f"deadline of job {entry[1]} is NaN")
+        for entry in items:
+            current = live.get(entry[1])
+            if current is not None and current[0] == entry[0]:
+                continue  # unchanged: leave the heap alone
+            live[entry[1]] = entry
+            added.append(entry)
+        heap = self._heap
+        if len(added) > len(heap) // 8:
+            heap.extend(added)
+            heapq.heapify(heap)
+        else:
+            for entry in added:
+                heapq.heappush(heap, entry)
+        self._maybe_compact()
+
     def discard(self, job_id: int) -> None:
         """Forget the deadline of ``job_id``, if it has one."""
         if self._live.pop(job_id, None) is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import aclosing, contextmanager
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
@@ -36,7 +36,7 @@ from ..core.deadlines import DeadlineSet
 from ..errors import CoordinatorError, first_error
 from ..events import EventBus, Refreshed, milliseconds
 from ..model import Schedule
-from ..store import JobEntry, Store
+from ..store import FirstDeadlines, JobEntry, Store
 from .policy import ErrorPolicy
 
 if TYPE_CHECKING:
@@ -260,18 +260,24 @@ class Inventory:
             self._dirty = set()
 
     async def _refresh(self, ids: frozenset[int] | None) -> tuple[int, int, int]:
-        # Read page by page; each page's first deadlines are written (by tasks of their
-        # own) while the next page is read. Nothing is armed until everything is read,
-        # and a first deadline only once it is saved.
+        # Pages are read by the store (the next one while the last is turned into
+        # entries), sorted here, and each page's first deadlines are written (by tasks of
+        # their own) while the next page is read. Nothing is armed until everything is
+        # read, and a first deadline only once it is saved.
         read = _Read(_Firsts(self.clock.now()))
         try:
             async with trio.open_nursery() as nursery:
-                send, receive = trio.open_memory_channel[list[tuple[int, datetime, int]]](1)
+                pages_out, pages = trio.open_memory_channel[list[JobEntry]](0)
+                nursery.start_soon(
+                    self.store.read_pages, None if ids is None else sorted(ids), pages_out
+                )
+                send, receive = trio.open_memory_channel[FirstDeadlines](1)
                 async with receive:
                     for _ in range(FIRST_DEADLINE_WRITERS):
                         nursery.start_soon(self._write_firsts, receive.clone(), read)
-                async with send:
-                    await self._read(ids, read, send)
+                async with send, pages:
+                    async for page in pages:
+                        await self._sort(page, read, send)
                 self._rebuild(ids, read)
         except BaseExceptionGroup as group:
             # The refresh fails with what the statement raised, for the policy to classify.
@@ -285,37 +291,50 @@ class Inventory:
                 if job_id in marked:
                     self.events.log.warning("job.invalid", job_id=job_id, reason=reason)
         # The pages written after the rebuild.
-        served = self.served()
-        for entry in self._take_written(read):
-            self.arm(entry, served)
+        self._arm_many(self._take_written(read), self.served(), read.stamps)
         return read.rows, read.initialised, len(read.to_invalidate)
 
-    async def _read(
+    async def _sort(
         self,
-        ids: frozenset[int] | None,
+        page: list[JobEntry],
         read: _Read,
-        firsts_out: trio.MemorySendChannel[list[tuple[int, datetime, int]]],
+        firsts_out: trio.MemorySendChannel[FirstDeadlines],
     ) -> None:
-        """Read the jobs page by page; sort each page into what to load, to initialise
-        (sent on at once) and to mark invalid."""
-        async with aclosing(self.store.refresh(None if ids is None else sorted(ids))) as pages:
-            async for page in pages:
-                read.rows += len(page)
-                page_init: list[tuple[int, datetime, int]] = []
-                for entry in page:
-                    reason, first_at = read.firsts.of(entry)
-                    if reason is not None:
-                        read.to_invalidate.append((entry.id, reason, entry.schedule_version))
-                        continue
-                    read.loaded.append(entry)
-                    if first_at is not None and entry.schedule.kind in _RECURRING:
-                        page_init.append((entry.id, first_at, entry.schedule_version))
-                if page_init:
-                    read.initialised += len(page_init)
-                    await firsts_out.send(page_init)
+        """Sort one page into what to load, to initialise (sent on at once) and to mark
+        invalid. Once per distinct schedule: the checks and the first deadline; once
+        per job: a few lookups (a million jobs go through here on a first start)."""
+        read.rows += len(page)
+        firsts = FirstDeadlines()
+        ids, ats, versions = firsts.ids, firsts.ats, firsts.versions
+        loaded = read.loaded
+        verdicts = read.verdicts
+        for entry in page:
+            schedule = entry.schedule
+            # Keyed by identity: the store hands out one object per distinct schedule
+            # (and the verdict keeps it alive, so its id is not reused meanwhile).
+            verdict = verdicts.get(id(schedule))
+            if verdict is None:
+                verdict = verdicts[id(schedule)] = read.firsts.verdict(schedule)
+            if entry.next_run_at is not None:
+                reason, first_at = verdict.reason, None
+            elif verdict.first_at is not None:  # computed (the common case: no call)
+                reason, first_at = None, verdict.first_at
+            else:
+                reason, first_at = verdict.first()
+            if reason is not None:
+                read.to_invalidate.append((entry.id, reason, entry.schedule_version))
+                continue
+            loaded.append(entry)
+            if first_at is not None and verdict.recurring:
+                ids.append(entry.id)
+                ats.append(first_at)
+                versions.append(entry.schedule_version)
+        if ids:
+            read.initialised += len(ids)
+            await firsts_out.send(firsts)
 
     async def _write_firsts(
-        self, batches: trio.MemoryReceiveChannel[list[tuple[int, datetime, int]]], read: _Read
+        self, batches: trio.MemoryReceiveChannel[FirstDeadlines], read: _Read
     ) -> None:
         """Save the first deadlines of each page as it comes (one statement per page)."""
         async with batches:
@@ -343,13 +362,38 @@ class Inventory:
                 self.deadlines.discard(job_id)
         for entry in loaded:
             jobs[entry.id] = entry
+            if entry.run_id is None:
+                continue  # nothing outstanding (most jobs): nothing to offer or stop
             if entry.run_status == "queued" and not entry.retry_waiting and not self.busy(entry.id):
                 self.queued(entry)  # a manual run: at once (a waiting retry is armed below)
-            elif entry.run_status == "cancel_requested" and entry.run_id is not None:
+            elif entry.run_status == "cancel_requested":
                 self.pausing(entry.run_id)
         self._take_written(read)  # armed below, with the others
-        for entry in loaded:
-            self.arm(entry, served)
+        self._arm_many(loaded, served, read.stamps)
+
+    def _arm_many(
+        self, entries: list[JobEntry], served: frozenset[str], stamps: dict[datetime, float]
+    ) -> None:
+        """:meth:`arm` for many entries at once (the same rules), the deadline set filled
+        in one step; ``stamps`` caches each distinct deadline's epoch seconds."""
+        busy = self.busy
+        discard = self.deadlines.discard
+        armed: list[tuple[float, int]] = []
+        for entry in entries:
+            at = entry.next_run_at if entry.run_id is None else entry.armed_at()
+            worker_type = entry.worker_type
+            if (
+                at is None
+                or (worker_type is not None and worker_type not in served)
+                or busy(entry.id)
+            ):
+                discard(entry.id)
+                continue
+            stamp = stamps.get(at)
+            if stamp is None:
+                stamp = stamps[at] = at.timestamp()
+            armed.append((stamp, entry.id))
+        self.deadlines.set_many(armed)
 
     def _take_written(self, read: _Read) -> list[JobEntry]:
         """Give the jobs whose first deadline was saved since the last call that deadline
@@ -357,12 +401,13 @@ class Inventory:
         jobs = self.jobs
         entries = []
         for batch, refused in read.written:
-            for job_id, at, _version in batch:
-                if job_id not in refused:
-                    entry = jobs.get(job_id)
-                    if entry is not None:
-                        entry.next_run_at = at
-                        entries.append(entry)
+            for job_id, at in zip(batch.ids, batch.ats, strict=True):
+                if refused and job_id in refused:
+                    continue
+                entry = jobs.get(job_id)
+                if entry is not None:
+                    entry.next_run_at = at
+                    entries.append(entry)
         read.written = []
         return entries
 
@@ -381,41 +426,60 @@ class _Read:
     loaded: list[JobEntry] = attrs.field(factory=list)
     #: First deadlines sent to be saved.
     initialised: int = 0
-    #: Pages of (job id, first deadline, schedule version) saved, with the ids refused
-    #: (not written), not yet applied to the inventory.
-    written: list[tuple[list[tuple[int, datetime, int]], set[int]]] = attrs.field(factory=list)
+    #: Pages of first deadlines saved, with the ids refused (not written), not yet applied
+    #: to the inventory.
+    written: list[tuple[FirstDeadlines, set[int]]] = attrs.field(factory=list)
     #: (job id, reason, schedule version) to make inert.
     to_invalidate: list[tuple[int, str, int]] = attrs.field(factory=list)
     rows: int = 0
+    #: ``id(schedule)`` -> what the refresh decided for that schedule.
+    verdicts: dict[int, _Verdict] = attrs.field(factory=dict)
+    #: Epoch seconds of each distinct deadline armed.
+    stamps: dict[datetime, float] = attrs.field(factory=dict)
+
+
+@attrs.define(eq=False)
+class _Verdict:
+    """One distinct schedule, checked once; its first deadline computed once, when a job
+    of it first needs one."""
+
+    firsts: _Firsts
+    schedule: Schedule
+    #: Why the schedule is unusable, or ``None``.
+    reason: str | None
+    #: The daemon saves its jobs' first deadlines (cron and interval).
+    recurring: bool
+    #: The first deadline, once computed (``None`` before, or if there is none).
+    first_at: datetime | None = None
+    _first: tuple[str | None, datetime | None] | None = None
+
+    def first(self) -> tuple[str | None, datetime | None]:
+        """``(reason the schedule is unusable, None)`` or ``(None, first deadline)``."""
+        if self.reason is not None:
+            return self.reason, None
+        if self._first is None:
+            first_at, reason = self.firsts.first(self.schedule)
+            self._first = (reason, first_at)
+            self.first_at = first_at if reason is None else None
+        return self._first
 
 
 @attrs.define(eq=False)
 class _Firsts:
-    """Checks each distinct schedule once, and computes its first deadline from ``now``
-    once: jobs share schedules (the store hands out one object per distinct schedule)."""
+    """Checks schedules and computes their first deadline from ``now``."""
 
     now: datetime
-    _checked: dict[Schedule, str | None] = attrs.field(factory=dict)
-    _firsts: dict[Schedule, tuple[datetime | None, str | None]] = attrs.field(factory=dict)
 
-    def of(self, entry: JobEntry) -> tuple[str | None, datetime | None]:
-        """``(reason the schedule is unusable, None)``, or ``(None, first deadline to
-        save)`` when the job has none saved yet, or ``(None, None)``."""
-        schedule = entry.schedule
-        checked = self._checked
-        if schedule in checked:
-            reason = checked[schedule]
-        else:
-            reason = checked[schedule] = schedules.invalid_reason(schedule)
-        if reason is not None or entry.next_run_at is not None:
-            return reason, None
-        first = self._firsts.get(schedule)
-        if first is None:
-            first = self._firsts[schedule] = next_deadline(
-                schedules.initial_deadline, schedule, self.now
-            )
-        first_at, reason = first
-        return reason, first_at
+    def verdict(self, schedule: Schedule) -> _Verdict:
+        return _Verdict(
+            self,
+            schedule,
+            schedules.invalid_reason(schedule),
+            schedule.kind in _RECURRING,
+        )
+
+    def first(self, schedule: Schedule) -> tuple[datetime | None, str | None]:
+        return next_deadline(schedules.initial_deadline, schedule, self.now)
 
 
 @contextmanager
@@ -424,12 +488,22 @@ def _no_cyclic_gc() -> Iterator[None]:
     object created counts towards a collection, and each older-generation collection walks
     every live object, so building a million entries (and reading a million records)
     spent about as long collecting as building. Entries form no cycles; refcounting frees
-    them as before. The collector's previous state is restored."""
+    them as before. The collector's previous state is restored.
+
+    Everything created meanwhile then goes straight to the oldest generation
+    (``gc.freeze()`` and ``gc.unfreeze()``: two list splices). Otherwise the first
+    young collection after re-enabling walks every object the refresh made (a quarter
+    of a second at a million jobs, in the refresh's own time), the next one again, and
+    then a full collection a third time; now only the full collection does, once, when
+    Python's own rule asks for it, and any cycle among those objects is still found
+    then."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
+        gc.unfreeze()
         if enabled:
             gc.enable()
 

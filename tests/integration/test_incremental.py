@@ -124,10 +124,11 @@ async def test_a_full_refresh_reads_pages_and_saves_each_pages_first_deadlines(
     # 9 rows may need a timer (all but the manual job): three full pages, and a fourth
     # statement finds no more.
     assert sum("LEFT JOIN coordinator.runs r" in s for s in statements) == 4
-    # Each page's first deadlines in a statement of their own; the unusable one marked.
-    assert (
-        sum("UPDATE coordinator.jobs j" in s and "next_run_at = v.at" in s for s in statements) == 3
-    )
+    # Each page's first deadlines in a statement of their own (every one written: the
+    # count answers, nothing is read back); the unusable one marked.
+    firsts = [s for s in statements if "SET next_run_at = (SELECT $4" in s]
+    assert len(firsts) == 3
+    assert not any("SELECT v.id" in s for s in statements)
     rows = await aio(conn.fetch)(
         "SELECT id, name, next_run_at, invalid_reason FROM coordinator.jobs ORDER BY id"
     )
@@ -139,3 +140,71 @@ async def test_a_full_refresh_reads_pages_and_saves_each_pages_first_deadlines(
     # Every usable recurring job is armed on exactly what is saved.
     assert len(saved) == 8
     assert dict(harness.daemon.deadlines.items()) == saved
+
+
+async def test_first_deadlines_never_overwrite_a_concurrent_writer(
+    conn: asyncpg.Connection, database: str
+) -> None:
+    """A page's first deadlines are written where the job still has none and the schedule
+    it was computed for; the jobs changed (or removed) since they were read come back as
+    not written, found by a second statement only because the count fell short."""
+    target = '{"kind": "exec", "argv": ["true"]}'
+    ids = [
+        await aio(conn.fetchval)(
+            "INSERT INTO coordinator.jobs (name, schedule_kind, schedule, target) "
+            "VALUES ($1, 'cron', '0 0 1 1 *', $2::jsonb) RETURNING id",
+            f"c{n}",
+            target,
+        )
+        for n in range(6)
+    ]
+    early, late = datetime(2030, 1, 1, tzinfo=UTC), datetime(2031, 1, 1, tzinfo=UTC)
+    theirs = datetime(2029, 6, 1, tzinfo=UTC)
+    # Sent in no particular order (an incremental refresh's), with two distinct deadlines.
+    order = [ids[4], ids[0], ids[3], ids[5], ids[1], ids[2]]
+    firsts = store.FirstDeadlines(
+        ids=order, ats=[late if i % 2 else early for i in range(6)], versions=[1] * 6
+    )
+    sent = dict(zip(firsts.ids, firsts.ats, strict=True))
+    pool = store.ConnectionPool(database)
+    mine = store.Store(pool=pool, instance="test")
+    try:
+        # Meanwhile: a schedule edited, a deadline saved by someone else, a job removed,
+        # and one saved by someone else with the very deadline the daemon computed.
+        await aio(conn.execute)(
+            "UPDATE coordinator.jobs SET schedule = '0 0 2 1 *', "
+            "schedule_version = schedule_version + 1 WHERE id = $1",
+            ids[1],
+        )
+        await aio(conn.execute)(
+            "UPDATE coordinator.jobs SET next_run_at = $2 WHERE id = $1", ids[2], theirs
+        )
+        await aio(conn.execute)("DELETE FROM coordinator.jobs WHERE id = $1", ids[3])
+        await aio(conn.execute)(
+            "UPDATE coordinator.jobs SET next_run_at = $2 WHERE id = $1", ids[5], sent[ids[5]]
+        )
+        before = mine.statements
+        refused = await mine.init_deadlines(firsts)
+        assert mine.statements - before == 2  # short: the second statement looked
+        assert refused == {ids[1], ids[2], ids[3]}
+        # Nothing left to write: one statement, nothing refused.
+        before = mine.statements
+        clean = store.FirstDeadlines(ids=[ids[0]], ats=[sent[ids[0]]], versions=[1])
+        await aio(conn.execute)(
+            "UPDATE coordinator.jobs SET next_run_at = NULL WHERE id = $1", ids[0]
+        )
+        assert await mine.init_deadlines(clean) == set()
+        assert mine.statements - before == 1
+    finally:
+        await pool.close()
+    saved = {
+        r["id"]: r["next_run_at"]
+        for r in await aio(conn.fetch)("SELECT id, next_run_at FROM coordinator.jobs")
+    }
+    assert saved == {
+        ids[0]: sent[ids[0]],
+        ids[1]: None,  # edited: not written
+        ids[2]: theirs,  # kept
+        ids[4]: sent[ids[4]],
+        ids[5]: sent[ids[5]],
+    }

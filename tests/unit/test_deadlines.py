@@ -185,6 +185,52 @@ def test_behaves_like_a_dict_sorted_by_deadline_then_job(ops: list[tuple[str, in
         assert len(deadlines._heap) <= 3 * len(model) + 64
 
 
+_batches = st.lists(
+    st.one_of(
+        st.lists(st.tuples(_times, _job_ids), max_size=40).map(lambda b: ("set_many", b)),
+        st.tuples(_job_ids, _times).map(lambda p: ("set", [(p[1], p[0])])),
+        _job_ids.map(lambda j: ("discard", [(0.0, j)])),
+        _times.map(lambda t: ("pop_due", [(t, 0)])),
+    ),
+    max_size=60,
+)
+
+
+@given(_batches)
+def test_set_many_is_set_for_each(ops: list[tuple[str, list[tuple[float, int]]]]) -> None:
+    """Many at once (a refresh arming everything) means what a ``set`` each would, in
+    order, whether the new entries are heapified together or pushed one by one."""
+    deadlines = DeadlineSet()
+    model: dict[int, float] = {}
+    for op, items in ops:
+        if op == "set_many":
+            deadlines.set_many(list(items))
+            model.update({job_id: at for at, job_id in items})
+        elif op == "set":
+            deadlines.set(items[0][1], items[0][0])
+            model[items[0][1]] = items[0][0]
+        elif op == "discard":
+            deadlines.discard(items[0][1])
+            model.pop(items[0][1], None)
+        else:
+            at = items[0][0]
+            expected = sorted((t, j) for j, t in model.items() if t <= at)
+            for _, j in expected:
+                del model[j]
+            assert deadlines.pop_due(at) == expected
+        assert dict(deadlines.items()) == model
+        assert deadlines.earliest() == min(((t, j) for j, t in model.items()), default=None)
+        assert len(deadlines._heap) <= 3 * len(model) + 64
+
+
+def test_set_many_with_a_nan_sets_nothing() -> None:
+    deadlines = DeadlineSet()
+    deadlines.set(1, 1.0)
+    with pytest.raises(ValueError, match="deadline of job 3 is NaN"):
+        deadlines.set_many([(2.0, 2), (math.nan, 3), (0.5, 1)])
+    assert dict(deadlines.items()) == {1: 1.0}
+
+
 # -- driven from trio, the way the daemon arms its one timer ---------------------------
 
 
