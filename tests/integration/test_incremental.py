@@ -137,9 +137,14 @@ async def test_a_full_refresh_reads_pages_and_saves_each_pages_first_deadlines(
     assert by_name["j5"]["invalid_reason"] is not None
     assert by_name["j5"]["next_run_at"] is None
     assert by_name["j4"]["next_run_at"] is None
-    # Every usable recurring job is armed on exactly what is saved.
+    # Every usable recurring job is armed on exactly what is saved, and holds it to the
+    # microsecond (read as integer microseconds, or as written).
     assert len(saved) == 8
     assert dict(harness.daemon.deadlines.items()) == saved
+    jobs = harness.daemon.inventory.jobs
+    assert {r["id"]: jobs[r["id"]].next_run_at for r in rows if r["id"] in saved} == {
+        r["id"]: r["next_run_at"] for r in rows if r["id"] in saved
+    }
 
 
 async def test_first_deadlines_never_overwrite_a_concurrent_writer(
