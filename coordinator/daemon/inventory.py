@@ -47,9 +47,16 @@ if TYPE_CHECKING:
 #: Most jobs a refresh re-reads by id; a wake naming more (or none) reads them all.
 INCREMENTAL_LIMIT: Final = 1000
 
-#: Statements saving first deadlines at once (each a page of jobs, on a pooled connection
-#: of its own): on a first start the database's writing sets the pace.
+#: Statements saving first deadlines at once (each on a pooled connection of its own):
+#: on a first start the database's writing sets the pace. A batch is handed to a writer
+#: only when one is free, so when the last page is read every batch is being written,
+#: and the rebuild (a second at a million jobs) overlaps the last writes instead of
+#: holding back the next one.
 FIRST_DEADLINE_WRITERS: Final = 2
+
+#: Most first deadlines one statement saves (half a page: the writers start on a page
+#: sooner, and the last statements, which nothing overlaps, are shorter).
+FIRST_DEADLINE_BATCH: Final = 25_000
 
 
 def next_deadline(
@@ -271,7 +278,7 @@ class Inventory:
                 nursery.start_soon(
                     self.store.read_pages, None if ids is None else sorted(ids), pages_out
                 )
-                send, receive = trio.open_memory_channel[FirstDeadlines](1)
+                send, receive = trio.open_memory_channel[FirstDeadlines](0)
                 async with receive:
                     for _ in range(FIRST_DEADLINE_WRITERS):
                         nursery.start_soon(self._write_firsts, receive.clone(), read)
@@ -300,9 +307,10 @@ class Inventory:
         read: _Read,
         firsts_out: trio.MemorySendChannel[FirstDeadlines],
     ) -> None:
-        """Sort one page into what to load, to initialise (sent on at once) and to mark
-        invalid. Once per distinct schedule: the checks and the first deadline; once
-        per job: a few lookups (a million jobs go through here on a first start)."""
+        """Sort one page into what to load, to initialise (sent on at once, in batches of
+        :data:`FIRST_DEADLINE_BATCH`) and to mark invalid. Once per distinct schedule:
+        the checks and the first deadline; once per job: a few lookups (a million jobs
+        go through here on a first start)."""
         read.rows += len(page)
         firsts = FirstDeadlines()
         ids, ats, versions = firsts.ids, firsts.ats, firsts.versions
@@ -329,14 +337,19 @@ class Inventory:
                 ids.append(entry.id)
                 ats.append(first_at)
                 versions.append(entry.schedule_version)
-        if ids:
-            read.initialised += len(ids)
-            await firsts_out.send(firsts)
+        read.initialised += len(ids)
+        for start in range(0, len(ids), FIRST_DEADLINE_BATCH):
+            end = start + FIRST_DEADLINE_BATCH
+            await firsts_out.send(
+                firsts
+                if len(ids) <= FIRST_DEADLINE_BATCH
+                else FirstDeadlines(ids[start:end], ats[start:end], versions[start:end])
+            )
 
     async def _write_firsts(
         self, batches: trio.MemoryReceiveChannel[FirstDeadlines], read: _Read
     ) -> None:
-        """Save the first deadlines of each page as it comes (one statement per page)."""
+        """Save first deadlines as they come (one statement per batch)."""
         async with batches:
             async for batch in batches:
                 refused = await self.store.init_deadlines(batch)

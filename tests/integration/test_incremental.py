@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from coordinator import store
+from coordinator.daemon import inventory
 from coordinator.db import aio
 
 if TYPE_CHECKING:
@@ -106,9 +107,11 @@ async def test_a_full_refresh_reads_pages_and_saves_each_pages_first_deadlines(
     database_name: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Pages of 3 rows: 7 recurring jobs without a deadline, one unusable schedule among
-    # them, a manual job (not loaded) and one with its deadline saved already.
+    # Pages of 3 rows, first deadlines saved 2 at most per statement: 7 recurring jobs
+    # without a deadline, one unusable schedule among them, a manual job (not loaded)
+    # and one with its deadline saved already.
     monkeypatch.setattr(store, "REFRESH_PAGE", 3)
+    monkeypatch.setattr(inventory, "FIRST_DEADLINE_BATCH", 2)
     target = '{"kind": "exec", "argv": ["true"]}'
     await aio(conn.execute)(
         "INSERT INTO coordinator.jobs (name, schedule_kind, schedule, target, next_run_at) "
@@ -124,10 +127,11 @@ async def test_a_full_refresh_reads_pages_and_saves_each_pages_first_deadlines(
     # 9 rows may need a timer (all but the manual job): three full pages, and a fourth
     # statement finds no more.
     assert sum("LEFT JOIN coordinator.runs r" in s for s in statements) == 4
-    # Each page's first deadlines in a statement of their own (every one written: the
-    # count answers, nothing is read back); the unusable one marked.
+    # Each page's first deadlines in statements of their own, 2 at most each: pages
+    # (1, 2, 3), (5, 6, 7) and (8, 9, 10) need (1, 2) (3), (6, 7) and (9, 10). Every one
+    # is written: the count answers, nothing is read back. The unusable one is marked.
     firsts = [s for s in statements if "SET next_run_at = (SELECT $4" in s]
-    assert len(firsts) == 3
+    assert len(firsts) == 4
     assert not any("SELECT v.id" in s for s in statements)
     rows = await aio(conn.fetch)(
         "SELECT id, name, next_run_at, invalid_reason FROM coordinator.jobs ORDER BY id"
