@@ -3,21 +3,24 @@
 Per size, in a fresh database (jobs written with one INSERT ... SELECT generate_series):
 
 * **cold start**: no deadline saved yet, so the startup refresh computes one per job
-  (croniter) and saves them, one batched statement per page of 50,000 jobs read;
+  (croniter) and saves them, a batched statement per 25,000 jobs, written while the next
+  page of 50,000 is read;
 * **warm start**: a restart with every deadline saved (the steady state);
 * **wake refresh**: on the warm daemon, one ``NOTIFY coordinator`` from the bench asks for
   a refresh (``--refresh-spacing 1s`` so it is granted at once).
 
-Figures: time to ``ready`` (spawn -> the ``ready`` line), the ``refresh`` event's
-``elapsed_ms``, the daemon's peak RSS (``VmHWM``), and the daemon's statements (server
-log): at startup, and for each wake refresh (one-job: one statement at any size; full:
-one per 50,000 jobs).
+Figures: time to ``ready`` (spawn -> the ``ready`` line), the CPU seconds the daemon and
+the PostgreSQL cluster spent until then and how busy the whole machine was (a shared
+machine's other work shows there), the ``refresh`` event's ``elapsed_ms``, the daemon's
+peak RSS (``VmHWM``), and the daemon's statements (server log): at startup, and for each
+wake refresh (one-job: one statement at any size; full: one per 50,000 jobs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any
 
@@ -31,10 +34,18 @@ async def _start(bc: BenchCluster, db: str, state: Any, *, timeout: float) -> di
     daemon = DaemonProcess(
         bc.dsn(db, user=DAEMON_ROLE), state_dir=state, args=("--refresh-spacing", "1s")
     )
+    busy0, server0 = common.machine_busy(), common.tree_cpu(bc.postmaster_pid())
     await daemon.start()
     try:
         _, ready = await daemon.wait_event("ready", timeout=timeout)
         ready_s = ready["_received"] - daemon.spawned_at
+        # Where the time went up to ready (CPU seconds; the machine has cpu_count of them
+        # per second): the daemon, the PostgreSQL cluster, and everything (other work on
+        # a shared machine included), as a share of the machine.
+        cpu = daemon.cpu()
+        span = time.time() - daemon.spawned_at
+        busy = (common.machine_busy() - busy0) / (span * (os.cpu_count() or 1))
+        server_cpu = common.tree_cpu(bc.postmaster_pid()) - server0
         refresh = daemon.named("refresh")[0]
         startup = bc.log.statements(app=APP_DAEMON, db=db)
         mem_ready = daemon.memory()
@@ -46,6 +57,9 @@ async def _start(bc: BenchCluster, db: str, state: Any, *, timeout: float) -> di
             "startup_sql": [" ".join(s.sql.split())[:80] for s in startup],
             "rss_kb_at_ready": mem_ready.get("VmRSS"),
             "peak_rss_kb_at_ready": mem_ready.get("VmHWM"),
+            "daemon_cpu_s_at_ready": cpu["user"] + cpu["system"],
+            "server_cpu_s_at_ready": server_cpu,
+            "machine_busy_pct": 100 * busy,
         }
         # One wake -> one refresh, counted alone: first a change to one job (the wake
         # names it: the refresh reads that row), then an unnamed one (it reads them all).
@@ -108,8 +122,11 @@ async def run(*, quick: bool) -> dict[str, Any]:
                 r.update(jobs=n, phase=phase, insert_s=insert_s)
                 results.append(r)
                 common.note(
-                    f"{n:,} {phase}: ready {r['ready_s']:.2f} s, refresh "
-                    f"{r['refresh_ms']} ms, peak RSS {r['peak_rss_kb'] / 1024:.0f} MB, "
+                    f"{n:,} {phase}: ready {r['ready_s']:.2f} s (daemon "
+                    f"{r['daemon_cpu_s_at_ready']:.2f} CPU s, server "
+                    f"{r['server_cpu_s_at_ready']:.2f} CPU s, machine "
+                    f"{r['machine_busy_pct']:.0f}% busy), refresh {r['refresh_ms']} ms, "
+                    f"peak RSS {r['peak_rss_kb'] / 1024:.0f} MB, "
                     f"wake refresh {r['wake_refresh_statements']} statements"
                 )
         server_version = bc.server_version
@@ -117,6 +134,7 @@ async def run(*, quick: bool) -> dict[str, Any]:
         "jobs",
         "start",
         "ready s",
+        "daemon / server CPU s, machine busy %",
         "startup refresh ms",
         "startup stmts",
         "one-job wake refresh ms",
@@ -129,6 +147,8 @@ async def run(*, quick: bool) -> dict[str, Any]:
             r["jobs"],
             r["phase"],
             r["ready_s"],
+            f"{r['daemon_cpu_s_at_ready']:.2f} / {r['server_cpu_s_at_ready']:.2f}, "
+            f"{r['machine_busy_pct']:.0f}",
             r["refresh_ms"],
             r["startup_statements"],
             r["one_job_refresh_ms"],
