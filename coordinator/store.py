@@ -2,8 +2,9 @@
 
 The daemon's budget is small and fixed: one statement to read the inventory (one per
 :data:`REFRESH_PAGE` jobs beyond that; plus, only when there is something to write, one
-batched statement per page to initialise missing deadlines and one to mark unusable
-schedules), one to claim a run, one to settle it. Claim,
+batched statement per 25,000 missing deadlines to initialise them — and a second only if
+some were changed meanwhile — and one to mark unusable schedules), one to claim a run, one
+to settle it. Claim,
 settlement and the crash sweep are SQL functions (``migrations/0002``) so that each is a
 single round trip and a single line in the server's statement log.
 
