@@ -275,20 +275,22 @@ _REFRESH_SOME = _REFRESH + "   AND j.id = ANY ($1::text::bigint[])\n"
 # parameters would make asyncpg look up their types with extra statements the first time
 # each connection uses them.
 #
-# First deadlines: one page of a refresh per statement. Locks each row it writes, and
-# never overwrites a deadline that a settlement (or an application) wrote meanwhile, nor
-# one for a schedule that has changed since it was read. Parallel arrays written as text
-# ('{1,2,3}'), several times cheaper to build and to parse than JSON objects at a million
-# jobs: ids, schedule versions, and for each job the position of its deadline in $4, the
-# page's distinct deadlines (jobs share schedules, so a page has few: parsing a timestamp
-# costs the server far more than an integer; the scalar subquery is an InitPlan, parsed
-# once per statement whatever the join order). The arrays are unnested in a select list
+# First deadlines: a batch of one page of a refresh per statement (at most
+# inventory.FIRST_DEADLINE_BATCH jobs). Locks each row it writes, and never overwrites a
+# deadline that a settlement (or an application) wrote meanwhile, nor one for a schedule
+# that has changed since it was read. Parallel arrays written as text ('{1,2,3}'),
+# several times cheaper to build and to parse than JSON objects at a million jobs: ids,
+# schedule versions, and for each job the position of its deadline in $4, the batch's
+# distinct deadlines (jobs share schedules, so a batch has few: parsing a timestamp costs
+# the server far more than an integer; the scalar subquery is an InitPlan, parsed once
+# per statement whatever the join order). The arrays are unnested in a select list
 # (streamed, where unnest in FROM would first copy every row into a tuple store). The
-# range of the page's ids ($5, $6) lets the planner reach the rows by the primary key
-# instead of reading the whole table (measured: a hash join over that range, 50,000 rows
-# hashed in about 50 ms; a merge join sorts the batch and is no faster). Its
-# answer is the count written: when it is every job sent (normally), the daemon arms them
-# with the deadlines it sent, so a million rows are never read back.
+# range of the batch's ids ($5, $6) lets the planner reach the rows by the primary key
+# instead of reading the whole table: a hash join over that range (50,000 rows hashed in
+# about 50 ms; a merge join sorts the batch and is no faster), or, once the plan is
+# generic, a nested loop on the primary key. Its answer is the count written: when it is
+# every job sent (normally), the daemon arms them with the deadlines it sent, so a
+# million rows are never read back.
 _INIT_DEADLINES = """
 UPDATE coordinator.jobs j
    SET next_run_at = (SELECT $4::text::timestamptz[])[v.k], updated_at = now()
