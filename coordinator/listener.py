@@ -2,9 +2,11 @@
 
 A dedicated session (never pooled: releasing a pooled connection runs ``UNLISTEN *``)
 listens on channel ``coordinator``. asyncpg calls our callback on the trio thread (via
-trio-asyncio); the callback only pushes into a bounded channel. When the channel is full
-the payloads are dropped and one full refresh is requested instead: nothing is lost that
-a refresh cannot recover.
+trio-asyncio's loop, which is itself a trio task), so the callback hands the payload to
+``on_notify`` at once: a queue and a delivering task in between cost a lone trigger a
+scheduler round of latency and bought nothing (the text waits in asyncio's ready queue
+while the daemon is busy either way). ``on_notify`` must not block; should it raise (a
+bug of ours), the listener's task raises it in turn, as it would have from a task.
 
 Liveness costs no SQL: TCP keepalive on the socket plus asyncpg's termination callback.
 When the session ends, we reconnect with capped backoff, LISTEN again and request one
@@ -36,10 +38,11 @@ class Listener:
     """Keeps one LISTEN session open and forwards what it hears.
 
     ``on_notify(payload)`` gets each notification's payload text, undecoded (the daemon
-    reads it as a hint: :mod:`coordinator.daemon.wakes`). ``on_lost()`` is called when
-    notifications may have been missed (session lost or queue overflow): the daemon does a
-    full refresh. ``on_state(up)`` reports connectivity for ``degraded`` status;
-    ``on_statement()`` counts the ``LISTEN`` each (re)connection sends.
+    reads it as a hint: :mod:`coordinator.daemon.wakes`), synchronously, as it arrives.
+    ``on_lost()`` is called when notifications may have been missed (the session was
+    lost): the daemon does a full refresh. ``on_state(up)`` reports connectivity for
+    ``degraded`` status; ``on_statement()`` counts the ``LISTEN`` each (re)connection
+    sends.
     """
 
     dsn: str
@@ -48,28 +51,27 @@ class Listener:
     on_lost: Callable[[], None]
     on_state: Callable[[bool], None] = lambda up: None
     on_statement: Callable[[], None] = lambda: None
-    queue_size: int = 10_000
     max_backoff: float = 30.0
     #: Pause before the first reconnection attempt after the session is lost.
     first_retry: float = 0.5
-    _send: trio.MemorySendChannel[str] = attrs.field(init=False)
-    _receive: trio.MemoryReceiveChannel[str] = attrs.field(init=False)
-    _overflow: bool = False
     connected: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        self._send, self._receive = trio.open_memory_channel(self.queue_size)
+    #: What ``on_notify`` raised (re-raised by :meth:`run`), and the event that says so.
+    _failed: BaseException | None = None
+    _failure: trio.Event = attrs.field(factory=trio.Event)
 
     def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if self._failed is not None:
+            return
         try:
-            self._send.send_nowait(payload)
-        except trio.WouldBlock:
-            self._overflow = True
+            self.on_notify(payload)
+        except BaseException as exc:  # a bug: asyncio would only log it; raise it in run()
+            self._failed = exc
+            self._failure.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; ``task_status.started()`` once the first LISTEN is on."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._deliver)
+            nursery.start_soon(self._raise_failure)
             attempt = 0
             first = True
             while True:
@@ -110,18 +112,7 @@ class Listener:
                 # A server that just dropped us is often restarting: do not hammer it.
                 await trio.sleep(self.first_retry)
 
-    async def _deliver(self) -> None:
-        receive = self._receive
-        async for payload in receive:
-            # Every notification that arrived with it is handled in the same step: a
-            # burst of triggers costs one task switch, not one per notification.
-            while True:
-                if self._overflow:
-                    self._overflow = False
-                    self.log.warning("listener.overflow")
-                    self.on_lost()
-                self.on_notify(payload)
-                try:
-                    payload = receive.receive_nowait()
-                except trio.WouldBlock:
-                    break
+    async def _raise_failure(self) -> None:
+        await self._failure.wait()
+        assert self._failed is not None
+        raise self._failed

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
@@ -63,6 +64,13 @@ def _logfmt_value(value: Any) -> str:
     return text
 
 
+def _record(now: float, level: Level, name: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    ts = datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
+    record: dict[str, Any] = {"ts": ts, "level": level, "event": name}
+    record.update({k: v for k, v in fields.items() if v is not None})
+    return record
+
+
 @attrs.define(eq=False)
 class EventLog:
     """Writes events; the daemon passes one of these to everything that logs."""
@@ -76,8 +84,11 @@ class EventLog:
     journal: bool = attrs.field(factory=_stderr_is_journal)
     #: Called with every record written (tests and the metrics use it).
     observers: list[Callable[[dict[str, Any]], None]] = attrs.field(factory=list)
-    #: While :meth:`writer` runs: lines it has yet to write, and its wake-up.
-    _pending: list[str] = attrs.field(factory=list, init=False, repr=False)
+    #: While :meth:`writer` runs: records it has yet to format and write (time, level,
+    #: name, redacted fields), and its wake-up.
+    _pending: list[tuple[float, Level, str, Mapping[str, Any]]] = attrs.field(
+        factory=list, init=False, repr=False
+    )
     _wake: trio.Event | None = attrs.field(default=None, init=False, repr=False)
 
     async def writer(
@@ -88,8 +99,10 @@ class EventLog:
         Each line used to be one ``write`` to stderr: in a burst of runs, one system call
         per run that also wakes the reader (journald) per line. With this task running,
         the lines logged in one scheduler round go in one write, at the next round;
-        whatever is left is written when it is cancelled. Without it (the CLI), each
-        line is written at once."""
+        whatever is left is written when it is cancelled. Lines are also formatted
+        here, not where they are logged: a lone trigger's path (wake, claim, call)
+        logs three events and need not wait for their text. Without this task (the
+        CLI), each line is formatted and written at once."""
         if self._wake is not None:  # another daemon of this process writes already
             task_status.started()
             return
@@ -107,7 +120,8 @@ class EventLog:
     def _flush(self) -> None:
         if not self._pending:
             return
-        text, self._pending = "".join(self._pending), []
+        pending, self._pending = self._pending, []
+        text = "".join([self._line(*entry) + "\n" for entry in pending])
         stream = self.stream if self.stream is not None else sys.stderr
         stream.write(text)
         stream.flush()
@@ -130,14 +144,24 @@ class EventLog:
             return
         if not redacted:
             fields = redact.default().fields(fields)
-        ts = datetime.now(UTC)
-        record = {"ts": ts.isoformat(timespec="milliseconds"), "level": level, "event": name}
-        record.update({k: v for k, v in fields.items() if v is not None})
-        # Observers (metrics, tests) see every event, whatever the level written.
-        for observer in self.observers:
-            observer(record)
-        if not written:
+        now = time.time()
+        if self.observers:
+            # Observers (metrics, tests) see every event, whatever the level written.
+            record = _record(now, level, name, fields)
+            for observer in self.observers:
+                observer(record)
+            if not written:
+                return
+        if self._wake is not None:
+            self._pending.append((now, level, name, fields))
+            self._wake.set()
             return
+        stream = self.stream if self.stream is not None else sys.stderr
+        stream.write(self._line(now, level, name, fields) + "\n")
+        stream.flush()
+
+    def _line(self, now: float, level: Level, name: str, fields: Mapping[str, Any]) -> str:
+        record = _record(now, level, name, fields)
         if self.format == "json":
             # (DEL, the one control character json.dumps leaves raw, can only be in a string.)
             line = json.dumps(record, default=str, separators=(",", ":")).replace("\x7f", "\\u007f")
@@ -145,13 +169,7 @@ class EventLog:
             line = " ".join(f"{k}={_logfmt_value(v)}" for k, v in record.items())
         if self.journal:
             line = f"<{_PRIORITY[level]}>{line}"
-        if self._wake is not None:
-            self._pending.append(line + "\n")
-            self._wake.set()
-            return
-        stream = self.stream if self.stream is not None else sys.stderr
-        stream.write(line + "\n")
-        stream.flush()
+        return line
 
     def info(self, name: str, **fields: Any) -> None:
         self.event(name, "info", **fields)

@@ -31,7 +31,7 @@ import trio
 from asyncpg import Connection
 
 from .core.admission import Ticket
-from .db import APP_DAEMON, aio, close_quietly, connect, one_line
+from .db import APP_DAEMON, aio, aio_here, close_quietly, connect, one_line
 from .errors import CoordinatorError, DatabaseError, DatabaseUnavailable
 from .model import CheckpointWrite, Claim, Cursor, Schedule
 from .rows import job_from_row, json_object, json_text, json_value
@@ -421,7 +421,13 @@ class ConnectionPool:
 
     @asynccontextmanager
     async def acquire(self) -> AsyncIterator[Connection]:
-        async with self._slots:
+        try:
+            # A free slot is taken without yielding (the statement that follows yields
+            # anyway): a lone claim's latency is a scheduler round shorter.
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
+        try:
             conn = self._free.pop() if self._free else None
             if conn is not None and conn.is_closed():
                 self._all.discard(conn)
@@ -439,6 +445,8 @@ class ConnectionPool:
                 else:
                     self._all.discard(conn)
                     await close_quietly(conn, within=1.0)
+        finally:
+            self._slots.release()
 
     async def close(self) -> None:
         conns, self._all, self._free = list(self._all), set(), []
@@ -499,8 +507,10 @@ class Batcher(Generic[ItemT, ResultT]):
     batches: int = 0
     items: int = 0
 
-    async def submit(self, item: ItemT, *, order: int = 0) -> ResultT:
-        """Send ``item`` (with the next batch); a batch goes in ``order``."""
+    async def submit(self, item: ItemT, *, order: int = 0, alone: bool = False) -> ResultT:
+        """Send ``item`` (with the next batch); a batch goes in ``order``. ``alone``: the
+        caller knows no other item is about to be submitted, so an idle batcher sends at
+        once instead of yielding first for company."""
         slot: _Slot[ResultT] = _Slot(order=order)
         if not self._running:
             await self._send([(item, slot)])
@@ -515,7 +525,8 @@ class Batcher(Generic[ItemT, ResultT]):
             self._leading = True
             try:
                 try:
-                    await trio.lowlevel.checkpoint()
+                    if not alone:
+                        await trio.lowlevel.checkpoint()
                 except BaseException:
                     # Cancelled before anything was sent: withdraw this item (nobody
                     # waits for it); the batching task sends the others.
@@ -532,7 +543,12 @@ class Batcher(Generic[ItemT, ResultT]):
             finally:
                 if self._queue:
                     self._wake.set()
-        await slot.done.wait()
+        if slot.done.is_set():
+            # Sent by this caller: no need to yield a round for it (unless cancelled
+            # meanwhile, which the caller then learns, as a waiting caller would).
+            await trio.lowlevel.checkpoint_if_cancelled()
+        else:
+            await slot.done.wait()
         return self._outcome(slot)
 
     @staticmethod
@@ -693,7 +709,7 @@ class Store:
         try:
             with trio.fail_after(bound):
                 async with self.pool.acquire() as conn:
-                    return await aio(getattr(conn, method))(sql, *args)
+                    return await aio_here(getattr(conn, method)(sql, *args))
         except DatabaseUnavailable as exc:
             raise StoreUnavailable(f"{what}: {exc}") from exc
         except trio.TooSlowError as exc:
@@ -819,14 +835,18 @@ class Store:
         now: datetime | None = None,
         skip_next: datetime | None = None,
         order: int = 0,
+        alone: bool = False,
     ) -> ClaimResult:
         """The one claim boundary, for scheduled (``ticket.run_id`` None), manual and
         retry dispatch; grouped with other claims under load (:class:`Batcher`), in
         ``order`` (admission's) within a batch. ``now`` is the daemon's clock (misfires
         and due times are judged by it; without it nothing misfires and a retry's due
         time is judged by the database's clock); ``skip_next`` the deadline to save in
-        place of one that misfired."""
-        return await self.claims.submit((ticket, tuple(workers), now, skip_next), order=order)
+        place of one that misfired. ``alone``: no other claim is about to be submitted, so
+        an idle batcher need not wait a scheduler round for company."""
+        return await self.claims.submit(
+            (ticket, tuple(workers), now, skip_next), order=order, alone=alone
+        )
 
     async def _claim_batch(self, items: list[_ClaimItem]) -> list[ClaimResult | BaseException]:
         if len(items) == 1:

@@ -220,6 +220,9 @@ class Dispatcher:
     #: Jitter of retry delays: a number from 0 to 1 per settled call (injected so that
     #: tests are deterministic; see ``coordinator._settle``).
     jitter: Callable[[], float] = random.random
+    #: Other dispatches admitted with this one have yet to send their claims: a claim
+    #: lets them join its batch (one scheduler round); alone, it goes at once.
+    others_starting: Callable[[], bool] = lambda: True
     #: job id -> the call in progress.
     running: dict[int, Running] = attrs.field(factory=dict)
     #: Admitted tickets whose task has not finished (claim, call, settle).
@@ -413,6 +416,7 @@ class Dispatcher:
                 order=seq,
                 now=now,
                 skip_next=self._skip_next(ticket, now),
+                alone=not self.others_starting(),
             )
         except Exception as exc:
             self._claim_failures += 1

@@ -255,6 +255,7 @@ class Daemon:
             wake=self.loop.wake,
             on_change=self._update,
             jitter=self.jitter,
+            others_starting=lambda: self.loop.starting > 0,
         )
         self.inventory.busy = self.dispatcher.busy
         self.inventory.served = self.dispatcher.served
@@ -593,7 +594,7 @@ class Daemon:
             worker_type=hint.worker_type,
         )
         self.events.emit(DispatchWake(dispatch=hint.run_id, job_id=hint.job_id))
-        self.loop.kick()
+        self.loop.turn_now()
         return True
 
     def _lifecycle_wake(self, reason: str, *, urgent: bool = False) -> None:

@@ -269,6 +269,9 @@ class _Conn:
     closing: bool = False
     #: A call whose unwritten findings passed :data:`FINDINGS_BACKLOG`: reading waits.
     backlog: _Call | None = None
+    #: The socket's descriptor when lines may be written to it directly (a plain
+    #: socket, not TLS).
+    fd: int | None = None
 
     def send(self, message: Message) -> bool:
         """Queue a line for the writer; ``False`` once the connection is closing."""
@@ -276,7 +279,26 @@ class _Conn:
             return False
         return self.send_bytes(encode(message))
 
-    def send_bytes(self, data: bytes) -> bool:
+    def send_bytes(self, data: bytes, *, now: bool = False) -> bool:
+        """Queue ``data`` for the writer; ``now``: write what the socket takes at once,
+        if nothing is queued or being written before it (a lone call's line then leaves
+        this scheduler round instead of the next; under load lines are left to the
+        writer, which sends those of one round in one write)."""
+        # The writer task waits for a line only when it has nothing queued, in hand or
+        # being written: then this line may go first.
+        if (
+            now
+            and self.fd is not None
+            and not self.closing
+            and self.outbox_recv.statistics().tasks_waiting_receive
+        ):
+            try:
+                written = os.write(self.fd, data)
+            except OSError:
+                written = 0  # (full, or broken: the writer finds out and disconnects)
+            if written == len(data):
+                return True
+            data = data[written:]
         try:
             self.outbox_send.send_nowait(data)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -500,7 +522,7 @@ class WorkerExecutor:
             # Taken in the batch's order: maybe later, by the task that starts the call
             # before this one; by then this one may have been cancelled (orphaned).
             if not call.orphaned:
-                conn.send_bytes(data)
+                conn.send_bytes(data, now=len(conn.calls) == 1)
                 sent.set()
 
         turn.take(send)
@@ -698,6 +720,7 @@ class WorkerExecutor:
             connected_at=self.clock.now(),
             outbox_send=send,
             outbox_recv=recv,
+            fd=stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None,
         )
         reason = "disconnected"
         try:
@@ -1009,6 +1032,7 @@ class WorkerExecutor:
         if error is not None:
             conn.send(Error(message=error))
         conn.closing = True
+        conn.fd = None  # (the stream is closed next: its number may be reused)
         conn.outbox_send.close()
         conn.reader_scope.cancel()
         for declaring in list(conn.declaring):

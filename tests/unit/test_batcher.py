@@ -158,3 +158,23 @@ async def test_a_leader_cancelled_before_sending_withdraws_its_item() -> None:
         assert await batcher.submit(2) == 20
         nursery.cancel_scope.cancel()
     assert recorder.batches == [[2]]
+
+
+async def test_an_item_alone_is_sent_without_yielding_for_company() -> None:
+    recorder = Recorder()
+    batcher: Batcher[int, int] = Batcher(send=recorder.send)
+    results: dict[int, int] = {}
+
+    async def submit(item: int, *, alone: bool) -> None:
+        results[item] = await batcher.submit(item, order=item, alone=alone)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(batcher.run)
+        async with trio.open_nursery() as callers:
+            # Started in one turn; the first says it is alone, so it does not wait for
+            # the second to join it: two statements, the lone one first.
+            callers.start_soon(lambda: submit(2, alone=True))
+            callers.start_soon(lambda: submit(1, alone=False))
+        nursery.cancel_scope.cancel()
+    assert recorder.batches == [[2], [1]]
+    assert results == {1: 10, 2: 20}

@@ -240,3 +240,75 @@ async def test_a_failed_refresh_is_retried_at_the_policy_time(
 
     await running(r, body)
     assert attempts == [40.0, 42.0, 44.0]
+
+
+async def test_turn_now_admits_in_the_callers_task_while_the_loop_sleeps(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    r = rig()
+
+    async def body() -> None:
+        await trio.sleep(1)
+        turns = r.loop.turns
+        r.admission.offer(Ticket(job_id=5, priority="interactive", due=wall(1.0)))
+        r.loop.turn_now()
+        # Admitted at once: its task is started (not yet run), and the loop itself was
+        # not woken for it (no kick: its own turn count moves only by the inline one).
+        assert r.loop.starting == 1
+        assert r.loop.turns == turns + 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert r.loop.starting == 0
+        assert [ticket.job_id for _t, ticket in r.dispatched] == [5]
+
+    await running(r, body)
+
+
+async def test_turn_now_takes_a_due_deadline_first_and_keeps_priority_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    r = rig(slots=1)
+
+    async def body() -> None:
+        await trio.sleep(1)
+        # A deadline due now whose loop turn has not run yet, and a background manual
+        # ticket: the inline turn pops the deadline too, and admission orders them.
+        r.deadlines.set(8, wall(0.5))
+        r.admission.offer(Ticket(job_id=5, priority="background", due=wall(1.0)))
+        r.loop.turn_now()
+        await trio.testing.wait_all_tasks_blocked()
+        assert [ticket.job_id for _t, ticket in r.dispatched][:1] == [8]
+
+    await running(r, body)
+
+
+async def test_turn_now_only_kicks_when_a_refresh_is_due_or_the_loop_is_busy(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    r = rig(spacing=30.0)
+    refreshing = trio.Event()
+    release = trio.Event()
+    plain = r.loop.refresh
+
+    async def slow_refresh() -> None:
+        refreshing.set()
+        await release.wait()
+        await plain()
+
+    r.loop.refresh = slow_refresh
+
+    async def body() -> None:
+        await trio.sleep(40)
+        r.loop.wake()  # due: the loop's own turn refreshes first
+        r.admission.offer(Ticket(job_id=5, priority="interactive", due=wall(40.0)))
+        r.loop.turn_now()
+        assert r.loop.starting == 0  # nothing admitted inline: a refresh was due
+        await refreshing.wait()
+        r.admission.offer(Ticket(job_id=6, priority="interactive", due=wall(40.0)))
+        r.loop.turn_now()  # mid-refresh: only a kick
+        assert r.loop.starting == 0
+        assert r.dispatched == []
+        release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(ticket.job_id for _t, ticket in r.dispatched) == [5, 6]
+
+    await running(r, body)

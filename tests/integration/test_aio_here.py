@@ -1,0 +1,51 @@
+"""coordinator.db.aio_here against a real PostgreSQL: asyncpg's coroutines stepped in the
+calling trio task give the same results, errors and cancellation as through an asyncio
+task (coordinator.db.aio)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+import trio
+
+from coordinator.db import aio, aio_here
+
+
+async def test_results_and_errors_are_the_statements(conn: asyncpg.Connection) -> None:
+    assert await aio_here(conn.fetchval("SELECT $1::int + 1", 41)) == 42
+    rows = await aio_here(conn.fetch("SELECT g FROM generate_series(1, 3) AS g"))
+    assert [r["g"] for r in rows] == [1, 2, 3]
+    with pytest.raises(asyncpg.exceptions.DivisionByZeroError):
+        await aio_here(conn.fetchval("SELECT 1 / 0"))
+    # The connection is fine after an error.
+    assert await aio_here(conn.fetchval("SELECT 'ok'")) == "ok"
+
+
+async def test_cancelled_by_trio_the_statement_is_cancelled_on_the_server(
+    aio_loop: Any, database: str, conn: asyncpg.Connection
+) -> None:
+    sleeper = await aio(asyncpg.connect)(
+        database, server_settings={"application_name": "tests-aio-here"}
+    )
+    try:
+        pid = sleeper.get_server_pid()
+        with trio.move_on_after(0.5) as scope:
+            await aio_here(sleeper.fetchval("SELECT pg_sleep(60)"))
+        assert scope.cancelled_caught
+        # asyncpg asked the server to cancel it: the backend is not sleeping for long.
+        with trio.fail_after(20):
+            while True:
+                state = await aio(conn.fetchval)(
+                    "SELECT state FROM pg_stat_activity WHERE pid = $1", pid
+                )
+                if state != "active":
+                    break
+                await trio.sleep(0.05)
+        # The connection answers again (through a task: asyncpg first waits for the
+        # cancellation under asyncio.timeout; the daemon's pool closes such a connection).
+        with trio.fail_after(20):
+            assert await aio(sleeper.fetchval)("SELECT 7") == 7
+    finally:
+        await aio(sleeper.close)()
