@@ -390,6 +390,10 @@ _PRUNE = "SELECT * FROM coordinator._prune($1, $2, $3, $4, $5, $6, $7)"
 
 _TRY_LOCK = "SELECT pg_try_advisory_lock($1, $2)"
 _LOCK = "SELECT pg_advisory_lock($1, $2)"
+#: Taken by the leader's session once it leads: claims probe it instead of reading
+#: pg_locks (migrations/0020_cheap_fence.sql). Tried, never waited for: refused (a claim
+#: of a dead leader with the same pid still holds it), claims read pg_locks as before.
+_ALIVE = "SELECT pg_try_advisory_lock($1, -pg_backend_pid())"
 
 
 def _wrap(exc: BaseException, what: str) -> Exception:
@@ -720,22 +724,32 @@ class Store:
     # -- leadership ---------------------------------------------------------------------
 
     async def try_lead(self, conn: Connection) -> bool:
-        """Take the single-writer lock on ``conn`` if it is free (one statement)."""
+        """Take the single-writer lock on ``conn`` if it is free (one statement; one more
+        once taken)."""
         self.statements += 1
         try:
             got: bool = await aio(conn.fetchval)(_TRY_LOCK, LOCK_CLASS, LOCK_OBJECT)
+            if got:
+                await self._alive(conn)
         except Exception as exc:
             raise _wrap(exc, "leadership") from exc
         if got:
             self.leader_pid = conn.get_server_pid()
         return got
 
+    async def _alive(self, conn: Connection) -> None:
+        """Take the probe lock that tells claims this session leads (one statement, once
+        per leadership)."""
+        self.statements += 1
+        await aio(conn.fetchval)(_ALIVE, LOCK_CLASS)
+
     async def wait_lead(self, conn: Connection) -> None:
         """Wait for the single-writer lock: one statement that blocks until the leader's
-        session ends. A standby sends nothing else meanwhile."""
+        session ends (and one more once taken). A standby sends nothing else meanwhile."""
         self.statements += 1
         try:
             await aio(conn.fetchval)(_LOCK, LOCK_CLASS, LOCK_OBJECT)
+            await self._alive(conn)
         except Exception as exc:
             raise _wrap(exc, "leadership") from exc
         self.leader_pid = conn.get_server_pid()

@@ -148,3 +148,65 @@ async def test_a_claim_after_the_sweep_is_fenced(conn: asyncpg.Connection, datab
         await aio(new_lock.close)()
     assert row["reason"] == "fenced"
     assert await aio(conn.fetchval)("SELECT status FROM coordinator.runs") == "queued"
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["claim", "claim_many"])
+async def test_the_leaders_probe_lock_is_the_whole_check_while_its_session_lives(
+    conn: asyncpg.Connection, database: str, batch: bool
+) -> None:
+    """0020: the leader's session holds (class, -pid); a claim that finds it held asks
+    pg_locks nothing more. Shown with a session that holds only the probe lock: its pid
+    passes (the pg_locks check alone would refuse it), so the probe decided."""
+    job = await define(conn, "pay")
+    run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'pay')")
+    prober = await _connect(database)
+    try:
+        assert await aio(prober.fetchval)(
+            "SELECT pg_try_advisory_lock($1, -pg_backend_pid())", LOCK_CLASS
+        )
+        pid = prober.get_server_pid()
+        if batch:
+            items = [{"i": 0, "job": job, "run": run, "at": None, "v": None, "now": None}]
+            rows = await aio(conn.fetch)(
+                _CLAIM_MANY, json.dumps(items), pid, LOCK_CLASS, LOCK_OBJECT
+            )
+        else:
+            rows = [await aio(conn.fetchrow)(_CLAIM_ONE, job, run, pid, LOCK_CLASS, LOCK_OBJECT)]
+    finally:
+        await aio(prober.close)()
+    assert [r["reason"] for r in rows] == [None]
+
+
+async def test_a_leader_that_took_both_locks_is_fenced_once_its_session_ends(
+    conn: asyncpg.Connection, database: str
+) -> None:
+    """Store.try_lead takes the single-writer lock and the probe lock; while that session
+    lives its claims pass, and once it ends they are refused (both locks went with it)."""
+    first = await define(conn, "pay")
+    second = await define(conn, "ship")
+    runs = [
+        await aio(conn.fetchval)("SELECT coordinator.trigger('default', $1)", name)
+        for name in ("pay", "ship")
+    ]
+    lock = await _connect(database)
+    pool = ConnectionPool(database, size=1)
+    try:
+        leader = Store(pool=pool, instance="old")
+        assert await leader.try_lead(lock)
+        pid = lock.get_server_pid()
+        assert leader.leader_pid == pid
+        held = await aio(conn.fetchval)(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1"
+            " AND classid = $2::oid AND objid IN ($3::oid, (-$1)::oid) AND granted",
+            pid,
+            LOCK_CLASS,
+            LOCK_OBJECT,
+        )
+        assert held == 2
+        alive = await aio(conn.fetchrow)(_CLAIM_ONE, first, runs[0], pid, LOCK_CLASS, LOCK_OBJECT)
+        await aio(lock.close)()
+        gone = await aio(conn.fetchrow)(_CLAIM_ONE, second, runs[1], pid, LOCK_CLASS, LOCK_OBJECT)
+    finally:
+        await pool.close()
+    assert alive["reason"] is None
+    assert gone["reason"] == "fenced"
