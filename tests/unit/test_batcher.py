@@ -3,6 +3,7 @@ sends a batch, what goes in it, and in which order."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
@@ -160,21 +161,26 @@ async def test_a_leader_cancelled_before_sending_withdraws_its_item() -> None:
     assert recorder.batches == [[2]]
 
 
-async def test_an_item_alone_is_sent_without_yielding_for_company() -> None:
+@pytest.mark.parametrize("alone", [True, False])
+async def test_an_item_alone_is_sent_without_yielding_for_company(alone: bool) -> None:
     recorder = Recorder()
     batcher: Batcher[int, int] = Batcher(send=recorder.send)
     results: dict[int, int] = {}
 
-    async def submit(item: int, *, alone: bool) -> None:
+    async def submit(item: int) -> None:
         results[item] = await batcher.submit(item, order=item, alone=alone)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(batcher.run)
-        async with trio.open_nursery() as callers:
-            # Started in one turn; the first says it is alone, so it does not wait for
-            # the second to join it: two statements, the lone one first.
-            callers.start_soon(lambda: submit(2, alone=True))
-            callers.start_soon(lambda: submit(1, alone=False))
+        async with trio.open_nursery() as callers:  # two submitters, started in one turn
+            callers.start_soon(submit, 1)
+            callers.start_soon(submit, 2)
         nursery.cancel_scope.cancel()
-    assert recorder.batches == [[2], [1]]
+    if alone:
+        # The first to run went at once; the other found a statement in flight and
+        # went next.
+        assert sorted(recorder.batches) == [[1], [2]]
+    else:
+        # The first to run yielded once first, and the other joined it, in order.
+        assert recorder.batches == [[1, 2]]
     assert results == {1: 10, 2: 20}
