@@ -373,8 +373,10 @@ class Context:
         if pending is not None:
             self._next_send_at = trio.current_time() + PROGRESS_SPACING
             await self._send(pending)
-        async with self._send_lock:
-            await self._send_findings()
+        if self._findings or self._send_lock.locked():
+            # (Not otherwise: taking the lock costs a scheduler round even when free.)
+            async with self._send_lock:
+                await self._send_findings()
 
     async def _send_findings(self) -> None:
         """Send the buffered findings as one message (call with ``_send_lock`` held)."""
