@@ -221,7 +221,8 @@ class Dispatcher:
     #: tests are deterministic; see ``coordinator._settle``).
     jitter: Callable[[], float] = random.random
     #: Other dispatches admitted with this one have yet to send their claims: a claim
-    #: lets them join its batch (one scheduler round); alone, it goes at once.
+    #: lets them join its batch (one scheduler round); alone on an idle daemon, it goes
+    #: at once.
     others_starting: Callable[[], bool] = lambda: True
     #: job id -> the call in progress.
     running: dict[int, Running] = attrs.field(factory=dict)
@@ -416,7 +417,9 @@ class Dispatcher:
                 order=seq,
                 now=now,
                 skip_next=self._skip_next(ticket, now),
-                alone=not self.others_starting(),
+                # Alone on an idle daemon: nothing else in flight or about to claim.
+                # Under load a claim still waits a round for company (bigger batches).
+                alone=self.in_flight == 1 and not self.others_starting(),
             )
         except Exception as exc:
             self._claim_failures += 1
