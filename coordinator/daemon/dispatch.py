@@ -172,6 +172,9 @@ class _Turn:
             await self.turns.wait_for(self.place)
         self.take(_no_step)
 
+    def alone(self) -> bool:
+        return self.place is None or self.place[2] == 1
+
     def pass_(self) -> None:
         """Give the turn up without starting (an error before the call)."""
         if self.place is not None and not self.done:

@@ -79,6 +79,14 @@ class Turn(Protocol):
         its own before it next yields (spawns the process)."""
         ...
 
+    def alone(self) -> bool:
+        """No other call was granted with this one: its first step may take a shortcut
+        meant for a lone call (a worker line written at once rather than by the
+        connection's writer task). Under load a batch's calls keep going out together:
+        one call sent ahead of its batch comes back ahead of it too, and splits the next
+        claim batch in two."""
+        ...
+
 
 @attrs.frozen
 class AtOnce:
@@ -89,6 +97,9 @@ class AtOnce:
 
     async def reached(self) -> None:
         return None
+
+    def alone(self) -> bool:
+        return True
 
 
 #: For calls made outside a claim batch (tests, tools).

@@ -522,7 +522,7 @@ class WorkerExecutor:
             # Taken in the batch's order: maybe later, by the task that starts the call
             # before this one; by then this one may have been cancelled (orphaned).
             if not call.orphaned:
-                conn.send_bytes(data, now=len(conn.calls) == 1)
+                conn.send_bytes(data, now=turn.alone())
                 sent.set()
 
         turn.take(send)
