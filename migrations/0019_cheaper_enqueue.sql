@@ -73,7 +73,8 @@ ALTER TABLE coordinator.runs
 -- The guard functions (0014) ask _may() first, as a plain expression, and call
 -- _require_namespace() -- a statement and a PL/pgSQL call, which asks _may() again and
 -- words the refusal -- only when it says no. A NULL namespace (a job the caller cannot
--- see) is left to the policies, as before: _may(NULL) is NULL, not false.
+-- see) is still left to the policies: _require_namespace returns for it, when it is
+-- called at all.
 CREATE OR REPLACE FUNCTION coordinator._jobs_guard() RETURNS trigger
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 BEGIN
