@@ -1,7 +1,25 @@
 -- Cheaper enqueue (issue #14): what an application pays inside its own transaction for
 -- coordinator.trigger(), and what the jobs table's triggers add to the daemon's writes.
 --
--- MEASUREMENTS-PLACEHOLDER
+-- Where a trigger() of a job without an outstanding run spent its server time (0018;
+-- pg_stat_statements with track = all and track_functions = all, pgbench, one
+-- connection, one call per transaction; microseconds per call): 300 in all, of which the
+-- INSERT of the run 217 -- the runs wake trigger 53 (PL/pgSQL, two statements), the
+-- runs guard 23 (a lookup and a call, for a role that can never be refused), the
+-- foreign-key check 7, and the rest starting the statement: perf showed ~13% of the
+-- backend in ExecConstraints re-reading the CHECK constraints and ~3% in the guard's and
+-- the categorizer's WHEN clauses --, the call of _job_id 36, the outstanding-run lookup
+-- 3, and committing (a WAL flush) on top. For a role confined to its namespaces (0014)
+-- it was four times that: _namespaces(), called eight times per trigger(), was planned
+-- again at every call (60 us each).
+--
+-- After this file (same measurement): 185 in all, the INSERT 106. Backend CPU per call
+-- (utime + stime from /proc of the serving backend, 10,000 calls, the two schemas in
+-- alternating blocks of 500 on one cluster; ranges over 4 runs): 299-362 -> 217-269 us
+-- (superuser), 1,131-1,265 -> 475-578 us (a coordinator_app role granted the
+-- namespace), 56 -> 47 us for a trigger of a job whose run is already queued. What is
+-- left is PostgreSQL's own cost of one INSERT with five indexes, eight CHECK
+-- constraints, a foreign key and ON CONFLICT, and the commit's WAL flush.
 --
 -- Nothing here changes a rule, an error or a payload: the same functions with the same
 -- signatures and grants, the same refusals in the same order, the same NOTIFY channel and
