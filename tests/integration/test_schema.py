@@ -205,6 +205,52 @@ async def test_manual_trigger_notifies_dispatch(conn: asyncpg.Connection, databa
         ]
 
 
+async def test_trigger_raises_its_own_wake_and_leaves_the_origin(
+    conn: asyncpg.Connection, database: str
+) -> None:
+    # trigger() raises the dispatch wake itself, its INSERT running quiet (0019): the
+    # runs trigger's payload (worker type and priority included), the caller's origin as
+    # it was (a plain INSERT after it in the same transaction still wakes), and nothing
+    # in a session the wakes skip (the daemon's).
+    worker = json.dumps({"kind": "worker", "type": "images"})
+    job = await _define(conn, "w", target=worker, priority="interactive")
+    plain = await _define(conn, "p")
+    skipped = await _define(conn, "d")
+    async with Notifications(await _connect(database)) as n:
+        async with transaction(conn):
+            await aio(conn.execute)("SELECT set_config('coordinator.origin', 'app', true)")
+            run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'w')")
+            origin = await aio(conn.fetchval)("SELECT current_setting('coordinator.origin')")
+            assert origin == "app"
+            other = await aio(conn.fetchval)(
+                "INSERT INTO coordinator.runs (job_id, trigger, status) "
+                "VALUES ($1, 'manual', 'queued') RETURNING id",
+                plain,
+            )
+        async with transaction(conn):
+            await aio(conn.execute)("SELECT set_config('coordinator.origin', 'daemon', true)")
+            assert await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'd')")
+        assert await n.collect() == [
+            {
+                "run": run,
+                "dispatch": True,
+                "job": job,
+                "priority": "interactive",
+                "worker": "images",
+            },
+            {
+                "run": other,
+                "dispatch": True,
+                "job": plain,
+                "priority": "background",
+                "worker": None,
+            },
+        ]
+    assert await aio(conn.fetchval)(
+        "SELECT count(*) FROM coordinator.runs WHERE job_id = $1 AND status = 'queued'", skipped
+    )
+
+
 async def test_changed_schedule_bumps_version_and_clears_deadline(
     conn: asyncpg.Connection,
 ) -> None:
