@@ -140,6 +140,25 @@ def is_loopback(host: str) -> bool:
 MAX_WRITE: Final = 256 * 1024
 
 
+def write_ahead(
+    fd: int | None,
+    data: bytes,
+    outbox: trio.MemorySendChannel[bytes] | trio.MemoryReceiveChannel[bytes],
+) -> bytes:
+    """Write what the plain socket ``fd`` takes of ``data`` at once, if the writer task
+    of ``outbox`` waits for a line (nothing queued, in hand or being written before it);
+    returns what is left for the writer (all of it otherwise, or with no ``fd``: TLS).
+    A lone line then leaves this scheduler round, not the next; under load lines are
+    left to the writer, which sends those of one round in one write."""
+    if fd is None or not outbox.statistics().tasks_waiting_receive:
+        return data
+    try:
+        written = os.write(fd, data)
+    except OSError:
+        written = 0  # (full, or broken: the writer finds out)
+    return data[written:]
+
+
 def gather_lines(first: bytes, outbox: trio.MemoryReceiveChannel[bytes]) -> bytes:
     """``first`` and the lines already queued behind it, as one write: under load many
     calls (or results) go out in one ``send`` (the protocol allows any number of lines

@@ -101,6 +101,7 @@ from .protocol import (
     gather_lines,
     is_loopback,
     parse_from_daemon,
+    write_ahead,
 )
 from .text import ERROR_MESSAGE_LIMIT, clip
 
@@ -206,17 +207,11 @@ class _Session:
         without waiting a scheduler round for the writer task; under load the writer
         sends the lines of one round in one write)."""
         data = encode(message)
-        # The writer task waits for a line only when it has nothing queued, in hand or
-        # being written: then this line may go first.
-        if now and self.fd is not None and self.outbox.statistics().tasks_waiting_receive:
-            try:
-                written = os.write(self.fd, data)
-            except OSError:
-                written = 0  # (full, or broken: the writer finds out)
-            if written == len(data):
+        if now:
+            data = write_ahead(self.fd, data, self.outbox)
+            if not data:
                 await trio.lowlevel.checkpoint()
                 return
-            data = data[written:]
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await self.outbox.send(data)
 

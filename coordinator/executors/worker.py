@@ -88,6 +88,7 @@ from ..protocol import (
     gather_lines,
     is_loopback,
     parse_from_worker,
+    write_ahead,
 )
 from ..status import WorkerView
 from ..tokens import TokenScope, TokenSet
@@ -280,25 +281,12 @@ class _Conn:
         return self.send_bytes(encode(message))
 
     def send_bytes(self, data: bytes, *, now: bool = False) -> bool:
-        """Queue ``data`` for the writer; ``now``: write what the socket takes at once,
-        if nothing is queued or being written before it (a lone call's line then leaves
-        this scheduler round instead of the next; under load lines are left to the
-        writer, which sends those of one round in one write)."""
-        # The writer task waits for a line only when it has nothing queued, in hand or
-        # being written: then this line may go first.
-        if (
-            now
-            and self.fd is not None
-            and not self.closing
-            and self.outbox_recv.statistics().tasks_waiting_receive
-        ):
-            try:
-                written = os.write(self.fd, data)
-            except OSError:
-                written = 0  # (full, or broken: the writer finds out and disconnects)
-            if written == len(data):
+        """Queue ``data`` for the writer; ``now``: a lone call's line, written ahead of
+        the writer if it is idle (:func:`~coordinator.protocol.write_ahead`)."""
+        if now and not self.closing:
+            data = write_ahead(self.fd, data, self.outbox_recv)
+            if not data:
                 return True
-            data = data[written:]
         try:
             self.outbox_send.send_nowait(data)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
