@@ -47,7 +47,7 @@ async def aio_here(awaitable: Coroutine[Any, Any, T]) -> T:
 
     :func:`aio` wraps the coroutine in an asyncio task of trio-asyncio's loop: starting
     that task costs a scheduler round, and its end another hand-off back to the trio task.
-    The daemon's hot statements (a claim, a settlement) go through here instead: the
+    The store's statements (claims and settlements above all) go through here: the
     coroutine runs until it waits on a future (asyncpg has written the statement), this
     task sleeps until that future is done, and the coroutine goes on with its result --
     two rounds fewer per statement. Cancellation is asyncio's: the future is cancelled,
