@@ -793,8 +793,12 @@ def encode(message: Message) -> bytes:
     return _dumps(body) + b"\n"
 
 
+#: One encoder for every line (``json.dumps`` with options builds a new one per call).
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def _iso(value: datetime | None) -> str | None:

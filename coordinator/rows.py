@@ -17,6 +17,8 @@ from .model import Job, Schedule, Target
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from .model import ScheduleKind
+
 #: (field, SQL expression on the ``coordinator.jobs`` row aliased ``j``).
 JOB_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("id", "j.id"),
@@ -70,43 +72,75 @@ def json_value(text: str) -> Any:
     return json.loads(text)
 
 
+#: :func:`json_text`'s encoder, made once (``json.dumps`` with options makes one per call).
+_JSON_TEXT: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def json_text(value: Any) -> str:
     """A JSON value as compact text, for a ``$n::text::jsonb`` parameter."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    return _JSON_TEXT.encode(value)
 
 
-def job_fields(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The definition fields of a row, decoded, by field name (missing columns skipped:
-    ``coordinator._claim`` returns the job's id as its argument, not as a column)."""
+def job_fields(row: Mapping[str, Any], *, decode: bool = True) -> dict[str, Any]:
+    """The definition fields of a row, by field name, the JSON ones decoded unless not
+    ``decode`` (missing columns skipped: ``coordinator._claim`` returns the job's id as
+    its argument, not as a column)."""
     out: dict[str, Any] = {}
     for field, _sql in JOB_COLUMNS:
         value = row.get(field, _MISSING)  # a dict or an asyncpg Record alike
         if value is _MISSING:
             continue
-        out[field] = json_object(value) if field in _JSON_FIELDS else value
+        out[field] = json_object(value) if decode and field in _JSON_FIELDS else value
     return out
+
+
+#: Targets and schedules already read, by their stored text: a claim reads its job's
+#: definition every time, and most jobs share a handful of these. Bounded (cleared when
+#: full); the values are frozen, so sharing them is safe.
+_TARGETS: Final[dict[str, tuple[Target, str | None]]] = {}
+_SCHEDULES: Final[dict[tuple[ScheduleKind, str | None, str], Schedule]] = {}
+_MEMO_LIMIT: Final = 1024
+
+
+def _target(value: Any) -> tuple[Target, str | None]:
+    """A stored target, and why it cannot be called (``None`` when it can)."""
+    known = _TARGETS.get(value) if isinstance(value, str) else None
+    if known is not None:
+        return known
+    try:
+        found: tuple[Target, str | None] = (Target.from_json(json_object(value)), None)
+    except ValueError as exc:
+        found = (Target(kind="exec"), str(exc))
+    if isinstance(value, str):
+        if len(_TARGETS) >= _MEMO_LIMIT:
+            _TARGETS.clear()
+        _TARGETS[value] = found
+    return found
+
+
+def _schedule(kind: ScheduleKind, expression: str | None, timezone: str) -> Schedule:
+    key = (kind, expression, timezone)
+    known = _SCHEDULES.get(key)
+    if known is None:
+        if len(_SCHEDULES) >= _MEMO_LIMIT:
+            _SCHEDULES.clear()
+        known = Schedule(kind=kind, expression=expression, timezone=timezone)
+        _SCHEDULES[key] = known
+    return known
 
 
 def job_from_row(row: Mapping[str, Any], *, job_id: int | None = None) -> tuple[Job, str | None]:
     """A :class:`~coordinator.model.Job` from a row with the definition columns, and why
     its stored target cannot be called (``None`` when it can)."""
-    fields = job_fields(row)
-    target_error: str | None = None
-    try:
-        target = Target.from_json(fields["target"])
-    except ValueError as exc:
-        target, target_error = Target(kind="exec"), str(exc)
+    fields = job_fields(row, decode=False)
+    target, target_error = _target(fields["target"])
     job = Job(
         id=job_id if job_id is not None else fields["id"],
         namespace=fields["namespace"],
         name=fields["name"],
-        schedule=Schedule(
-            kind=fields["schedule_kind"],
-            expression=fields["schedule"],
-            timezone=fields["timezone"],
-        ),
+        schedule=_schedule(fields["schedule_kind"], fields["schedule"], fields["timezone"]),
         target=target,
-        params=fields["params"],
+        params=json_object(fields["params"]),
         timeout=fields["timeout"],
         priority=fields["priority"],
         idempotent=fields["idempotent"],
