@@ -200,13 +200,13 @@ class _Session:
     #: socket, not TLS).
     fd: int | None = None
 
-    async def send(self, message: Message, *, now: bool = False) -> None:
-        """Queue a message; a connection that is gone swallows it (the handler that
-        sent it is about to be cancelled). ``now``: write what the socket takes at once
-        if nothing is queued or being written before it (a lone result then leaves
-        without waiting a scheduler round for the writer task; under load the writer
-        sends the lines of one round in one write)."""
-        data = encode(message)
+    async def send(self, message: Message | bytes, *, now: bool = False) -> None:
+        """Queue a message (or its line, already encoded); a connection that is gone
+        swallows it (the handler that sent it is about to be cancelled). ``now``: write
+        what the socket takes at once if nothing is queued or being written before it (a
+        lone result then leaves without waiting a scheduler round for the writer task;
+        under load the writer sends the lines of one round in one write)."""
+        data = message if isinstance(message, bytes) else encode(message)
         if now:
             data = write_ahead(self.fd, data, self.outbox)
             if not data:
@@ -783,16 +783,20 @@ class Worker:
         self, session: _Session, handler: Handler, ctx: Context, scope: trio.CancelScope
     ) -> None:
         try:
-            result = await self._invoke(handler, ctx, scope)
+            result: Result | bytes = await self._invoke(handler, ctx, scope)
             await ctx._flush()
         finally:
             del session.running[ctx.run_id]
         await session.send(result, now=not session.running)
 
-    async def _invoke(self, handler: Handler, ctx: Context, scope: trio.CancelScope) -> Result:
-        """Run the handler; whatever it does becomes a result that fits on one line."""
+    async def _invoke(
+        self, handler: Handler, ctx: Context, scope: trio.CancelScope
+    ) -> Result | bytes:
+        """Run the handler; whatever it does becomes a result that fits on one line (a
+        returned value's result comes encoded: its size was checked on that line)."""
         async with trio.open_nursery() as nursery:
             ctx._nursery = nursery
+            result: Result | bytes
             try:
                 with scope:
                     value = await handler(ctx)
@@ -873,8 +877,9 @@ def tls_context(
     return context
 
 
-def _result(run_id: int, value: object) -> Result:
-    """The result for what a handler returned (a bad value is a failure)."""
+def _result(run_id: int, value: object) -> Result | bytes:
+    """The result for what a handler returned (a bad value is a failure): a success as
+    its line, encoded once to check its size and sent as it is."""
     try:
         count: Any = None
         extra: Any = None
@@ -904,8 +909,8 @@ def _result(run_id: int, value: object) -> Result:
         if extra is not None:
             # Anything JSON cannot say (datetimes, decimals, ...) becomes its str().
             extra = json.loads(json.dumps(extra, default=str, allow_nan=False))
-        result = Result(run=run_id, ok=True, count=count, extra=extra or None)
-        size = len(encode(result)) - 1
+        line = encode(Result(run=run_id, ok=True, count=count, extra=extra or None))
+        size = len(line) - 1
     except (TypeError, ValueError, RecursionError) as exc:
         return Result(run=run_id, ok=False, error=_clip(f"bad return value: {exc}"))
     if size > MAX_LINE:
@@ -915,7 +920,7 @@ def _result(run_id: int, value: object) -> Result:
             count=count,
             error=f"result of {size} bytes exceeds the {MAX_LINE}-byte limit",
         )
-    return result
+    return line
 
 
 def _paused(run_id: int, paused: Paused) -> Result:
