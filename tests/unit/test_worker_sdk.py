@@ -30,7 +30,16 @@ from coordinator.executors.worker import WorkerExecutor
 from coordinator.log import EventLog
 from coordinator.model import Claim, Job, Schedule, Target
 from coordinator.protocol import MAX_LINE
-from coordinator.worker import Context, JobError, Worker, backoff, load, main
+from coordinator.worker import (
+    FINDINGS_SPACING,
+    PROGRESS_SPACING,
+    Context,
+    JobError,
+    Worker,
+    backoff,
+    load,
+    main,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -385,6 +394,40 @@ async def test_pending_progress_is_flushed_before_the_result(sock_path: Path) ->
             assert message is not None
             assert message["type"] == "result"
             assert percents == [10, 20, 30, 40]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_calls_delayed_sends_end_with_it(sock_path: Path) -> None:
+    """Held-back progress and batched findings start delayed sends in the connection's
+    nursery; the flush before the result sends what they held, and none of them sends
+    anything after the result, however long the connection lives on."""
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        await ctx.progress(10)
+        await ctx.progress(20)  # within the spacing: held back, a delayed send starts
+        await ctx.finding("k", 1)  # batched: another delayed send
+        return 1
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            kinds = []
+            while (message := await peer.recv()) is not None and message["type"] != "result":
+                kinds.append((message["type"], message.get("percent")))
+            assert message is not None
+            assert kinds == [("progress", 10), ("progress", 20), ("finding", None)]
+            with trio.move_on_after(FINDINGS_SPACING + PROGRESS_SPACING + 0.2) as quiet:
+                late = await peer.recv()
+            assert quiet.cancelled_caught, late
+            await peer.call(2)  # the connection still serves calls
+            while (message := await peer.recv()) is not None and message["type"] != "result":
+                pass
+            assert message == {"type": "result", "run": 2, "ok": True, "count": 1}
             nursery.cancel_scope.cancel()
 
 
