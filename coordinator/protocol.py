@@ -846,6 +846,7 @@ def _parse(line: bytes | str, allowed: frozenset[str] | None) -> Message:
 
 
 def _load(line: bytes | str) -> dict[str, Any]:
+    """One line's JSON object, checked for size, encoding and shape."""
     if isinstance(line, bytes | bytearray):
         if len(line) > MAX_LINE:
             raise ProtocolError(f"line of {len(line)} bytes is longer than {MAX_LINE}")
@@ -858,7 +859,7 @@ def _load(line: bytes | str) -> dict[str, Any]:
         if len(text.encode("utf-8", "surrogatepass")) > MAX_LINE:
             raise ProtocolError(f"line is longer than {MAX_LINE} bytes")
     try:
-        obj: Any = json.loads(text, parse_constant=_reject_constant)
+        obj: Any = _DECODER.decode(text)
     except RecursionError:
         raise ProtocolError("malformed JSON: nested too deeply") from None
     except ValueError as exc:
@@ -879,6 +880,10 @@ def _load(line: bytes | str) -> dict[str, Any]:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+#: One decoder for every line (``json.loads`` with options builds a new one per call).
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _field(obj: dict[str, Any], kind: str, name: str, expected: type | tuple[type, ...]) -> Any:
