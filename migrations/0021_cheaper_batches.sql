@@ -1,3 +1,357 @@
+-- Cheaper batches (issue #14): the server time per item of the daemon's two hot
+-- statements, SELECT * FROM coordinator._claim_many(...) and coordinator._settle_many($1).
+--
+-- MEASURED-FIGURES-GO-HERE
+--
+-- Where the time went (pg_stat_statements with track = all, perf on the serving backend):
+--   * _settle_many's result UPDATE looked each run's item up once per column it sets
+--     (a_status[array_position(a_run, runs.id)], twenty array_position() scans of the
+--     batch's run ids per row): ~10 us per row, a third of the UPDATE. Now found once per
+--     row (a sub-SELECT for the multi-column SET; OFFSET 0 keeps the planner from pulling
+--     the lookup up into every column again).
+--   * Every aggregate with its own ORDER BY sorts its input again: the items' arrays were
+--     built with sixteen (settle) and seven (claim) sorts, and the claim's decision with
+--     four more, only to put the items in job id order. Nothing needs that order (the rows
+--     are locked by their own statements in key order whatever the arrays' order, and
+--     parallel arrays built by one aggregate pass stay aligned): the items stay in the
+--     order they came, and the answer is sorted by (job, item) at the end, as before.
+--   * The claim's decision was a subquery the planner pulled up into its eleven
+--     aggregates: its CASE, and its paused-run EXISTS (as six SubPlans, each initialised
+--     at every call), were evaluated once per aggregate. OFFSET 0: once per item.
+--   * _settle_many parsed its JSON three times (the json cast, json_array_elements for
+--     the run ids, json_to_recordset) and read the items' runs as whole rows only for their
+--     job: now parsed once (jsonb), the run ids taken from the parsed value, and only
+--     (id, job_id) read. The jobs as locked and the runs as saved are kept as the columns
+--     that are read, not as whole-row composites.
+--   * Generic plans (plan_cache_mode = force_generic_plan, as _namespaces in 0019): the
+--     plan cache kept choosing custom plans for several statements, planning them again
+--     at every call, with the PL/pgSQL arrays folded into constants (a subscript of a flat
+--     array of text or jsonb walks it from the start; an expanded one does not). The
+--     custom plan of the settlement UPDATE also read the whole partial index of
+--     outstanding runs (its statuses folded into constants proved that index usable:
+--     thousands of entries per batch in a burst), which 0015 meant to rule out. Every
+--     statement here reaches its rows by key in its generic plan
+--     (tests/integration/test_batch_sets.py, test_stable_plans.py). The setting also
+--     applies to what these functions call (the item-by-item fallbacks, row triggers):
+--     their statements were written for generic plans too.
+--   * Index-only scans: a statement reading only runs.id and runs.job_id may be planned,
+--     on tiny tables, as an index-only scan of runs_by_job (job_id, id) filtered on id --
+--     the whole index once the table grows. The settlement's run lookup also reads status,
+--     which no index holds with those two, so the primary key it is.
+-- What stays, per row, is PostgreSQL's own cost of a non-HOT UPDATE of runs (status is in
+-- the partial unique index's predicate and in runs_by_job_created, so no status change can
+-- be a HOT update): the BEFORE row triggers' tuple lock, three or four index inserts, the
+-- CHECK constraints, the WAL; and the JSON decoding of the items (json_to_recordset builds
+-- a hash table per object).
+--
+-- Nothing else changes: same names, arguments and result columns (grants kept), same
+-- refusals in the same order of precedence, same row locks in the same order (jobs in id
+-- order, then the queued runs in id order), same fencing (once per batch, 0018/0020), same
+-- ON CONFLICT on the one-outstanding-run index, same fallbacks (a batch that is not one
+-- set, or that fails, goes item by item through _claim_each / _settle_each, unchanged),
+-- same rows answered in the same order.
+--
+-- Redefined here, each from its latest definition: _claim_many (0020) and _settle_many
+-- (0015). Every function runs with enable_seqscan = off (0004).
+
+CREATE OR REPLACE FUNCTION coordinator._claim_many(
+    p_items      text,      -- [{"i": index, "job": id, "run": id|null, "at": ts|null, "v": n|null,
+                            --   "now": ts, "skip": ts|null}]
+    p_instance   text,
+    p_workers    text[],
+    p_leader_pid integer,
+    p_lock_class integer,
+    p_lock_obj   integer
+) RETURNS TABLE (
+    i                integer,
+    err_state        text,
+    err_message      text,
+    reason           text,
+    run_id           bigint,
+    trigger          text,
+    args             jsonb,
+    attempt          integer,
+    scheduled_for    timestamptz,
+    claimed_at       timestamptz,
+    namespace        text,
+    name             text,
+    schedule_kind    text,
+    schedule         text,
+    timezone         text,
+    target           jsonb,
+    params           jsonb,
+    timeout          interval,
+    priority         text,
+    idempotent       boolean,
+    schedule_version integer,
+    next_run_at      timestamptz,
+    retries          integer,
+    retry_backoff    interval,
+    retry_max_delay  interval,
+    misfire          text,
+    misfire_grace    interval,
+    recoverable      boolean,
+    cursor           jsonb,
+    count            bigint,
+    resumes          integer
+)
+LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS $$
+-- (OUT columns share names with table columns: in SQL here names mean the columns.)
+#variable_conflict use_column
+DECLARE
+    items    json := p_items::json;
+    -- The items, one array per field, in job id order (the order rows are locked in).
+    a_i      integer[];
+    a_job    bigint[];
+    a_run    bigint[];
+    a_at     timestamptz[];
+    a_v      integer[];
+    a_now    timestamptz[];
+    a_skip   timestamptz[];
+    a_why    text[];                 -- each item's refusal (NULL: granted)
+    n_items  integer;
+    n_jobs   integer;
+    n_twice  integer;                -- runs named by more than one item
+    locked   coordinator.jobs[];     -- the jobs as locked
+    queued   coordinator.runs[];     -- the items' queued runs as locked
+    claimed  coordinator.runs[] := '{}';
+    more     coordinator.runs[];
+    -- What to write: misfired deadlines (job, the deadline saved in its place); queued
+    -- runs to promote (run, its job's schedule version); paused runs to resume and new
+    -- runs to insert (job, deadline, schedule version).
+    m_job    bigint[];
+    m_skip   timestamptz[];
+    p_run    bigint[];
+    p_ver    integer[];
+    r_job    bigint[];
+    r_at     timestamptz[];
+    r_ver    integer[];
+    n_job    bigint[];
+    n_at     timestamptz[];
+    n_ver    integer[];
+BEGIN
+    -- Fencing once for the batch (each item would otherwise scan pg_locks again), under
+    -- the fence held until the batch commits (0018; see coordinator._claim).
+    IF p_leader_pid IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared(p_lock_class, p_lock_obj + 1);
+    END IF;
+    IF p_leader_pid IS NOT NULL
+       -- (CASE: the probe first, pg_locks only when it finds nobody; as in _claim.)
+       AND (CASE WHEN pg_try_advisory_xact_lock_shared(p_lock_class, -p_leader_pid)
+                 THEN NOT EXISTS (
+                     SELECT 1 FROM pg_locks l
+                      WHERE l.locktype = 'advisory' AND l.pid = p_leader_pid AND l.granted
+                        AND l.classid = p_lock_class::oid AND l.objid = p_lock_obj::oid
+                        AND l.objsubid = 2)
+                 ELSE false END)
+    THEN
+        RETURN QUERY SELECT x.i, NULL::text, NULL::text, 'fenced'::text, NULL::bigint,
+                            NULL::text, NULL::jsonb, NULL::integer, NULL::timestamptz,
+                            NULL::timestamptz, NULL::text, NULL::text, NULL::text, NULL::text,
+                            NULL::text, NULL::jsonb, NULL::jsonb, NULL::interval, NULL::text,
+                            NULL::boolean, NULL::integer, NULL::timestamptz,
+                            NULL::integer, NULL::interval, NULL::interval, NULL::text,
+                            NULL::interval, NULL::boolean, NULL::jsonb, NULL::bigint,
+                            NULL::integer
+                       FROM json_to_recordset(items) AS x(i integer);
+        RETURN;
+    END IF;
+
+    -- (In the order they came: the rows are locked below in job id order whatever
+    -- this order is, and the answer is sorted at the end.)
+    SELECT array_agg(x.i), array_agg(x.job), array_agg(x.run), array_agg(x.at),
+           array_agg(x.v), array_agg(x.now), array_agg(x.skip), count(*), count(DISTINCT x.job),
+           count(x.run) - count(DISTINCT x.run)
+      INTO a_i, a_job, a_run, a_at, a_v, a_now, a_skip, n_items, n_jobs, n_twice
+      FROM json_to_recordset(items)
+           AS x(i integer, job bigint, run bigint, at timestamptz, v integer,
+                now timestamptz, skip timestamptz);
+    IF n_items = 0 THEN
+        RETURN;
+    END IF;
+
+    -- Optimistically, the whole batch in one go; if any item fails, the batch is rolled
+    -- back to here and done again item by item, each in a subtransaction of its own
+    -- (a subtransaction per item costs more than the batch: only pay it when needed).
+    BEGIN
+        IF n_items = 1 OR n_jobs < n_items OR n_twice > 0 THEN
+            -- One item (a lone trigger on an idle daemon: the set-based statements' fixed
+            -- cost, ~2 ms, would be its latency), two items of one job or run (the second
+            -- sees what the first did), or an item without a job: item by item, as before.
+            RETURN QUERY SELECT * FROM coordinator._claim_each(items, p_instance, p_workers,
+                                                               false);
+            RETURN;
+        END IF;
+
+        -- The jobs' row locks, in job id order; then the queued runs' (each only if it is
+        -- its item's job's, as _claim locks it). Both read as locked.
+        SELECT coalesce(array_agg(s.j), '{}') INTO locked
+          FROM (SELECT j FROM coordinator.jobs j WHERE j.id = ANY (a_job) ORDER BY j.id
+                   FOR NO KEY UPDATE OF j) s;
+        IF cardinality(array_remove(a_run, NULL)) > 0 THEN
+            SELECT coalesce(array_agg(s.r), '{}') INTO queued
+              FROM (SELECT r FROM coordinator.runs r
+                     WHERE r.id = ANY (a_run)
+                       AND r.job_id = a_job[array_position(a_run, r.id)]
+                     ORDER BY r.id FOR UPDATE OF r) s;
+        ELSE
+            queued := '{}';
+        END IF;
+
+        -- Each item's outcome, as _claim decides it, from the rows as locked; and what to
+        -- write for it.
+        SELECT array_agg(d.why ORDER BY d.o),
+               array_agg(d.job) FILTER (WHERE d.why = 'misfire'),
+               array_agg(d.skip) FILTER (WHERE d.why = 'misfire'),
+               array_agg(d.run) FILTER (WHERE d.why IS NULL AND d.run IS NOT NULL),
+               array_agg(d.ver) FILTER (WHERE d.why IS NULL AND d.run IS NOT NULL),
+               array_agg(d.job) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND d.held),
+               array_agg(d.at) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND d.held),
+               array_agg(d.ver) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND d.held),
+               array_agg(d.job) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND NOT d.held),
+               array_agg(d.at) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND NOT d.held),
+               array_agg(d.ver) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND NOT d.held)
+          INTO a_why, m_job, m_skip, p_run, p_ver, r_job, r_at, r_ver, n_job, n_at, n_ver
+          FROM (
+            SELECT x.o, x.job, x.run, x.at, x.skip, j.schedule_version AS ver,
+                   CASE
+                       WHEN j.id IS NULL THEN 'gone'
+                       WHEN x.run IS NOT NULL AND r.id IS NULL THEN 'gone'
+                       WHEN x.run IS NOT NULL AND r.status <> 'queued' THEN 'not_queued'
+                       WHEN j.paused THEN 'paused'
+                       WHEN j.invalid_reason IS NOT NULL THEN 'invalid'
+                       WHEN x.run IS NOT NULL
+                            AND r.due_at > coalesce(x.at, x.now, now()) THEN 'not_due'
+                       WHEN x.run IS NULL AND j.schedule_version <> x.v THEN 'version'
+                       -- (Not compared with now(): the daemon's clock decided the
+                       -- deadline is due, and a database clock a little behind must not
+                       -- refuse it.)
+                       WHEN x.run IS NULL AND j.next_run_at IS DISTINCT FROM x.at THEN 'deadline'
+                       WHEN x.run IS NULL AND j.misfire = 'skip'
+                            AND x.now - x.at > j.misfire_grace THEN 'misfire'
+                       WHEN j.target->>'kind' = 'worker'
+                            AND NOT ((j.target->>'type') = ANY (coalesce(p_workers, '{}')))
+                            THEN 'unavailable'
+                   END AS why,
+                   -- A deadline of a job whose run is paused resumes that run.
+                   x.run IS NULL AND j.id IS NOT NULL AND EXISTS (
+                       SELECT 1 FROM coordinator.runs p
+                        WHERE p.job_id = x.job AND p.status = 'paused') AS held
+              FROM unnest(a_job, a_run, a_at, a_v, a_now, a_skip) WITH ORDINALITY
+                   AS x(job, run, at, v, now, skip, o)
+              LEFT JOIN unnest(locked) AS j ON j.id = x.job
+              LEFT JOIN unnest(queued) AS r ON r.id = x.run AND r.job_id = x.job
+            -- (OFFSET 0: each item's outcome computed once, not once per aggregate.)
+            OFFSET 0
+          ) d;
+
+        -- A misfired deadline: the one after the daemon's clock is saved in its place.
+        IF m_job IS NOT NULL THEN
+            UPDATE coordinator.jobs
+               SET next_run_at = m_skip[array_position(m_job, jobs.id)], updated_at = now()
+             WHERE jobs.id = ANY (m_job);
+        END IF;
+
+        -- Queued manual and retry runs: promoted. (A queued run that started before is a
+        -- resume, a trigger of a paused run: it keeps its first start.)
+        IF p_run IS NOT NULL THEN
+            WITH u AS (
+                UPDATE coordinator.runs
+                   SET status = 'running', claimed_at = now(),
+                       started_at = coalesce(runs.started_at, now()),
+                       instance = p_instance,
+                       schedule_version = p_ver[array_position(p_run, runs.id)],
+                       resumes = runs.resumes
+                                 + CASE WHEN runs.started_at IS NULL THEN 0 ELSE 1 END,
+                       paused_at = NULL, error_cause = NULL, error_message = NULL
+                 WHERE runs.id = ANY (p_run)
+                RETURNING runs
+            )
+            SELECT claimed || coalesce(array_agg(u.runs), '{}') INTO claimed FROM u;
+        END IF;
+
+        -- Deadlines of jobs whose run is paused: the tick resumes it; it serves this
+        -- deadline now.
+        IF r_job IS NOT NULL THEN
+            WITH u AS (
+                UPDATE coordinator.runs
+                   SET status = 'running', claimed_at = now(), instance = p_instance,
+                       schedule_version = r_ver[array_position(r_job, runs.job_id)],
+                       scheduled_for = r_at[array_position(r_job, runs.job_id)],
+                       resumes = runs.resumes + 1, paused_at = NULL, error_cause = NULL,
+                       error_message = NULL
+                 WHERE runs.job_id = ANY (r_job) AND runs.status = 'paused'
+                RETURNING runs
+            )
+            SELECT coalesce(array_agg(u.runs), '{}') INTO more FROM u;
+            claimed := claimed || more;
+            IF cardinality(more) < cardinality(r_job) THEN
+                -- A paused run changed meanwhile (cancelled, say): a new run instead, as
+                -- _claim would find no paused run and insert one.
+                SELECT n_job || array_agg(x.job), n_at || array_agg(x.at),
+                       n_ver || array_agg(x.ver)
+                  INTO n_job, n_at, n_ver
+                  FROM unnest(r_job, r_at, r_ver) AS x(job, at, ver)
+                 WHERE NOT EXISTS (SELECT 1 FROM unnest(more) AS m WHERE m.job_id = x.job);
+            END IF;
+        END IF;
+
+        -- Other deadlines: a new run, unless one is outstanding (the partial unique index
+        -- decides, whatever races).
+        IF n_job IS NOT NULL THEN
+            WITH u AS (
+                INSERT INTO coordinator.runs AS n (job_id, trigger, status, scheduled_for,
+                                                   claimed_at, started_at, schedule_version,
+                                                   instance)
+                SELECT x.job, 'schedule', 'running', x.at, now(), now(), x.ver, p_instance
+                  FROM unnest(n_job, n_at, n_ver) AS x(job, at, ver)
+                 ORDER BY x.job
+                ON CONFLICT (job_id)
+                   WHERE status IN ('queued', 'pending', 'running', 'unresolved',
+                                    'cancel_requested', 'paused')
+                DO NOTHING
+                RETURNING n
+            )
+            SELECT claimed || coalesce(array_agg(u.n), '{}') INTO claimed FROM u;
+        END IF;
+
+        RETURN QUERY
+        SELECT x.i, NULL::text, NULL::text,
+               CASE WHEN x.why IS NULL AND c.id IS NULL THEN 'outstanding' ELSE x.why END,
+               c.id, c.trigger, c.args, c.attempt,
+               CASE WHEN x.why = 'misfire' THEN x.at ELSE c.scheduled_for END,
+               c.claimed_at,
+               CASE WHEN c.id IS NOT NULL THEN j.namespace END,
+               CASE WHEN c.id IS NOT NULL THEN j.name END,
+               CASE WHEN c.id IS NOT NULL THEN j.schedule_kind END,
+               CASE WHEN c.id IS NOT NULL THEN j.schedule END,
+               CASE WHEN c.id IS NOT NULL THEN j.timezone END,
+               CASE WHEN c.id IS NOT NULL THEN j.target END,
+               CASE WHEN c.id IS NOT NULL THEN j.params END,
+               CASE WHEN c.id IS NOT NULL THEN j.timeout END,
+               CASE WHEN c.id IS NOT NULL THEN j.priority END,
+               CASE WHEN c.id IS NOT NULL THEN j.idempotent END,
+               CASE WHEN c.id IS NOT NULL OR x.why = 'misfire' THEN j.schedule_version END,
+               CASE WHEN x.why = 'misfire' THEN x.skip
+                    WHEN c.id IS NOT NULL THEN j.next_run_at END,
+               CASE WHEN c.id IS NOT NULL THEN j.retries END,
+               CASE WHEN c.id IS NOT NULL THEN j.retry_backoff END,
+               CASE WHEN c.id IS NOT NULL THEN j.retry_max_delay END,
+               CASE WHEN c.id IS NOT NULL THEN j.misfire END,
+               CASE WHEN c.id IS NOT NULL THEN j.misfire_grace END,
+               CASE WHEN c.id IS NOT NULL THEN j.recoverable END,
+               c.cursor, c.count, c.resumes
+          FROM unnest(a_i, a_job, a_at, a_skip, a_why) AS x(i, job, at, skip, why)
+          LEFT JOIN unnest(claimed) AS c ON c.job_id = x.job
+          LEFT JOIN unnest(locked) AS j ON j.id = x.job
+         -- (The order of 0015: by job, then item.)
+         ORDER BY x.job, x.i;
+    EXCEPTION WHEN others THEN
+        RETURN QUERY SELECT * FROM coordinator._claim_each(items, p_instance, p_workers, true);
+    END;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION coordinator._settle_many(
     p_items text  -- [{"i", "run", "status", "started", "finished", "count", "extra",
                   --   "cause", "message", "v", "next", "category", "retryable", "jitter",
@@ -25,11 +379,11 @@ DECLARE
     -- A parameter, not constants: see 0015.
     settleable  text[] := '{running,pending,cancel_requested}';
     waiting     text[] := '{queued}';
-    -- The items, one array per field, in the order they came (the rows are locked by
-    -- the statements below in job id order whatever this order is).
     f_id        bigint[];             -- the items' runs that exist, and their jobs
     f_job       bigint[];
     n_seen      bigint;               -- (unused: see the first statement)
+    -- The items, one array per field, in the order they came (the rows are locked by
+    -- the statements below in job id order whatever this order is).
     a_i         integer[];
     a_run       bigint[];
     a_job       bigint[];             -- the run's job (NULL: no such run)
@@ -306,347 +660,6 @@ BEGIN
          ORDER BY x.job, x.i;
     EXCEPTION WHEN others THEN
         RETURN QUERY SELECT * FROM coordinator._settle_each(p_items::json, true);
-    END;
-END
-$$;
-CREATE OR REPLACE FUNCTION coordinator._claim_many(
-    p_items      text,      -- [{"i": index, "job": id, "run": id|null, "at": ts|null, "v": n|null,
-                            --   "now": ts, "skip": ts|null}]
-    p_instance   text,
-    p_workers    text[],
-    p_leader_pid integer,
-    p_lock_class integer,
-    p_lock_obj   integer
-) RETURNS TABLE (
-    i                integer,
-    err_state        text,
-    err_message      text,
-    reason           text,
-    run_id           bigint,
-    trigger          text,
-    args             jsonb,
-    attempt          integer,
-    scheduled_for    timestamptz,
-    claimed_at       timestamptz,
-    namespace        text,
-    name             text,
-    schedule_kind    text,
-    schedule         text,
-    timezone         text,
-    target           jsonb,
-    params           jsonb,
-    timeout          interval,
-    priority         text,
-    idempotent       boolean,
-    schedule_version integer,
-    next_run_at      timestamptz,
-    retries          integer,
-    retry_backoff    interval,
-    retry_max_delay  interval,
-    misfire          text,
-    misfire_grace    interval,
-    recoverable      boolean,
-    cursor           jsonb,
-    count            bigint,
-    resumes          integer
-)
-LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS $$
--- (OUT columns share names with table columns: in SQL here names mean the columns.)
-#variable_conflict use_column
-DECLARE
-    items    json := p_items::json;
-    -- The items, one array per field, in job id order (the order rows are locked in).
-    a_i      integer[];
-    a_job    bigint[];
-    a_run    bigint[];
-    a_at     timestamptz[];
-    a_v      integer[];
-    a_now    timestamptz[];
-    a_skip   timestamptz[];
-    a_why    text[];                 -- each item's refusal (NULL: granted)
-    n_items  integer;
-    n_jobs   integer;
-    n_twice  integer;                -- runs named by more than one item
-    locked   coordinator.jobs[];     -- the jobs as locked
-    -- The items' queued runs as locked (what is read of them).
-    q_id     bigint[];
-    q_job    bigint[];
-    q_status text[];
-    q_due    timestamptz[];
-    -- The runs claimed (what is answered of them).
-    c_id      bigint[] := '{}';
-    c_job     bigint[] := '{}';
-    c_trigger text[] := '{}';
-    c_args    jsonb[] := '{}';
-    c_attempt integer[] := '{}';
-    c_sched   timestamptz[] := '{}';
-    c_claimed timestamptz[] := '{}';
-    c_cursor  jsonb[] := '{}';
-    c_count   bigint[] := '{}';
-    c_resumes integer[] := '{}';
-    more     bigint[];               -- the jobs whose paused run was resumed
-    -- What to write: misfired deadlines (job, the deadline saved in its place); queued
-    -- runs to promote (run, its job's schedule version); paused runs to resume and new
-    -- runs to insert (job, deadline, schedule version).
-    m_job    bigint[];
-    m_skip   timestamptz[];
-    p_run    bigint[];
-    p_ver    integer[];
-    r_job    bigint[];
-    r_at     timestamptz[];
-    r_ver    integer[];
-    n_job    bigint[];
-    n_at     timestamptz[];
-    n_ver    integer[];
-BEGIN
-    -- Fencing once for the batch (each item would otherwise scan pg_locks again), under
-    -- the fence held until the batch commits (0018; see coordinator._claim).
-    IF p_leader_pid IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock_shared(p_lock_class, p_lock_obj + 1);
-    END IF;
-    IF p_leader_pid IS NOT NULL
-       -- (CASE: the probe first, pg_locks only when it finds nobody; as in _claim.)
-       AND (CASE WHEN pg_try_advisory_xact_lock_shared(p_lock_class, -p_leader_pid)
-                 THEN NOT EXISTS (
-                     SELECT 1 FROM pg_locks l
-                      WHERE l.locktype = 'advisory' AND l.pid = p_leader_pid AND l.granted
-                        AND l.classid = p_lock_class::oid AND l.objid = p_lock_obj::oid
-                        AND l.objsubid = 2)
-                 ELSE false END)
-    THEN
-        RETURN QUERY SELECT x.i, NULL::text, NULL::text, 'fenced'::text, NULL::bigint,
-                            NULL::text, NULL::jsonb, NULL::integer, NULL::timestamptz,
-                            NULL::timestamptz, NULL::text, NULL::text, NULL::text, NULL::text,
-                            NULL::text, NULL::jsonb, NULL::jsonb, NULL::interval, NULL::text,
-                            NULL::boolean, NULL::integer, NULL::timestamptz,
-                            NULL::integer, NULL::interval, NULL::interval, NULL::text,
-                            NULL::interval, NULL::boolean, NULL::jsonb, NULL::bigint,
-                            NULL::integer
-                       FROM json_to_recordset(items) AS x(i integer);
-        RETURN;
-    END IF;
-
-    -- (In the order they came: the rows are locked below in job id order whatever
-    -- this order is, and the answer is sorted at the end.)
-    SELECT array_agg(x.i), array_agg(x.job), array_agg(x.run), array_agg(x.at),
-           array_agg(x.v), array_agg(x.now), array_agg(x.skip), count(*), count(DISTINCT x.job),
-           count(x.run) - count(DISTINCT x.run)
-      INTO a_i, a_job, a_run, a_at, a_v, a_now, a_skip, n_items, n_jobs, n_twice
-      FROM json_to_recordset(items)
-           AS x(i integer, job bigint, run bigint, at timestamptz, v integer,
-                now timestamptz, skip timestamptz);
-    IF n_items = 0 THEN
-        RETURN;
-    END IF;
-
-    -- Optimistically, the whole batch in one go; if any item fails, the batch is rolled
-    -- back to here and done again item by item, each in a subtransaction of its own
-    -- (a subtransaction per item costs more than the batch: only pay it when needed).
-    BEGIN
-        IF n_items = 1 OR n_jobs < n_items OR n_twice > 0 THEN
-            -- One item (a lone trigger on an idle daemon: the set-based statements' fixed
-            -- cost, ~2 ms, would be its latency), two items of one job or run (the second
-            -- sees what the first did), or an item without a job: item by item, as before.
-            RETURN QUERY SELECT * FROM coordinator._claim_each(items, p_instance, p_workers,
-                                                               false);
-            RETURN;
-        END IF;
-
-        -- The jobs' row locks, in job id order; then the queued runs' (each only if it is
-        -- its item's job's, as _claim locks it). Both read as locked.
-        SELECT coalesce(array_agg(s.j), '{}') INTO locked
-          FROM (SELECT j FROM coordinator.jobs j WHERE j.id = ANY (a_job) ORDER BY j.id
-                   FOR NO KEY UPDATE OF j) s;
-        IF cardinality(array_remove(a_run, NULL)) > 0 THEN
-            SELECT array_agg(s.id), array_agg(s.job_id), array_agg(s.status),
-                   array_agg(s.due_at)
-              INTO q_id, q_job, q_status, q_due
-              FROM (SELECT r.id, r.job_id, r.status, r.due_at FROM coordinator.runs r
-                     WHERE r.id = ANY (a_run)
-                       AND r.job_id = a_job[array_position(a_run, r.id)]
-                     ORDER BY r.id FOR UPDATE OF r) s;
-        END IF;
-
-        -- Each item's outcome, as _claim decides it, from the rows as locked; and what to
-        -- write for it.
-        SELECT array_agg(d.why ORDER BY d.o),
-               array_agg(d.job) FILTER (WHERE d.why = 'misfire'),
-               array_agg(d.skip) FILTER (WHERE d.why = 'misfire'),
-               array_agg(d.run) FILTER (WHERE d.why IS NULL AND d.run IS NOT NULL),
-               array_agg(d.ver) FILTER (WHERE d.why IS NULL AND d.run IS NOT NULL),
-               array_agg(d.job) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND d.held),
-               array_agg(d.at) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND d.held),
-               array_agg(d.ver) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND d.held),
-               array_agg(d.job) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND NOT d.held),
-               array_agg(d.at) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND NOT d.held),
-               array_agg(d.ver) FILTER (WHERE d.why IS NULL AND d.run IS NULL AND NOT d.held)
-          INTO a_why, m_job, m_skip, p_run, p_ver, r_job, r_at, r_ver, n_job, n_at, n_ver
-          FROM (
-            SELECT x.o, x.job, x.run, x.at, x.skip, j.schedule_version AS ver,
-                   CASE
-                       WHEN j.id IS NULL THEN 'gone'
-                       WHEN x.run IS NOT NULL AND r.id IS NULL THEN 'gone'
-                       WHEN x.run IS NOT NULL AND r.status <> 'queued' THEN 'not_queued'
-                       WHEN j.paused THEN 'paused'
-                       WHEN j.invalid_reason IS NOT NULL THEN 'invalid'
-                       WHEN x.run IS NOT NULL
-                            AND r.due_at > coalesce(x.at, x.now, now()) THEN 'not_due'
-                       WHEN x.run IS NULL AND j.schedule_version <> x.v THEN 'version'
-                       -- (Not compared with now(): the daemon's clock decided the
-                       -- deadline is due, and a database clock a little behind must not
-                       -- refuse it.)
-                       WHEN x.run IS NULL AND j.next_run_at IS DISTINCT FROM x.at THEN 'deadline'
-                       WHEN x.run IS NULL AND j.misfire = 'skip'
-                            AND x.now - x.at > j.misfire_grace THEN 'misfire'
-                       WHEN j.target->>'kind' = 'worker'
-                            AND NOT ((j.target->>'type') = ANY (coalesce(p_workers, '{}')))
-                            THEN 'unavailable'
-                   END AS why,
-                   -- A deadline of a job whose run is paused resumes that run.
-                   x.run IS NULL AND j.id IS NOT NULL AND EXISTS (
-                       SELECT 1 FROM coordinator.runs p
-                        WHERE p.job_id = x.job AND p.status = 'paused') AS held
-              FROM unnest(a_job, a_run, a_at, a_v, a_now, a_skip) WITH ORDINALITY
-                   AS x(job, run, at, v, now, skip, o)
-              LEFT JOIN unnest(locked) AS j ON j.id = x.job
-              LEFT JOIN unnest(q_id, q_job, q_status, q_due) AS r(id, job_id, status, due_at)
-                     ON r.id = x.run AND r.job_id = x.job
-            -- (OFFSET 0: each item's outcome computed once, not once per aggregate.)
-            OFFSET 0
-          ) d;
-
-        -- A misfired deadline: the one after the daemon's clock is saved in its place.
-        IF m_job IS NOT NULL THEN
-            UPDATE coordinator.jobs
-               SET next_run_at = m_skip[array_position(m_job, jobs.id)], updated_at = now()
-             WHERE jobs.id = ANY (m_job);
-        END IF;
-
-        -- Queued manual and retry runs: promoted. (A queued run that started before is a
-        -- resume, a trigger of a paused run: it keeps its first start.)
-        IF p_run IS NOT NULL THEN
-            WITH u AS (
-                UPDATE coordinator.runs
-                   SET status = 'running', claimed_at = now(),
-                       started_at = coalesce(runs.started_at, now()),
-                       instance = p_instance,
-                       schedule_version = p_ver[array_position(p_run, runs.id)],
-                       resumes = runs.resumes
-                                 + CASE WHEN runs.started_at IS NULL THEN 0 ELSE 1 END,
-                       paused_at = NULL, error_cause = NULL, error_message = NULL
-                 WHERE runs.id = ANY (p_run)
-                RETURNING runs.id, runs.job_id, runs.trigger, runs.args, runs.attempt,
-                          runs.scheduled_for, runs.claimed_at, runs.cursor, runs.count,
-                          runs.resumes
-            )
-            SELECT c_id || array_agg(u.id), c_job || array_agg(u.job_id),
-                   c_trigger || array_agg(u.trigger), c_args || array_agg(u.args),
-                   c_attempt || array_agg(u.attempt), c_sched || array_agg(u.scheduled_for),
-                   c_claimed || array_agg(u.claimed_at), c_cursor || array_agg(u.cursor),
-                   c_count || array_agg(u.count), c_resumes || array_agg(u.resumes)
-              INTO c_id, c_job, c_trigger, c_args, c_attempt, c_sched, c_claimed, c_cursor, c_count, c_resumes
-              FROM u;
-        END IF;
-
-        -- Deadlines of jobs whose run is paused: the tick resumes it; it serves this
-        -- deadline now.
-        IF r_job IS NOT NULL THEN
-            WITH u AS (
-                UPDATE coordinator.runs
-                   SET status = 'running', claimed_at = now(), instance = p_instance,
-                       schedule_version = r_ver[array_position(r_job, runs.job_id)],
-                       scheduled_for = r_at[array_position(r_job, runs.job_id)],
-                       resumes = runs.resumes + 1, paused_at = NULL, error_cause = NULL,
-                       error_message = NULL
-                 WHERE runs.job_id = ANY (r_job) AND runs.status = 'paused'
-                RETURNING runs.id, runs.job_id, runs.trigger, runs.args, runs.attempt,
-                          runs.scheduled_for, runs.claimed_at, runs.cursor, runs.count,
-                          runs.resumes
-            )
-            SELECT c_id || array_agg(u.id), c_job || array_agg(u.job_id),
-                   c_trigger || array_agg(u.trigger), c_args || array_agg(u.args),
-                   c_attempt || array_agg(u.attempt), c_sched || array_agg(u.scheduled_for),
-                   c_claimed || array_agg(u.claimed_at), c_cursor || array_agg(u.cursor),
-                   c_count || array_agg(u.count), c_resumes || array_agg(u.resumes),
-                   coalesce(array_agg(u.job_id), '{}')
-              INTO c_id, c_job, c_trigger, c_args, c_attempt, c_sched, c_claimed, c_cursor, c_count, c_resumes,
-                   more
-              FROM u;
-            IF cardinality(more) < cardinality(r_job) THEN
-                -- A paused run changed meanwhile (cancelled, say): a new run instead, as
-                -- _claim would find no paused run and insert one.
-                SELECT n_job || array_agg(x.job), n_at || array_agg(x.at),
-                       n_ver || array_agg(x.ver)
-                  INTO n_job, n_at, n_ver
-                  FROM unnest(r_job, r_at, r_ver) AS x(job, at, ver)
-                 WHERE NOT (x.job = ANY (more));
-            END IF;
-        END IF;
-
-        -- Other deadlines: a new run, unless one is outstanding (the partial unique index
-        -- decides, whatever races).
-        IF n_job IS NOT NULL THEN
-            WITH u AS (
-                INSERT INTO coordinator.runs AS n (job_id, trigger, status, scheduled_for,
-                                                   claimed_at, started_at, schedule_version,
-                                                   instance)
-                SELECT x.job, 'schedule', 'running', x.at, now(), now(), x.ver, p_instance
-                  FROM unnest(n_job, n_at, n_ver) AS x(job, at, ver)
-                 ORDER BY x.job
-                ON CONFLICT (job_id)
-                   WHERE status IN ('queued', 'pending', 'running', 'unresolved',
-                                    'cancel_requested', 'paused')
-                DO NOTHING
-                RETURNING n.id, n.job_id, n.trigger, n.args, n.attempt,
-                          n.scheduled_for, n.claimed_at, n.cursor, n.count,
-                          n.resumes
-            )
-            SELECT c_id || array_agg(u.id), c_job || array_agg(u.job_id),
-                   c_trigger || array_agg(u.trigger), c_args || array_agg(u.args),
-                   c_attempt || array_agg(u.attempt), c_sched || array_agg(u.scheduled_for),
-                   c_claimed || array_agg(u.claimed_at), c_cursor || array_agg(u.cursor),
-                   c_count || array_agg(u.count), c_resumes || array_agg(u.resumes)
-              INTO c_id, c_job, c_trigger, c_args, c_attempt, c_sched, c_claimed, c_cursor, c_count, c_resumes
-              FROM u;
-        END IF;
-
-        RETURN QUERY
-        SELECT x.i, NULL::text, NULL::text,
-               CASE WHEN x.why IS NULL AND c.id IS NULL THEN 'outstanding' ELSE x.why END,
-               c.id, c.trigger, c.args, c.attempt,
-               CASE WHEN x.why = 'misfire' THEN x.at ELSE c.scheduled_for END,
-               c.claimed_at,
-               CASE WHEN c.id IS NOT NULL THEN j.namespace END,
-               CASE WHEN c.id IS NOT NULL THEN j.name END,
-               CASE WHEN c.id IS NOT NULL THEN j.schedule_kind END,
-               CASE WHEN c.id IS NOT NULL THEN j.schedule END,
-               CASE WHEN c.id IS NOT NULL THEN j.timezone END,
-               CASE WHEN c.id IS NOT NULL THEN j.target END,
-               CASE WHEN c.id IS NOT NULL THEN j.params END,
-               CASE WHEN c.id IS NOT NULL THEN j.timeout END,
-               CASE WHEN c.id IS NOT NULL THEN j.priority END,
-               CASE WHEN c.id IS NOT NULL THEN j.idempotent END,
-               CASE WHEN c.id IS NOT NULL OR x.why = 'misfire' THEN j.schedule_version END,
-               CASE WHEN x.why = 'misfire' THEN x.skip
-                    WHEN c.id IS NOT NULL THEN j.next_run_at END,
-               CASE WHEN c.id IS NOT NULL THEN j.retries END,
-               CASE WHEN c.id IS NOT NULL THEN j.retry_backoff END,
-               CASE WHEN c.id IS NOT NULL THEN j.retry_max_delay END,
-               CASE WHEN c.id IS NOT NULL THEN j.misfire END,
-               CASE WHEN c.id IS NOT NULL THEN j.misfire_grace END,
-               CASE WHEN c.id IS NOT NULL THEN j.recoverable END,
-               c.cursor, c.count, c.resumes
-          FROM unnest(a_i, a_job, a_at, a_skip, a_why) AS x(i, job, at, skip, why)
-          LEFT JOIN unnest(c_id, c_job, c_trigger, c_args, c_attempt, c_sched, c_claimed,
-                           c_cursor, c_count, c_resumes)
-                    AS c(id, job_id, trigger, args, attempt, scheduled_for, claimed_at, cursor,
-                         count, resumes)
-                    ON c.job_id = x.job
-          LEFT JOIN unnest(locked) AS j ON j.id = x.job
-         -- (The order of 0015: by job, then item.)
-         ORDER BY x.job, x.i;
-    EXCEPTION WHEN others THEN
-        RETURN QUERY SELECT * FROM coordinator._claim_each(items, p_instance, p_workers, true);
     END;
 END
 $$;
