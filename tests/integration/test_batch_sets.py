@@ -492,6 +492,55 @@ async def test_a_set_based_batch_reads_its_own_rows_whatever_the_statistics_said
         await aio(observer.close)()
 
 
+async def test_batches_read_their_own_rows_while_many_runs_are_outstanding(
+    conn: asyncpg.Connection, database: str
+) -> None:
+    # A burst: thousands of queued runs, more than the statistics (taken before) say. A
+    # plan made again for each call's values (a custom plan: the PL/pgSQL arrays and the
+    # settleable statuses as constants) found the partial index of outstanding runs usable
+    # for the settlement's UPDATE and read all of it, every batch, instead of the batch's
+    # runs by key (fixed in migrations/0021). Ten batches: the plan cache has chosen.
+    daemon = await aio(asyncpg.connect)(
+        database,
+        server_settings={"application_name": "tests-daemon", "coordinator.origin": "daemon"},
+    )
+    observer = await aio(asyncpg.connect)(database)
+    try:
+        await aio(conn.execute)(
+            "ALTER TABLE coordinator.jobs SET (autovacuum_enabled = off);"
+            "ALTER TABLE coordinator.runs SET (autovacuum_enabled = off);"
+            "ANALYZE coordinator.jobs; ANALYZE coordinator.runs;"
+        )
+        rows = await aio(conn.fetch)(
+            """
+            WITH j AS (
+                INSERT INTO coordinator.jobs (name, schedule_kind, target)
+                SELECT 'burst' || g, 'manual', '{"kind": "exec", "argv": ["true"]}'
+                  FROM generate_series(1, 2200) g RETURNING id)
+            INSERT INTO coordinator.runs (job_id, trigger, status)
+            SELECT id, 'manual', 'queued' FROM j ORDER BY id RETURNING job_id, id
+            """
+        )
+        pairs = sorted((r["job_id"], r["id"]) for r in rows)
+        size = 20
+        for start in range(0, 10 * size, size):  # ten batches of twenty
+            batch = pairs[start : start + size]
+            claims = [dict(claim_item(j, r), i=n) for n, (j, r) in enumerate(batch)]
+            settles = [
+                dict(settle_item(r), i=n, v=None, next=None) for n, (_, r) in enumerate(batch)
+            ]
+            before = await _rows_read([conn, daemon], observer)
+            got = await aio(daemon.fetch)(CLAIM_MANY, json.dumps(claims), "test", WORKERS)
+            assert all(g["reason"] is None and g["err_state"] is None for g in got), got
+            got = await aio(daemon.fetch)(SETTLE_MANY, json.dumps(settles))
+            assert all(g["outcome"] == "saved" for g in got), got
+            read = await _rows_read([conn, daemon], observer) - before
+            assert 0 < read < size * 20, (start, read)  # the outstanding runs: 2,000+
+    finally:
+        await aio(daemon.close)()
+        await aio(observer.close)()
+
+
 async def test_a_paused_run_changed_while_the_batch_waits_for_it_gives_way_to_a_new_run(
     conn: asyncpg.Connection, database: str, nursery: Any
 ) -> None:
