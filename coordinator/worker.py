@@ -367,8 +367,12 @@ class Context:
         self._later.append(scope)
 
         async def later() -> None:
-            with scope:
-                await send()
+            try:
+                with scope:
+                    await send()
+            finally:
+                if scope in self._later:  # (a call reporting for hours keeps at most two)
+                    self._later.remove(scope)
 
         self._nursery.start_soon(later)
 

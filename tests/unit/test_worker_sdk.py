@@ -431,6 +431,37 @@ async def test_a_calls_delayed_sends_end_with_it(sock_path: Path) -> None:
             nursery.cancel_scope.cancel()
 
 
+async def test_a_long_call_keeps_no_finished_delayed_sends(sock_path: Path) -> None:
+    """Each held-back progress starts a delayed send; one that has sent is forgotten, so a
+    call that reports for hours does not pile them up."""
+    kept: list[int] = []
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        for i in range(5):
+            await ctx.progress(10 * i)
+            await ctx.progress(10 * i + 5)  # held back: a delayed send starts
+            await trio.sleep(PROGRESS_SPACING * 2.5)  # ... and sends it meanwhile
+            kept.append(len(ctx._later))
+        return 1
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            percents = []
+            while (message := await peer.recv()) is not None and message["type"] == "progress":
+                percents.append(message["percent"])
+            assert message is not None
+            assert message["type"] == "result"
+            assert percents == [p for i in range(5) for p in (10 * i, 10 * i + 5)]
+            assert kept == [0, 0, 0, 0, 0]
+            nursery.cancel_scope.cancel()
+
+
 # -- cancel, capacity, unknown types ---------------------------------------------------------
 
 
