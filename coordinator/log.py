@@ -67,8 +67,9 @@ def _logfmt_value(value: Any) -> str:
 
 #: The JSON format's encoder (one object: ``json.dumps`` with options builds one per call).
 _JSON: Final = json.JSONEncoder(default=str, separators=(",", ":"))
-#: The last second formatted by :func:`_timestamp`: (second, its text up to the seconds).
-_SECOND: list[Any] = [None, ""]
+#: The last second formatted by :func:`_timestamp`: (second, its text up to the seconds),
+#: replaced whole (a thread that logs reads one pair or the other, never half of each).
+_second: tuple[int, str] = (-(2**62), "")
 
 
 def _timestamp(now: float) -> str:
@@ -82,10 +83,12 @@ def _timestamp(now: float) -> str:
         second, micro = second + 1, micro - 1_000_000
     elif micro < 0:
         second, micro = second - 1, micro + 1_000_000
-    if second != _SECOND[0]:
-        _SECOND[1] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        _SECOND[0] = second
-    return f"{_SECOND[1]}.{micro // 1000:03d}+00:00"
+    global _second
+    known, text = _second
+    if second != known:
+        text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _second = (second, text)
+    return f"{text}.{micro // 1000:03d}+00:00"
 
 
 def _record(now: float, level: Level, name: str, fields: Mapping[str, Any]) -> dict[str, Any]:
