@@ -801,6 +801,24 @@ def _dumps(value: Any) -> bytes:
     return _ENCODER.encode(value).encode()
 
 
+#: A handler's free-form ``extra``: anything JSON cannot say (datetimes, decimals, ...)
+#: becomes its ``str()``.
+_LENIENT: Final = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str
+)
+
+
+def encode_success(run: int, count: int | None, extra: dict[str, Any] | None) -> bytes:
+    """A successful ``result`` line whose ``extra`` is encoded leniently (values JSON
+    cannot say as their ``str()``), and once: the SDK used to encode it to check it,
+    decode that, and encode the line again, a third of a no-op call's time. Raises
+    like :func:`encode`."""
+    line = encode(Result(run=run, ok=True, count=count))
+    if not extra:
+        return line
+    return b'%s,"extra":%s}\n' % (line[:-2], _LENIENT.encode(extra).encode())
+
+
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 

@@ -98,6 +98,7 @@ from .protocol import (
     Welcome,
     default_socket_path,
     encode,
+    encode_success,
     gather_lines,
     is_loopback,
     parse_from_daemon,
@@ -932,10 +933,8 @@ def _result(run_id: int, value: object) -> Result | bytes:
                 "a handler returns None, a count, (count, extra) or a dict, "
                 f"not {type(value).__name__}"
             )
-        if extra is not None:
-            # Anything JSON cannot say (datetimes, decimals, ...) becomes its str().
-            extra = json.loads(json.dumps(extra, default=str, allow_nan=False))
-        line = encode(Result(run=run_id, ok=True, count=count, extra=extra or None))
+        # Anything JSON cannot say (datetimes, decimals, ...) in extra becomes its str().
+        line = encode_success(run_id, count, extra)
         size = len(line) - 1
     except (TypeError, ValueError, RecursionError) as exc:
         return Result(run=run_id, ok=False, error=_clip(f"bad return value: {exc}"))

@@ -163,6 +163,8 @@ RETURNS: list[tuple[Any, dict[str, Any]]] = [
     ((4, {"when": datetime(2024, 1, 1, tzinfo=UTC)}), {"ok": True, "count": 4, "extra": {}}),
     ((None, {"o": Odd()}), {"ok": True, "extra": {"o": "odd"}}),
     ({"count": 1, "extra": [1, 2]}, {"ok": True, "count": 1, "extra": {"extra": [1, 2]}}),
+    ({"city": "Zürich", 3: None}, {"ok": True, "extra": {"city": "Zürich", "3": None}}),
+    ((6, {}), {"ok": True, "count": 6}),
 ]
 
 
@@ -198,6 +200,8 @@ BAD_RETURNS: list[tuple[Any, str]] = [
     ((1, 2), "extra must be a dict"),
     ({"count": "many"}, "'count' must be a 64-bit integer"),
     ({"x": float("nan")}, "bad return value"),
+    ({(1, 2): "tuple key"}, "bad return value"),
+    ({"x": "\ud800"}, "bad return value"),
     ({"big": "x" * MAX_LINE}, f"exceeds the {MAX_LINE}-byte limit"),
 ]
 
