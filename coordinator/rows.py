@@ -129,9 +129,29 @@ def _schedule(kind: ScheduleKind, expression: str | None, timezone: str) -> Sche
     return known
 
 
+#: Jobs already built, by their id and stored definition (every column as read): a claim
+#: reads its job's definition every time, and a burst claims the same jobs over and over.
+#: Bounded like the memos above; a Job is frozen (and nobody writes its ``params``).
+_JOBS: Final[dict[tuple[Any, ...], tuple[Job, str | None]]] = {}
+_FIELDS: Final = tuple(field for field, _sql in JOB_COLUMNS)
+
+
 def job_from_row(row: Mapping[str, Any], *, job_id: int | None = None) -> tuple[Job, str | None]:
     """A :class:`~coordinator.model.Job` from a row with the definition columns, and why
     its stored target cannot be called (``None`` when it can)."""
+    key = (job_id, *[row.get(field, _MISSING) for field in _FIELDS])
+    try:
+        known = _JOBS.get(key)
+    except TypeError:  # (a decoded JSON column, as a client's codec may give: not hashable)
+        return _job_from_row(row, job_id)
+    if known is None:
+        if len(_JOBS) >= _MEMO_LIMIT:
+            _JOBS.clear()
+        known = _JOBS[key] = _job_from_row(row, job_id)
+    return known
+
+
+def _job_from_row(row: Mapping[str, Any], job_id: int | None) -> tuple[Job, str | None]:
     fields = job_fields(row, decode=False)
     target, target_error = _target(fields["target"])
     job = Job(

@@ -48,3 +48,30 @@ def test_the_memo_stays_bounded() -> None:
     for job_id in range(rows._MEMO_LIMIT + 10):
         rows.job_from_row(_row(job_id + 1, f'{{"kind": "worker", "type": "t{job_id}"}}'))
     assert len(rows._TARGETS) <= rows._MEMO_LIMIT
+
+
+def test_a_job_read_again_unchanged_is_the_same_value() -> None:
+    target = '{"kind": "worker", "type": "billing"}'
+    first, _ = rows.job_from_row(_row(7, target), job_id=7)
+    again, _ = rows.job_from_row(_row(7, target), job_id=7)
+    assert again is first
+    edited = {**_row(7, target), "params": '{"k": [2]}'}
+    changed, _ = rows.job_from_row(edited, job_id=7)
+    assert changed is not first
+    assert changed.params == {"k": [2]}
+    assert first.params == {"k": [1]}
+    moved, _ = rows.job_from_row({**_row(7, target), "schedule_version": 2}, job_id=7)
+    assert moved.schedule_version == 2
+
+
+def test_a_row_with_decoded_json_columns_is_read_too() -> None:
+    decoded = {**_row(8, "{}"), "target": {"kind": "worker", "type": "b"}, "params": {"k": 1}}
+    job, error = rows.job_from_row(decoded)
+    assert error is None
+    assert (job.target.worker_type, job.params) == ("b", {"k": 1})
+
+
+def test_the_job_memo_stays_bounded() -> None:
+    for job_id in range(rows._MEMO_LIMIT + 10):
+        rows.job_from_row(_row(job_id + 1, '{"kind": "worker", "type": "t"}'))
+    assert len(rows._JOBS) <= rows._MEMO_LIMIT
