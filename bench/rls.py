@@ -46,14 +46,22 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+# The store's own statements and lock keys: what is measured is what the daemon sends.
+from coordinator.store import (
+    _ALIVE,
+    _CLAIM_MANY,
+    _CLAIM_ONE,
+    _LOCK,
+    _SETTLE_MANY,
+    _SETTLE_ONE,
+    LOCK_CLASS,
+    LOCK_OBJECT,
+)
+
 from . import common
 
 CONFIGS = ("off", "superuser", "owner", "daemon-role", "confined")
 NAMESPACES = 10
-LOCK_CLASS, LOCK_OBJECT = 0x636F6F72, 1
-
-_CLAIM_MANY = "SELECT * FROM coordinator._claim_many($1, $2, $3, $4, $5, $6)"
-_SETTLE_MANY = "SELECT * FROM coordinator._settle_many($1)"
 
 
 async def _prepare(bench: common.BenchCluster, db: str, jobs: int, *, rls: bool) -> list[int]:
@@ -116,8 +124,22 @@ async def _connect(bench: common.BenchCluster, db: str, user: str) -> Any:
     )
 
 
-async def _round(conn: Any, reset: Any, ids: list[int], batch: int) -> tuple[float, float]:
-    """Claim every job, then settle every run, ``batch`` at a time; the seconds each took
+async def _lead(bench: common.BenchCluster, db: str) -> tuple[Any, int]:
+    """A session holding ``db``'s single-writer lock and its liveness lock, as a leading
+    daemon's does, and its backend pid: the claims below are fenced by it, as the
+    daemon's are (the fence lock, then the probe of the liveness lock)."""
+    conn = await bench.connect(db)
+    await conn.execute(_LOCK, LOCK_CLASS, LOCK_OBJECT)
+    if not await conn.fetchval(_ALIVE, LOCK_CLASS):
+        raise RuntimeError("the liveness lock is taken")
+    return conn, await conn.fetchval("SELECT pg_backend_pid()")
+
+
+async def _round(
+    conn: Any, reset: Any, ids: list[int], batch: int, leader_pid: int
+) -> tuple[float, float]:
+    """Claim every job, then settle every run, ``batch`` at a time, as the store sends
+    them (a batch of one straight to ``_claim``/``_settle``); the seconds each took
     (statements only)."""
     # Every configuration starts each round from the same physical state: no run rows,
     # no dead tuples (the rounds rewrite every job row twice), fresh statistics.
@@ -136,10 +158,29 @@ async def _round(conn: Any, reset: Any, ids: list[int], batch: int) -> tuple[flo
             for i, job in enumerate(ids[start : start + batch])
         ]
         t0 = time.perf_counter()
-        rows = await conn.fetch(_CLAIM_MANY, json.dumps(items), "bench", [], None, LOCK_CLASS,
-                                LOCK_OBJECT)  # fmt: skip
+        if batch == 1:
+            rows = [
+                await conn.fetchrow(
+                    _CLAIM_ONE,
+                    ids[start],
+                    None,
+                    at.isoformat(),
+                    1,
+                    "bench",
+                    [],
+                    leader_pid,
+                    LOCK_CLASS,
+                    LOCK_OBJECT,
+                    None,
+                    None,
+                )
+            ]
+        else:
+            rows = await conn.fetch(
+                _CLAIM_MANY, json.dumps(items), "bench", [], leader_pid, LOCK_CLASS, LOCK_OBJECT
+            )
         claim_s += time.perf_counter() - t0
-        refused = [r["reason"] or r["err_message"] for r in rows if r["run_id"] is None]
+        refused = [r["reason"] or r.get("err_message") for r in rows if r["run_id"] is None]
         if refused:
             raise RuntimeError(f"claims refused: {refused[:3]}")
         claimed.extend(r["run_id"] for r in rows)
@@ -153,7 +194,30 @@ async def _round(conn: Any, reset: Any, ids: list[int], batch: int) -> tuple[flo
             for i, run in enumerate(claimed[start : start + batch])
         ]  # fmt: skip
         t0 = time.perf_counter()
-        rows = await conn.fetch(_SETTLE_MANY, json.dumps(items))
+        if batch == 1:
+            one = items[0]
+            rows = [
+                await conn.fetchrow(
+                    _SETTLE_ONE,
+                    one["run"],
+                    "succeeded",
+                    one["started"],
+                    one["finished"],
+                    1,
+                    "{}",
+                    None,
+                    None,
+                    1,
+                    one["next"],
+                    None,
+                    None,
+                    0.0,
+                    None,
+                    None,
+                )
+            ]
+        else:
+            rows = await conn.fetch(_SETTLE_MANY, json.dumps(items))
         settle_s += time.perf_counter() - t0
         if any(r["outcome"] != "saved" for r in rows):
             raise RuntimeError(f"settlements refused: {[dict(r) for r in rows][:3]}")
@@ -169,8 +233,8 @@ async def _server_us(bench: common.BenchCluster, db: str, items: int) -> dict[st
             """
             SELECT s.query, sum(s.total_exec_time) AS ms
               FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-             WHERE d.datname = $1 AND (s.query LIKE '%_claim_many%'
-                                       OR s.query LIKE '%_settle_many%')
+             WHERE d.datname = $1 AND (s.query LIKE '%coordinator.\\_claim%'
+                                       OR s.query LIKE '%coordinator.\\_settle%')
              GROUP BY s.query
             """,
             db,
@@ -179,7 +243,7 @@ async def _server_us(bench: common.BenchCluster, db: str, items: int) -> dict[st
         await conn.close()
     out = {"claim": 0.0, "settle": 0.0}
     for row in rows:
-        key = "claim" if "_claim_many" in row["query"] else "settle"
+        key = "claim" if "coordinator._claim" in row["query"] else "settle"
         out[key] += row["ms"] * 1000 / items
     return out
 
@@ -199,6 +263,7 @@ async def run(*, quick: bool = False) -> dict[str, Any]:
         users = {"off": "postgres", "superuser": "postgres", "owner": "bench_owner",
                  "daemon-role": "bench_daemon", "confined": "bench_app"}  # fmt: skip
         conns = {c: await _connect(bench, dbs[c], users[c]) for c in CONFIGS}
+        leaders = {c: await _lead(bench, dbs[c]) for c in CONFIGS}
         resets = {c: await bench.connect(dbs[c]) for c in CONFIGS}
         samples: dict[str, dict[int, dict[str, list[float]]]] = {
             c: {b: {"claims_per_s": [], "settles_per_s": []} for b in batches} for c in CONFIGS
@@ -208,14 +273,18 @@ async def run(*, quick: bool = False) -> dict[str, Any]:
         wall_before = time.monotonic()
         try:
             for config in CONFIGS:  # warm-up: plans cached, pages in memory
-                await _round(conns[config], resets[config], ids[config], 64)
+                await _round(conns[config], resets[config], ids[config], 64, leaders[config][1])
             for batch in batches:
                 await bench.pgss_reset()
                 for r in range(rounds):
                     order = CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS))
                     for config in order:
                         claim_s, settle_s = await _round(
-                            conns[config], resets[config], ids[config], batch
+                            conns[config],
+                            resets[config],
+                            ids[config],
+                            batch,
+                            leaders[config][1],
                         )
                         n = len(ids[config])
                         samples[config][batch]["claims_per_s"].append(n / claim_s)
@@ -228,6 +297,7 @@ async def run(*, quick: bool = False) -> dict[str, Any]:
             for c in CONFIGS:
                 await conns[c].close()
                 await resets[c].close()
+                await leaders[c][0].close()
         wall = time.monotonic() - wall_before
         busy = common.machine_busy() - busy_before
         machine = common.machine_info(bench.server_version)
