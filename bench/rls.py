@@ -2,10 +2,10 @@
 
 The question: ``migrations/0014_namespaces.sql`` enables row-level security on jobs and
 runs. Does it slow the daemon? The daemon's statements are measured directly -- the
-claim statement (``coordinator._claim_many``) and the settlement statement
-(``coordinator._settle_many``), as ``coordinator/store.py`` sends them under load (a
-batch of one it now sends as ``coordinator._claim``/``_settle`` directly), with the
-daemon's session setting (``coordinator.origin = 'daemon'``) -- in five configurations,
+store's own texts (``coordinator/store.py``): ``coordinator._claim_many`` and
+``coordinator._settle_many`` for a batch, ``coordinator._claim`` and ``_settle`` for a
+batch of one, fenced by a session that holds the leader's locks, with the daemon's
+session setting (``coordinator.origin = 'daemon'``) -- in five configurations,
 on one cluster, rounds interleaved so that whatever else the machine does falls on all
 of them alike:
 
