@@ -45,6 +45,10 @@ PERIODIC_TASKS = 100
 #: Seconds between starting everything and opening the idle window (startup settles).
 SETTLE = 10.0
 TUNED_INTERVAL = 600
+#: Latency samples are taken in this many rounds, each system in turn within a round:
+#: this machine's speed drifts over a run by as much as the systems differ, and a system
+#: measured in one block of time would carry its drift.
+ROUNDS = 4
 
 PROCRASTINATE_DEFAULTS = (
     "defaults (listen_notify on, fetch_job_polling_interval 5 s, abort_job_polling_interval 5 s, "
@@ -310,11 +314,42 @@ class Peer:
         }
 
 
+def _merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system's latency rounds as one result: the measured samples of every round
+    together (each round's warm-up left out), their summaries computed again, counts
+    added up."""
+    warmup = parts[0]["warmup"]
+    measured = [s for part in parts for s in part["samples"][warmup:]]
+    out = dict(parts[0])
+    out["n"] = len(measured)
+    out["rounds"] = len(parts)
+    out["samples"] = [s for part in parts for s in part["samples"]]
+    for key, value in parts[0].items():
+        if isinstance(value, dict) and "p50" in value:
+            out[key] = common.summary([s[key] for s in measured if key in s])
+        elif key == "daemon_statements":
+            out[key] = sum(part[key] for part in parts)
+        elif key in ("statuses", "daemon_statement_kinds"):
+            total: dict[str, int] = {}
+            for part in parts:
+                for kind, count in part[key].items():
+                    total[kind] = total.get(kind, 0) + count
+            out[key] = total
+        elif key == "warmup_commit_to_start_ms":
+            out[key] = [v for part in parts for v in part[key]]
+    if "daemon_statements" in out:
+        out["daemon_statements_per_run"] = out["daemon_statements"] / len(out["samples"])
+    return out
+
+
 async def run(*, quick: bool, window: float | None = None) -> dict[str, Any]:
     if window is None:
         window = 30.0 if quick else 180.0
     n = 200
-    common.banner(f"peers: {window:.0f} s idle window, then {n} latency samples each")
+    common.banner(
+        f"peers: {window:.0f} s idle window, then {n} latency samples each, "
+        f"in {ROUNDS} rounds of every system in turn"
+    )
     versions = ensure_peers_venv()
     common.note(f"peer versions: {versions}")
     async with BenchCluster("peers") as bc:
@@ -390,18 +425,21 @@ async def run(*, quick: bool, window: float | None = None) -> dict[str, Any]:
             # starting (the no-op SDK worker reports its own clock); connected only now, so
             # that it is not part of the idle window.
             worker = await common.start_noop_worker(daemon, socket_path)
-            lat["coordinator"] = await latency_mod.measure(
-                bc, coord_db, daemon, n=n, prefix="worker-"
-            )
+            rounds: dict[str, list[dict[str, Any]]] = {"coordinator": []}
+            rounds.update({peer.label: [] for peer in peers})
+            for _round in range(ROUNDS):
+                rounds["coordinator"].append(
+                    await latency_mod.measure(bc, coord_db, daemon, n=n // ROUNDS, prefix="worker-")
+                )
+                for peer in peers:
+                    rounds[peer.label].append(await peer.latency(n // ROUNDS))
+            lat.update({label: _merged(parts) for label, parts in rounds.items()})
             coordinator = lat["coordinator"]
             coordinator["commit_to_call_ms"] = coordinator["commit_to_start_ms"]
             coordinator["commit_to_start_ms"] = coordinator["commit_to_handler_ms"]
             coordinator["sent_to_start_ms"] = coordinator["sent_to_handler_ms"]
-            for peer in peers:
-                lat[peer.label] = await peer.latency(n)
-                common.note(
-                    f"{peer.label}: p50 {lat[peer.label]['commit_to_start_ms']['p50']:.2f} ms"
-                )
+            for label, result in lat.items():
+                common.note(f"{label}: p50 {result['commit_to_start_ms']['p50']:.2f} ms")
         finally:
             if worker is not None:
                 worker.terminate()
