@@ -96,6 +96,9 @@ class Refreshed(Event):
     invalid: int | None = None
     #: Jobs the wakes named, when only those were read (``None``: a full refresh).
     named: int | None = None
+    #: Objects Python's cyclic garbage collector skips from now on, when a full refresh
+    #: froze what is alive (``coordinator run``; see daemon/cyclic_gc.py).
+    frozen: int | None = None
     #: Wall time it took, milliseconds.
     elapsed_ms: float
 

@@ -57,6 +57,7 @@ def build_daemon(
     worker_tls: ssl.SSLContext | None = None,
     notify: Callable[[str], None] | None = None,
     handle_signals: bool = True,
+    owns_process: bool = False,
     jitter: Callable[[], float] | None = None,
     alert_sinks: Sequence[Sink] = (),
     alert_window: float = 6 * 3600.0,
@@ -68,7 +69,8 @@ def build_daemon(
     ``worker_tokens`` -- plain TCP there is refused (:class:`ConfigError`, one line).
     ``jitter`` (default :func:`random.random`) draws the jitter of retry delays. When any
     ``alert_sinks`` are given, an :class:`~coordinator.alerts.Alerter` is subscribed to
-    its events (none otherwise: no alert configured costs nothing)."""
+    its events (none otherwise: no alert configured costs nothing). ``owns_process``: the
+    daemon owns its process (``coordinator run``; see daemon/cyclic_gc.py)."""
     events = EventBus(log=log)
     tokens = worker_tokens if worker_tokens is not None else TokenSet()
     tcp = None
@@ -118,6 +120,7 @@ def build_daemon(
         executors=executors,
         notify=notify or (lambda message: None),
         handle_signals=handle_signals,
+        owns_process=owns_process,
         jitter=jitter or random.random,
     )
     if alert_sinks:
@@ -243,6 +246,8 @@ async def serve(
         worker_tokens=config.worker_tokens,
         worker_tls=worker_tls_context(config),
         notify=notify,
+        # `coordinator run`: the process is the daemon's.
+        owns_process=True,
         alert_sinks=alert_sinks(config),
         alert_window=config.alert_window,
     )

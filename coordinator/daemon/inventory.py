@@ -20,9 +20,7 @@ stops the loop.
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
@@ -37,6 +35,7 @@ from ..errors import CoordinatorError, first_error
 from ..events import EventBus, Refreshed, milliseconds
 from ..model import Schedule
 from ..store import FirstDeadlines, JobEntry, Store
+from . import cyclic_gc
 from .policy import ErrorPolicy
 
 if TYPE_CHECKING:
@@ -104,6 +103,9 @@ class Inventory:
     #: A refresh found a run an operator asked to pause (``cancel_requested``): ask its
     #: call to stop, if it runs here (its NOTIFY may have been missed).
     pausing: Callable[[int], bool] = _not_here
+    #: The daemon owns its process: a full refresh freezes what is alive after it out of
+    #: Python's cyclic collections (see :mod:`.cyclic_gc`).
+    freeze: bool = False
     jobs: dict[int, JobEntry] = attrs.field(factory=dict)
     refreshes: int = 0
     #: When the last refresh ended (wall time).
@@ -228,7 +230,7 @@ class Inventory:
         ids = None if (self._full or first or not self._dirty) else frozenset(self._dirty)
         self._full, self._dirty = False, set()
         try:
-            with _no_cyclic_gc():
+            with cyclic_gc.building(full=ids is None, freeze=self.freeze):
                 counts = await self._refresh(ids)
         except Exception as exc:
             self.request(ids)  # still owed
@@ -252,6 +254,7 @@ class Inventory:
                 initialised=initialised or None,
                 invalid=invalid or None,
                 named=None if ids is None else len(ids),
+                frozen=cyclic_gc.frozen() if self.freeze and ids is None else None,
                 elapsed_ms=milliseconds(trio.current_time() - started),
             )
         )
@@ -492,32 +495,6 @@ class _Firsts:
 
     def first(self, schedule: Schedule) -> tuple[datetime | None, str | None]:
         return next_deadline(schedules.initial_deadline, schedule, self.now)
-
-
-@contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a refresh builds its entries: every
-    object created counts towards a collection, and each older-generation collection walks
-    every live object, so building a million entries (and reading a million records)
-    spent about as long collecting as building. Entries form no cycles; refcounting frees
-    them as before. The collector's previous state is restored.
-
-    Everything created meanwhile then goes straight to the oldest generation
-    (``gc.freeze()`` and ``gc.unfreeze()``: two list splices). Otherwise the first
-    young collection after re-enabling walks every object the refresh made (a quarter
-    of a second at a million jobs, in the refresh's own time), the next one again, and
-    then a full collection a third time; now only the full collection does, once, when
-    Python's own rule asks for it, and any cycle among those objects is still found
-    then."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.unfreeze()
-        if enabled:
-            gc.enable()
 
 
 def _entry_of(job: Job, state: JobState) -> JobEntry:

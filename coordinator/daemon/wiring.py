@@ -62,7 +62,7 @@ from ..protocol import Declare, Declared
 from ..spool import Spool
 from ..status import ArmedDeadline, DaemonStatus, HeldResultView, RunningCall, status_line
 from ..store import ConnectionPool, JobEntry, Store
-from . import declarations, wakes
+from . import cyclic_gc, declarations, wakes
 from .dispatch import Dispatcher
 from .inventory import Inventory
 from .leadership import Leadership
@@ -158,6 +158,11 @@ class Daemon:
     notify: Callable[[str], None] = lambda message: None
     #: Stop on SIGTERM/SIGINT (off when embedded, e.g. in tests).
     handle_signals: bool = True
+    #: The daemon owns its process (``coordinator run``): Python's cyclic garbage
+    #: collector is tuned for it, and a full refresh freezes what is alive after it out
+    #: of the collections (see daemon/cyclic_gc.py). Off when embedded: the host's
+    #: collector is not the daemon's to tune.
+    owns_process: bool = False
     #: Where retry delays get their jitter (0 to 1 per settled call): injected in tests.
     jitter: Callable[[], float] = random.random
     #: Tasks that live while the daemon leads (see :class:`Companion`).
@@ -220,6 +225,7 @@ class Daemon:
             policy=self.policy,
             deadlines=self.deadlines,
             coalescer=self.coalescer,
+            freeze=self.owns_process,
         )
         self.loop = DispatchLoop(
             clock=self.clock,
@@ -379,6 +385,8 @@ class Daemon:
         """Lead, start up, serve until stopped; returns the exit status."""
         status = EXIT_FAILED
         self._started_at = trio.current_time()
+        if self.owns_process:
+            cyclic_gc.own_process()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
