@@ -3,35 +3,35 @@
 In a burst the daemon makes no garbage cycles at all (every collection in a 10,000-run
 burst found nothing to collect), yet Python's defaults had it collecting all the time:
 
-- **Young collections**, every 700 allocations net of deallocations -- but the count
-  never drops below zero, so with objects made and freed a run at a time it was every
-  700 allocations: 630 young and 57 middle collections per 10,000-run burst, 135 ms of
-  the daemon's 3.2 s of CPU. A daemon that owns its process collects the young
-  generation every :data:`YOUNG_THRESHOLD` instead: 11 and 1 per burst, 15 ms.
+- **Young collections** come every 700 allocations net of deallocations -- but the
+  count never drops below zero, so with objects made and freed a run at a time it was
+  every 700 allocations: 630 young and 57 middle collections per 10,000-run burst, about
+  135 ms of the daemon's 3 s of CPU. A daemon that owns its process collects the young
+  generation every :data:`YOUNG_THRESHOLD` instead: 4 young collections per burst.
 - **Full collections** walk every tracked object, and most of a daemon's objects live
   as long as it does and form no cycles: what it loaded at start (about 45,000 objects)
   and its inventory (about one and a half per loaded job). They took 25 ms each at
-  2,000 jobs, 5 times per burst, and once a minute or so on an idle daemon, where one
-  landed on a lone run's latency; at 100,000 jobs (146,000 objects) 71-84 ms, so about
-  a second at a million, on the loop.
+  2,000 jobs, 5 times per burst, and now and then on an idle daemon, where one landed on
+  a lone run's latency; at 100,000 jobs (146,000 objects) 71-84 ms, so about a second at
+  a million, on the loop.
 
-So after each full refresh, what is alive is frozen (``gc.freeze()``): later
-collections skip it (a full collection in a burst then walks about 2,600 objects).
+So each full refresh freezes what is alive after it (``gc.freeze()``): later
+collections skip it (a full collection in a burst then walks a few thousand objects).
 Frozen objects are still freed by reference counting -- the inventory a later refresh
-replaces goes as before; only a *cycle* among them would outlive its use, and two rules
-bound that:
+replaces goes as before; only a *cycle* among them would outlive its use. What bounds
+that:
 
-- garbage is collected before it could be frozen: a full refresh first thaws the last
-  freeze and runs a full collection (walking, once, what was frozen: the inventory it
-  is about to replace), and only then builds;
-- a refresh that fails (or is cancelled) freezes nothing: what it made stays in the
-  collector's generations (a failure's traceback is a cycle).
-
-An object frozen while in use that later becomes cyclic garbage (a worker connection
-open at the time, say) is therefore collected at the next full refresh, and connecting
-and disconnecting workers are among what asks for one (a lifecycle wake). Cycles made
-*during* a successful refresh would be frozen with it until the next full refresh: a
-real refresh makes none (``tests/integration/test_refresh_gc.py`` looks).
+- **Garbage is not frozen.** A full refresh first runs a full collection, which is
+  cheap: it walks only what is not frozen, everything made since the last freeze.
+- **A failed refresh freezes nothing**: what it made stays in the collector's
+  generations (a failure's traceback is a cycle), as does a cancelled one's.
+- **The freeze is thawed now and then.** An object frozen while in use that later
+  becomes cyclic garbage (a worker connection open at the time, say) is found only once
+  the freeze is undone: at most every :data:`THAW_EVERY` a full refresh thaws it first
+  and its collection walks everything (the inventory too: 1.6 s at a million jobs in
+  one run, where a full refresh took 4.4 s, which is why not every time).
+- Cycles made *during* a successful refresh would be frozen with it: a real refresh
+  makes none (``tests/integration/test_refresh_gc.py`` looks).
 
 Either way the collector is off while a refresh builds: every object created counts
 towards a collection, and at a million entries the young collections walking them cost
@@ -47,6 +47,8 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final
+
+import attrs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -65,29 +67,46 @@ def own_process() -> None:
     gc.set_threshold(YOUNG_THRESHOLD, middle, old)
 
 
-@contextmanager
-def building(*, full: bool, freeze: bool) -> Iterator[None]:
-    """Around a refresh's build (``full``: the whole inventory is rebuilt). With
-    ``freeze`` (the daemon owns its process), a full build first collects what the last
-    freeze kept and, if it succeeds, freezes what is alive after it. The collector's
-    enabled state is restored either way."""
-    enabled = gc.isenabled()
-    if freeze and full:
-        gc.unfreeze()
-        gc.collect()
-    gc.disable()
-    built = False
-    try:
-        yield
-        built = True
-    finally:
-        if not freeze:
-            gc.freeze()
-            gc.unfreeze()
-        elif full and built:
-            gc.freeze()
-        if enabled:
-            gc.enable()
+#: Longest time (seconds) between thaws: a full refresh at least this long after the
+#: last thaw thaws the freeze before collecting.
+THAW_EVERY: Final = 3600.0
+
+
+@attrs.define(eq=False)
+class Collector:
+    """The collector around refreshes. ``freeze``: the daemon owns its process."""
+
+    freeze: bool = False
+    #: Trio time of the last thaw (``None``: none yet; the first full refresh's
+    #: collection walks what was made at start-up, nothing is frozen before it).
+    _thawed_at: float | None = None
+
+    @contextmanager
+    def building(self, *, full: bool, now: float) -> Iterator[None]:
+        """Around a refresh's build (``full``: the whole inventory is rebuilt; ``now``:
+        trio time). With ``freeze``, a full build first collects what is not frozen
+        (thawing the freeze first, at most every :data:`THAW_EVERY`) and, if it
+        succeeds, freezes what is alive after it. The collector's enabled state is
+        restored either way."""
+        enabled = gc.isenabled()
+        if self.freeze and full:
+            if self._thawed_at is None or now - self._thawed_at >= THAW_EVERY:
+                gc.unfreeze()
+                self._thawed_at = now
+            gc.collect()
+        gc.disable()
+        built = False
+        try:
+            yield
+            built = True
+        finally:
+            if not self.freeze:
+                gc.freeze()
+                gc.unfreeze()
+            elif full and built:
+                gc.freeze()
+            if enabled:
+                gc.enable()
 
 
 def frozen() -> int:
@@ -95,4 +114,4 @@ def frozen() -> int:
     return gc.get_freeze_count()
 
 
-__all__ = ["YOUNG_THRESHOLD", "building", "frozen", "own_process"]
+__all__ = ["THAW_EVERY", "YOUNG_THRESHOLD", "Collector", "frozen", "own_process"]

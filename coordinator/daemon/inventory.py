@@ -103,9 +103,9 @@ class Inventory:
     #: A refresh found a run an operator asked to pause (``cancel_requested``): ask its
     #: call to stop, if it runs here (its NOTIFY may have been missed).
     pausing: Callable[[int], bool] = _not_here
-    #: The daemon owns its process: a full refresh freezes what is alive after it out of
-    #: Python's cyclic collections (see :mod:`.cyclic_gc`).
-    freeze: bool = False
+    #: Python's cyclic garbage collector around refreshes (a daemon that owns its
+    #: process freezes what a full refresh leaves alive: see :mod:`.cyclic_gc`).
+    collector: cyclic_gc.Collector = attrs.field(factory=cyclic_gc.Collector)
     jobs: dict[int, JobEntry] = attrs.field(factory=dict)
     refreshes: int = 0
     #: When the last refresh ended (wall time).
@@ -230,7 +230,7 @@ class Inventory:
         ids = None if (self._full or first or not self._dirty) else frozenset(self._dirty)
         self._full, self._dirty = False, set()
         try:
-            with cyclic_gc.building(full=ids is None, freeze=self.freeze):
+            with self.collector.building(full=ids is None, now=started):
                 counts = await self._refresh(ids)
         except Exception as exc:
             self.request(ids)  # still owed
@@ -254,7 +254,7 @@ class Inventory:
                 initialised=initialised or None,
                 invalid=invalid or None,
                 named=None if ids is None else len(ids),
-                frozen=cyclic_gc.frozen() if self.freeze and ids is None else None,
+                frozen=cyclic_gc.frozen() if self.collector.freeze and ids is None else None,
                 elapsed_ms=milliseconds(trio.current_time() - started),
             )
         )

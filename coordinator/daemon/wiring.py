@@ -225,7 +225,7 @@ class Daemon:
             policy=self.policy,
             deadlines=self.deadlines,
             coalescer=self.coalescer,
-            freeze=self.owns_process,
+            collector=cyclic_gc.Collector(freeze=self.owns_process),
         )
         self.loop = DispatchLoop(
             clock=self.clock,

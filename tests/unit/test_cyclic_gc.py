@@ -1,6 +1,7 @@
-"""The refresh builds with the cyclic garbage collector off (daemon/cyclic_gc.py). A
-daemon that owns its process freezes what is alive after a full refresh, having first
-collected what the last freeze kept; embedded, nothing stays frozen."""
+"""Python's cyclic garbage collector around refreshes (daemon/cyclic_gc.py). A daemon
+that owns its process freezes what is alive after a full refresh, having first collected
+what is not frozen, and thaws the freeze at most every THAW_EVERY; embedded, nothing
+stays frozen."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from coordinator.daemon.cyclic_gc import YOUNG_THRESHOLD, building, frozen, own_process
+from coordinator.daemon.cyclic_gc import (
+    THAW_EVERY,
+    YOUNG_THRESHOLD,
+    Collector,
+    frozen,
+    own_process,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -42,7 +49,8 @@ def _collector() -> Iterator[None]:
 
 
 def test_embedded_what_a_refresh_made_skips_young_collections_but_not_the_full_one() -> None:
-    with building(full=True, freeze=False):
+    embedded = Collector()
+    with embedded.building(full=True, now=0.0):
         gone = _cycle()
     assert not gc.isenabled()  # the state before is restored
     assert frozen() == 0  # nothing stays frozen
@@ -51,49 +59,55 @@ def test_embedded_what_a_refresh_made_skips_young_collections_but_not_the_full_o
     gc.collect()  # the full collection finds it
     assert gone() is None
     gc.enable()
-    with building(full=False, freeze=False):
+    with embedded.building(full=False, now=1.0):
         assert not gc.isenabled()
     assert gc.isenabled()
 
 
-def test_a_full_refresh_collects_what_the_last_freeze_kept_then_freezes() -> None:
-    with building(full=True, freeze=True):
+def test_full_refreshes_collect_what_is_not_frozen_then_freeze() -> None:
+    collector = Collector(freeze=True)
+    before_first = _cycle()
+    with collector.building(full=True, now=0.0):
+        assert before_first() is None  # collected first, not frozen
+        assert not gc.isenabled()
         kept = _cycle()  # made during a refresh: frozen with it
     assert frozen() > 0
+    assert not gc.isenabled()  # (off before: still off)
     gc.collect()  # a full collection skips it
     assert kept() is not None
-    before = _cycle()  # garbage when the next full refresh begins
-    with building(full=True, freeze=True):
-        assert kept() is None  # thawed and collected first
-        assert before() is None  # collected, not frozen
-        assert not gc.isenabled()
+
+    between = _cycle()  # garbage when the next full refresh begins
+    with collector.building(full=True, now=THAW_EVERY - 1):
+        assert between() is None  # collected, not frozen
+        assert kept() is not None  # frozen: not thawed this soon
+    with collector.building(full=True, now=THAW_EVERY):
+        assert kept() is None  # thawed, then collected
     assert frozen() > 0
-    assert not gc.isenabled()  # (off before: still off)
 
 
-def test_a_failed_full_refresh_freezes_nothing() -> None:
-    with building(full=True, freeze=True):
-        pass
+def test_a_failed_full_refresh_freezes_nothing_new() -> None:
+    collector = Collector(freeze=True)
     failed: list[weakref.ref[_Node]] = []
 
     def refresh() -> None:
-        with building(full=True, freeze=True):
+        with collector.building(full=True, now=0.0):
             failed.append(_cycle())
             raise RuntimeError("the statement failed")
 
     with pytest.raises(RuntimeError):
         refresh()
-    assert frozen() == 0  # thawed at the start, not frozen again
+    assert frozen() == 0
     gc.collect()
     assert failed[0]() is None
 
 
 def test_an_incremental_refresh_leaves_the_freeze_alone() -> None:
-    with building(full=True, freeze=True):
+    collector = Collector(freeze=True)
+    with collector.building(full=True, now=0.0):
         pass
     count = frozen()
     gc.enable()
-    with building(full=False, freeze=True):
+    with collector.building(full=False, now=THAW_EVERY * 2):
         made = _cycle()
         assert not gc.isenabled()
     assert gc.isenabled()
