@@ -58,7 +58,7 @@ async def aio_here(awaitable: Coroutine[Any, Any, T]) -> T:
     timeout, under ``asyncio.timeout``, which needs a task (the daemon's pool closes a
     connection whose statement was cancelled; a closing goes through :func:`aio`).
     """
-    task = trio.lowlevel.current_task()
+    wake = _Wake(trio.lowlevel.current_task())
     raise_cancel: Callable[[], Any] | None = None
     error: BaseException | None = None
     try:
@@ -76,12 +76,15 @@ async def aio_here(awaitable: Coroutine[Any, Any, T]) -> T:
             if not getattr(future, "_asyncio_future_blocking", False):
                 raise RuntimeError(f"aio_here: the coroutine yielded {future!r}")
             future._asyncio_future_blocking = False
-            future.add_done_callback(lambda _f: trio.lowlevel.reschedule(task))
+            wake.deferred = True
+            future.add_done_callback(wake)
+            wake.deferred = False
 
             def abort(raise_cancel_arg: Callable[[], Any], future: Any = future) -> Any:
                 nonlocal raise_cancel
                 if raise_cancel is None:  # (once: the coroutine may await its clean-up)
                     raise_cancel = raise_cancel_arg
+                    wake.deferred = True
                     future.cancel()
                 return trio.lowlevel.Abort.FAILED
 
@@ -96,6 +99,48 @@ async def aio_here(awaitable: Coroutine[Any, Any, T]) -> T:
         raise
     finally:
         awaitable.close()  # (a no-op once it returned or raised)
+
+
+class _Wake:
+    """What :func:`aio_here` asks asyncpg's future to call when it is done: reschedule the
+    waiting trio task. A loop set up by :func:`trio_asyncio_loop` calls it at once
+    (:func:`_wake_at_once`) unless ``deferred``."""
+
+    __slots__ = ("deferred", "task")
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        #: Called back the usual way (queued): while the callback is added (a future
+        #: done already calls back at once, from the waiting task itself) and once the
+        #: wait is being cancelled (the future's cancel() runs inside trio's abort).
+        self.deferred = False
+
+    def __call__(self, _future: object) -> None:
+        trio.lowlevel.reschedule(self.task)
+
+
+def _wake_at_once(loop: Any) -> None:
+    """Have ``loop`` run :func:`aio_here`'s wake-ups as soon as the future is done.
+
+    asyncio's futures schedule every done-callback with ``loop.call_soon``, and
+    trio-asyncio queues each for its loop task: a result that arrived waited a scheduler
+    round for that task to reschedule the waiting one, and a second round for it to run.
+    Rescheduling is safe from any trio task (the one reading the socket, usually), so
+    that callback runs at once and the waiting task runs in the next round: a round less
+    per statement. Everything else asyncio schedules is queued as before.
+    """
+    if getattr(loop, "_wakes_at_once", False):
+        return
+    queue = loop.call_soon
+
+    def call_soon(callback: Any, *args: Any, context: Any = None) -> Any:
+        if type(callback) is _Wake and not callback.deferred:
+            callback(*args)
+            return None
+        return queue(callback, *args, context=context)
+
+    loop.call_soon = call_soon
+    loop._wakes_at_once = True
 
 
 async def connect(
@@ -184,12 +229,15 @@ async def connection(
 
 @asynccontextmanager
 async def trio_asyncio_loop() -> AsyncIterator[Any]:
-    """Open the trio-asyncio loop that every asyncpg call needs, if none is open yet."""
+    """Open the trio-asyncio loop that every asyncpg call needs, if none is open yet;
+    either way it runs :func:`aio_here`'s wake-ups at once (:func:`_wake_at_once`)."""
     existing = trio_asyncio.current_loop.get()
     if existing is not None:
+        _wake_at_once(existing)
         yield existing
         return
     async with trio_asyncio.open_loop() as loop:
+        _wake_at_once(loop)
         yield loop
 
 

@@ -31,6 +31,7 @@ import trio
 import trio_asyncio
 
 from coordinator import migrate as migrate_mod
+from coordinator.db import trio_asyncio_loop
 from coordinator.embedded import Cluster, NoServerBinaries, StatementLog, free_port
 
 TEMPLATE = "coordinator_template"
@@ -205,8 +206,8 @@ def sql_log(pg_server: TestServer) -> StatementLog:
 @pytest.fixture
 async def aio_loop() -> AsyncIterator[Any]:
     """The trio-asyncio loop every asyncpg call from trio needs (opened once per test,
-    in a fixture, so fixtures and the test share it)."""
-    async with trio_asyncio.open_loop() as loop:
+    in a fixture, so fixtures and the test share it), as the product opens it."""
+    async with trio_asyncio_loop() as loop:
         yield loop
 
 

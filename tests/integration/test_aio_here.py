@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 import pytest
 import trio
+import trio.testing
 
 from coordinator.db import aio, aio_here
 
@@ -49,3 +50,46 @@ async def test_cancelled_by_trio_the_statement_is_cancelled_on_the_server(
             assert await aio(sleeper.fetchval)("SELECT 7") == 7
     finally:
         await aio(sleeper.close)()
+
+
+async def test_a_done_future_wakes_the_waiting_task_at_once(aio_loop: Any) -> None:
+    """The loop the product opens runs aio_here's wake-up as soon as the future is done:
+    setting the result reschedules the waiting task itself, not trio-asyncio's loop task
+    (which would take a scheduler round to reschedule it)."""
+    future = aio_loop.create_future()
+    results: list[int] = []
+    waiting: list[trio.lowlevel.Task] = []
+
+    async def wait() -> int:
+        return int(await future)
+
+    async def waiter() -> None:
+        waiting.append(trio.lowlevel.current_task())
+        results.append(await aio_here(wait()))
+
+    class Scheduled(trio.abc.Instrument):
+        def __init__(self) -> None:
+            self.tasks: list[trio.lowlevel.Task] = []
+
+        def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+            self.tasks.append(task)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        scheduled = Scheduled()
+        trio.lowlevel.add_instrument(scheduled)
+        try:
+            future.set_result(7)
+        finally:
+            trio.lowlevel.remove_instrument(scheduled)
+        assert scheduled.tasks == waiting
+    assert results == [7]
+
+
+async def test_other_callbacks_are_queued_as_before(aio_loop: Any) -> None:
+    called: list[str] = []
+    aio_loop.call_soon(called.append, "queued")
+    assert called == []  # not run at once
+    await trio.testing.wait_all_tasks_blocked()
+    assert called == ["queued"]
