@@ -1,7 +1,8 @@
 """Python's cyclic garbage collector, tuned for a daemon that owns its process.
 
-In a burst the daemon makes no garbage cycles at all (every collection in a 10,000-run
-burst found nothing to collect), yet Python's defaults had it collecting all the time:
+In a burst the daemon makes no garbage cycles at all (in a 10,000-run burst the young
+and middle collections found nothing to collect, the full ones only 156 objects left
+over from start-up), yet Python's defaults had it collecting all the time:
 
 - **Young collections** come every 700 allocations net of deallocations -- but the
   count never drops below zero, so with objects made and freed a run at a time it was
