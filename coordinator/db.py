@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import types
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, cast
 
@@ -143,6 +144,46 @@ def _wake_at_once(loop: Any) -> None:
     loop._wakes_at_once = True
 
 
+def _watch_at_once(loop: Any) -> None:
+    """Have ``loop``'s I/O tasks watch their descriptor again as soon as its callback ran.
+
+    trio-asyncio runs each reader's (and writer's) callback in a trio task of its own,
+    and after every callback that task waits for the loop task to run everything queued
+    so far (``synchronize``) before it watches the descriptor again: on every asyncpg
+    connection, for every read (a statement's answer, a notification), a handle, an
+    event and two more task steps, none of them on the way to a result. asyncio's own
+    loop does not wait: it polls again before it runs what the I/O callbacks scheduled,
+    and asyncpg is written for that order. The callbacks still run in the order they
+    were queued, by the loop task; a reader removed meanwhile (``remove_reader``: its
+    handle is cancelled, and with it the task's wait) ends the task as before.
+    Connections opened before this was set keep the old task.
+    """
+    if getattr(loop, "_watches_at_once", False) or not hasattr(type(loop), "_io_task"):
+        return  # (set already, or a trio-asyncio whose I/O tasks this does not know)
+    loop._io_task = types.MethodType(_io_task, loop)
+    loop._watches_at_once = True
+
+
+async def _io_task(loop: Any, fd: Any, handle: Any, wait_ready: Any) -> None:
+    """trio-asyncio's ``BaseTrioEventLoop._io_task`` (0.15, 0.16) without its
+    ``await self.synchronize()`` after each callback (:func:`_watch_at_once`)."""
+    with handle._scope:
+        try:
+            while not handle._cancelled:
+                try:
+                    await wait_ready(fd)
+                except OSError:
+                    # (the descriptor was closed after its handle was cancelled)
+                    if handle._cancelled:
+                        break
+                    raise
+                if handle._cancelled:
+                    break
+                handle._run()
+        except Exception as exc:
+            handle._raise(exc)
+
+
 async def connect(
     dsn: str,
     *,
@@ -230,14 +271,17 @@ async def connection(
 @asynccontextmanager
 async def trio_asyncio_loop() -> AsyncIterator[Any]:
     """Open the trio-asyncio loop that every asyncpg call needs, if none is open yet;
-    either way it runs :func:`aio_here`'s wake-ups at once (:func:`_wake_at_once`)."""
+    either way it runs :func:`aio_here`'s wake-ups at once (:func:`_wake_at_once`) and
+    its I/O tasks watch again as soon as their callback ran (:func:`_watch_at_once`)."""
     existing = trio_asyncio.current_loop.get()
     if existing is not None:
         _wake_at_once(existing)
+        _watch_at_once(existing)
         yield existing
         return
     async with trio_asyncio.open_loop() as loop:
         _wake_at_once(loop)
+        _watch_at_once(loop)
         yield loop
 
 

@@ -93,3 +93,52 @@ async def test_other_callbacks_are_queued_as_before(aio_loop: Any) -> None:
     assert called == []  # not run at once
     await trio.testing.wait_all_tasks_blocked()
     assert called == ["queued"]
+
+
+async def test_a_reader_watches_again_without_waiting_for_the_loop_task(aio_loop: Any) -> None:
+    """The loop the product opens lets an I/O task watch its descriptor again as soon as
+    its callback ran: a read steps only that task, not trio-asyncio's loop task (which
+    trio-asyncio's own task waits for after every callback: two task steps more per
+    read). Reads keep coming in order, and removing the reader ends its task."""
+    import socket
+
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    got: list[bytes] = []
+    aio_loop.add_reader(a.fileno(), lambda: got.append(a.recv(100)))
+    me = trio.lowlevel.current_task()
+    try:
+        await trio.testing.wait_all_tasks_blocked()
+
+        class Stepped(trio.abc.Instrument):
+            def __init__(self) -> None:
+                self.names: list[str] = []
+
+            def before_task_step(self, task: trio.lowlevel.Task) -> None:
+                if task is not me:
+                    self.names.append(task.name)
+
+        stepped = Stepped()
+        trio.lowlevel.add_instrument(stepped)
+        try:
+            b.send(b"one")
+            await trio.testing.wait_all_tasks_blocked()
+        finally:
+            trio.lowlevel.remove_instrument(stepped)
+        assert got == [b"one"]
+        assert stepped.names, "the read stepped no task"
+        assert all("_io_task" in name for name in stepped.names), stepped.names
+
+        b.send(b"two")
+        await trio.testing.wait_all_tasks_blocked()
+        b.send(b"three")
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [b"one", b"two", b"three"]
+    finally:
+        aio_loop.remove_reader(a.fileno())
+        await trio.testing.wait_all_tasks_blocked()
+        b.send(b"after")
+        await trio.testing.wait_all_tasks_blocked()
+        a.close()
+        b.close()
+    assert got == [b"one", b"two", b"three"]
