@@ -120,6 +120,19 @@ class _Wake:
         trio.lowlevel.reschedule(self.task)
 
 
+C = TypeVar("C", bound="Callable[..., None]")
+
+
+def at_once(callback: C) -> C:
+    """Mark an asyncio callback that a loop set up by :func:`trio_asyncio_loop` runs as
+    soon as asyncpg schedules it (``loop.call_soon``), in the task that read the message
+    (asyncpg's notification callbacks: the listener's). Such a callback runs inside
+    asyncpg's handling of the socket's data: it must be small, must not raise and must
+    not use the connection."""
+    callback._runs_at_once = True  # type: ignore[attr-defined]
+    return callback
+
+
 def _wake_at_once(loop: Any) -> None:
     """Have ``loop`` run :func:`aio_here`'s wake-ups as soon as the future is done.
 
@@ -128,14 +141,20 @@ def _wake_at_once(loop: Any) -> None:
     round for that task to reschedule the waiting one, and a second round for it to run.
     Rescheduling is safe from any trio task (the one reading the socket, usually), so
     that callback runs at once and the waiting task runs in the next round: a round less
-    per statement. Everything else asyncio schedules is queued as before.
+    per statement. So do callbacks marked with :func:`at_once` (the listener's: a
+    notification reaches the daemon in the task that read it). Everything else asyncio
+    schedules is queued as before.
     """
     if getattr(loop, "_wakes_at_once", False):
         return
     queue = loop.call_soon
 
     def call_soon(callback: Any, *args: Any, context: Any = None) -> Any:
-        if type(callback) is _Wake and not callback.deferred:
+        if type(callback) is _Wake:
+            if not callback.deferred:
+                callback(*args)
+                return None
+        elif getattr(callback, "_runs_at_once", False):
             callback(*args)
             return None
         return queue(callback, *args, context=context)

@@ -1,11 +1,13 @@
 """The LISTEN connection: notifications from PostgreSQL become wakes.
 
 A dedicated session (never pooled: releasing a pooled connection runs ``UNLISTEN *``)
-listens on channel ``coordinator``. asyncpg calls our callback on the trio thread (via
-trio-asyncio's loop, which is itself a trio task), so the callback hands the payload to
-``on_notify`` at once: a queue and a delivering task in between cost a lone trigger a
-scheduler round of latency and bought nothing (the text waits in asyncio's ready queue
-while the daemon is busy either way). ``on_notify`` must not block; should it raise (a
+listens on channel ``coordinator``. asyncpg calls our callback on the trio thread, in
+the task that read the notification (the loop the daemon opens runs it at once:
+:func:`~coordinator.db.at_once`; queued for trio-asyncio's loop task, it waited a
+scheduler round), so the callback hands the payload to ``on_notify`` at once: a queue
+and a delivering task in between cost a lone trigger a scheduler round of latency and
+bought nothing (the text waits in asyncio's ready queue while the daemon is busy
+either way). ``on_notify`` must not block; should it raise (a
 bug of ours), the listener's task raises it in turn, as it would have from a task.
 
 Liveness costs no SQL: TCP keepalive on the socket plus asyncpg's termination callback.
@@ -22,7 +24,7 @@ import attrs
 import trio
 
 from .backoff import backoff
-from .db import APP_DAEMON, aio, close_quietly, connect
+from .db import APP_DAEMON, aio, at_once, close_quietly, connect
 from .errors import DatabaseUnavailable
 from .log import EventLog
 
@@ -59,6 +61,7 @@ class Listener:
     _failed: BaseException | None = None
     _failure: trio.Event = attrs.field(factory=trio.Event)
 
+    @at_once
     def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         if self._failed is not None:
             return

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from coordinator.db import aio, aio_here
+from coordinator.db import aio, aio_here, at_once
 
 
 async def test_results_and_errors_are_the_statements(conn: asyncpg.Connection) -> None:
@@ -85,6 +85,25 @@ async def test_a_done_future_wakes_the_waiting_task_at_once(aio_loop: Any) -> No
             trio.lowlevel.remove_instrument(scheduled)
         assert scheduled.tasks == waiting
     assert results == [7]
+
+
+async def test_a_callback_marked_at_once_runs_when_scheduled(aio_loop: Any) -> None:
+    """asyncpg schedules a notification's callback with call_soon: one marked at_once
+    (the listener's) runs then and there, in the task that read the notification."""
+    called: list[str] = []
+
+    @at_once
+    def marked(what: str) -> None:
+        called.append(what)
+
+    class Holder:
+        @at_once
+        def method(self, what: str) -> None:
+            called.append(what)
+
+    aio_loop.call_soon(marked, "function")
+    aio_loop.call_soon(Holder().method, "method")
+    assert called == ["function", "method"]
 
 
 async def test_other_callbacks_are_queued_as_before(aio_loop: Any) -> None:
