@@ -133,6 +133,11 @@ def at_once(callback: C) -> C:
     return callback
 
 
+def _is_asyncpg_protocol(obj: object) -> bool:
+    """``obj`` is an asyncpg connection's protocol (``BaseProtocol``)."""
+    return type(obj).__module__.startswith("asyncpg.protocol")
+
+
 def _wake_at_once(loop: Any) -> None:
     """Have ``loop`` run :func:`aio_here`'s wake-ups as soon as the future is done.
 
@@ -142,8 +147,12 @@ def _wake_at_once(loop: Any) -> None:
     Rescheduling is safe from any trio task (the one reading the socket, usually), so
     that callback runs at once and the waiting task runs in the next round: a round less
     per statement. So do callbacks marked with :func:`at_once` (the listener's: a
-    notification reaches the daemon in the task that read it). Everything else asyncio
-    schedules is queued as before.
+    notification reaches the daemon in the task that read it), and asyncpg's own
+    callback on a statement's future when the statement was not cancelled
+    (``_on_waiter_completed``: without a timeout it then does nothing, and with one it
+    only cancels the timer), which cost trio-asyncio's loop task a step per statement.
+    Everything else asyncio schedules is queued as before (a cancelled statement's
+    callback above all: it sends the server a cancel request).
     """
     if getattr(loop, "_wakes_at_once", False):
         return
@@ -154,7 +163,11 @@ def _wake_at_once(loop: Any) -> None:
             if not callback.deferred:
                 callback(*args)
                 return None
-        elif getattr(callback, "_runs_at_once", False):
+        elif getattr(callback, "_runs_at_once", False) or (
+            getattr(callback, "__name__", None) == "_on_waiter_completed"
+            and _is_asyncpg_protocol(getattr(callback, "__self__", None))
+            and not args[0].cancelled()
+        ):
             callback(*args)
             return None
         return queue(callback, *args, context=context)

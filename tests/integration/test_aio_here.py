@@ -161,3 +161,30 @@ async def test_a_reader_watches_again_without_waiting_for_the_loop_task(aio_loop
         a.close()
         b.close()
     assert got == [b"one", b"two", b"three"]
+
+
+async def test_a_statement_leaves_nothing_for_the_loop_task(
+    aio_loop: Any, conn: asyncpg.Connection
+) -> None:
+    """asyncpg's own callback on a statement's future (``_on_waiter_completed``) runs
+    when the answer is read, as aio_here's wake-up does: a statement steps no task of
+    trio-asyncio's loop. (A cancelled statement's callback is still queued: it sends the
+    server a cancel request; test_cancelled_by_trio_... above.)"""
+    assert await aio_here(conn.fetchval("SELECT 1")) == 1  # (the statement is prepared)
+    await trio.testing.wait_all_tasks_blocked()
+
+    class Stepped(trio.abc.Instrument):
+        def __init__(self) -> None:
+            self.names: list[str] = []
+
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            self.names.append(task.name)
+
+    stepped = Stepped()
+    trio.lowlevel.add_instrument(stepped)
+    try:
+        assert await aio_here(conn.fetchval("SELECT 1")) == 1
+        await trio.testing.wait_all_tasks_blocked()
+    finally:
+        trio.lowlevel.remove_instrument(stepped)
+    assert not [name for name in stepped.names if "_main_loop" in name], stepped.names
