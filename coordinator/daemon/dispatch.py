@@ -537,9 +537,12 @@ class Dispatcher:
             self.running.pop(job.id, None)
             self._stop_asked.discard(claim.run_id)
             # The call is over: its slot may start other work while the result is saved
-            # (the job itself stays busy until the dispatch ends).
+            # (the job itself stays busy until the dispatch ends). A turn of the loop
+            # only if work waits for a slot: nothing else changed (the dispatch's end
+            # kicks it anyway, once the result is saved).
             self.admission.free_slot(job.id)
-            self.kick()
+            if self.admission.waiting_count:
+                self.kick()
             self.on_change()
         await self._settle(ticket, claim, outcome)
 
