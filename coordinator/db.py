@@ -303,18 +303,23 @@ async def connection(
 @asynccontextmanager
 async def trio_asyncio_loop() -> AsyncIterator[Any]:
     """Open the trio-asyncio loop that every asyncpg call needs, if none is open yet;
-    either way it runs :func:`aio_here`'s wake-ups at once (:func:`_wake_at_once`) and
-    its I/O tasks watch again as soon as their callback ran (:func:`_watch_at_once`)."""
+    either way it is tuned for asyncpg (:func:`_tune`)."""
     existing = trio_asyncio.current_loop.get()
     if existing is not None:
-        _wake_at_once(existing)
-        _watch_at_once(existing)
+        _tune(existing)
         yield existing
         return
     async with trio_asyncio.open_loop() as loop:
-        _wake_at_once(loop)
-        _watch_at_once(loop)
+        _tune(loop)
         yield loop
+
+
+def _tune(loop: Any) -> None:
+    """Spare trio-asyncio's loop task the steps it takes for asyncpg: callbacks that
+    only wake a task run at once (:func:`_wake_at_once`), and I/O tasks watch again as
+    soon as their callback ran (:func:`_watch_at_once`). Idempotent."""
+    _wake_at_once(loop)
+    _watch_at_once(loop)
 
 
 def transaction(conn: Connection, **kwargs: Any) -> Any:

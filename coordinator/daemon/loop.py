@@ -1,7 +1,7 @@
 """The loop: deadlines, then the coalescer, then admission, then sleep.
 
 One task decides; every other task only reports to it by calling :meth:`DispatchLoop.kick`
-(a wake arrived, a slot freed, a result was saved). Each turn:
+(a wake arrived, a slot freed while work waits for one, a result was saved). Each turn:
 
 1. every armed deadline that has passed (wall time) is handed to ``on_due``, which offers
    its job to admission (or logs the tick as skipped); every :class:`Chore` whose time
