@@ -163,7 +163,7 @@ def _wake_at_once(loop: Any) -> None:
             if not callback.deferred:
                 callback(*args)
                 return None
-        elif getattr(callback, "_runs_at_once", False) or (
+        elif getattr(callback, "_runs_at_once", False) is True or (
             getattr(callback, "__name__", None) == "_on_waiter_completed"
             and _is_asyncpg_protocol(getattr(callback, "__self__", None))
             and not args[0].cancelled()
@@ -183,12 +183,19 @@ def _watch_at_once(loop: Any) -> None:
     and after every callback that task waits for the loop task to run everything queued
     so far (``synchronize``) before it watches the descriptor again: on every asyncpg
     connection, for every read (a statement's answer, a notification), a handle, an
-    event and two more task steps, none of them on the way to a result. asyncio's own
-    loop does not wait: it polls again before it runs what the I/O callbacks scheduled,
-    and asyncpg is written for that order. The callbacks still run in the order they
-    were queued, by the loop task; a reader removed meanwhile (``remove_reader``: its
-    handle is cancelled, and with it the task's wait) ends the task as before.
-    Connections opened before this was set keep the old task.
+    event and two more task steps, none of them on the way to a result.
+
+    Without that wait, a connection's next read may be handled before the callbacks its
+    last read queued have run (asyncio's own loop polls before running them too, but runs
+    them before the next read's callback). asyncpg does not depend on it: the wake-ups of
+    a statement's answer run at once (:func:`_wake_at_once`), and what can follow an
+    answer unasked (a notification, a parameter or notice message, an error before the
+    end of the stream) is handled by the protocol as it comes; ``connection_lost`` is
+    still queued behind what came before it. The queued callbacks still run in order,
+    by the loop task; a handle cancelled in its own callback (``pause_reading``, a close)
+    or from elsewhere ends the task as before. One harmless difference: while a connect's
+    queued completion waits for the loop task, its writer callback may run again and
+    return at once. Connections opened before this was set keep the old task.
     """
     if getattr(loop, "_watches_at_once", False) or not hasattr(type(loop), "_io_task"):
         return  # (set already, or a trio-asyncio whose I/O tasks this does not know)
