@@ -152,6 +152,7 @@ async def run(*, quick: bool) -> dict[str, Any]:
                 await daemon.wait_event("ready", timeout=120)
                 if target == "worker":
                     worker = await common.start_noop_worker(daemon, socket_path)
+                await bc.make_wal_segments()
                 results[target] = await measure(bc, db, daemon, n=n, prefix=f"{target}-")
             finally:
                 if worker is not None:

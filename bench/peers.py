@@ -420,6 +420,7 @@ async def run(*, quick: bool, window: float | None = None) -> dict[str, Any]:
                     "startup_by_app": common.statements_by_app(startup_log, db=db),
                 }
             common.note("idle window done; measuring latency")
+            await bc.make_wal_segments()
             lat: dict[str, Any] = {}
             # Like the peers' task functions, coordinator's figure is its worker's handler
             # starting (the no-op SDK worker reports its own clock); connected only now, so
