@@ -105,7 +105,7 @@ async def aio_here(awaitable: Coroutine[Any, Any, T]) -> T:
 class _Wake:
     """What :func:`aio_here` asks asyncpg's future to call when it is done: reschedule the
     waiting trio task. A loop set up by :func:`trio_asyncio_loop` calls it at once
-    (:func:`_wake_at_once`) unless ``deferred``."""
+    (:func:`_call_at_once`) unless ``deferred``."""
 
     __slots__ = ("deferred", "task")
 
@@ -138,8 +138,24 @@ def _is_asyncpg_protocol(obj: object) -> bool:
     return type(obj).__module__.startswith("asyncpg.protocol")
 
 
-def _wake_at_once(loop: Any) -> None:
-    """Have ``loop`` run :func:`aio_here`'s wake-ups as soon as the future is done.
+def _runs_now(callback: Any, args: tuple[Any, ...]) -> bool:
+    """Whether :func:`_call_at_once`'s loop runs ``callback(*args)`` as it is scheduled:
+    an :func:`aio_here` wake-up not deferred, a callback marked :func:`at_once`, or
+    asyncpg's ``_on_waiter_completed`` for a statement that was not cancelled."""
+    if type(callback) is _Wake:
+        return not callback.deferred
+    if getattr(callback, "_runs_at_once", False) is True:
+        return True
+    return (
+        getattr(callback, "__name__", None) == "_on_waiter_completed"
+        and _is_asyncpg_protocol(getattr(callback, "__self__", None))
+        and not args[0].cancelled()
+    )
+
+
+def _call_at_once(loop: Any) -> None:
+    """Have ``loop`` run :func:`aio_here`'s wake-ups as soon as the future is done, and
+    the few other callbacks that may (:func:`_runs_now`).
 
     asyncio's futures schedule every done-callback with ``loop.call_soon``, and
     trio-asyncio queues each for its loop task: a result that arrived waited a scheduler
@@ -159,15 +175,7 @@ def _wake_at_once(loop: Any) -> None:
     queue = loop.call_soon
 
     def call_soon(callback: Any, *args: Any, context: Any = None) -> Any:
-        if type(callback) is _Wake:
-            if not callback.deferred:
-                callback(*args)
-                return None
-        elif getattr(callback, "_runs_at_once", False) is True or (
-            getattr(callback, "__name__", None) == "_on_waiter_completed"
-            and _is_asyncpg_protocol(getattr(callback, "__self__", None))
-            and not args[0].cancelled()
-        ):
+        if _runs_now(callback, args):
             callback(*args)
             return None
         return queue(callback, *args, context=context)
@@ -188,7 +196,7 @@ def _watch_at_once(loop: Any) -> None:
     Without that wait, a connection's next read may be handled before the callbacks its
     last read queued have run (asyncio's own loop polls before running them too, but runs
     them before the next read's callback). asyncpg does not depend on it: the wake-ups of
-    a statement's answer run at once (:func:`_wake_at_once`), and what can follow an
+    a statement's answer run at once (:func:`_call_at_once`), and what can follow an
     answer unasked (a notification, a parameter or notice message, an error before the
     end of the stream) is handled by the protocol as it comes; ``connection_lost`` is
     still queued behind what came before it. The queued callbacks still run in order,
@@ -322,10 +330,10 @@ async def trio_asyncio_loop() -> AsyncIterator[Any]:
 
 
 def _tune(loop: Any) -> None:
-    """Spare trio-asyncio's loop task the steps it takes for asyncpg: callbacks that
-    only wake a task run at once (:func:`_wake_at_once`), and I/O tasks watch again as
-    soon as their callback ran (:func:`_watch_at_once`). Idempotent."""
-    _wake_at_once(loop)
+    """Spare trio-asyncio's loop task the steps it takes for asyncpg: the callbacks that
+    may run as they are scheduled do (:func:`_call_at_once`), and I/O tasks watch again
+    as soon as their callback ran (:func:`_watch_at_once`). Idempotent."""
+    _call_at_once(loop)
     _watch_at_once(loop)
 
 
