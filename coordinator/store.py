@@ -474,8 +474,13 @@ class _Slot(Generic[ResultT]):
     order: int = 0
     result: ResultT | None = None
     error: BaseException | None = None
+    #: Told the outcome instead (an item nobody waits for: :meth:`Batcher.submit_soon`).
+    then: Callable[[ResultT | BaseException], None] | None = None
 
     def finish(self, outcome: ResultT | BaseException) -> None:
+        if self.then is not None:
+            self.then(outcome)
+            return
         if isinstance(outcome, BaseException):
             self.error = outcome
         else:
@@ -555,6 +560,22 @@ class Batcher(Generic[ItemT, ResultT]):
             await slot.done.wait()
         return self._outcome(slot)
 
+    def submit_soon(
+        self, item: ItemT, *, order: int = 0, then: Callable[[ResultT | BaseException], None]
+    ) -> None:
+        """Send ``item`` with the next batch without waiting for it: ``then`` is told its
+        result or error by the task that sends the batch (no task of the caller's waits
+        a scheduler round for it). ``then`` must be quick and must not raise but for a
+        bug, which the sending task raises once every item of its batch is told. Only
+        while :meth:`run` runs (the daemon's store serves): otherwise ``then`` is told
+        at once that nothing was sent."""
+        slot: _Slot[ResultT] = _Slot(order=order, then=then)
+        if not self._running:
+            slot.finish(StoreUnavailable("the store is not serving; not sent"))
+            return
+        self._queue.append((item, slot))
+        self._wake.set()
+
     @staticmethod
     def _outcome(slot: _Slot[ResultT]) -> ResultT:
         if slot.error is not None:
@@ -574,8 +595,10 @@ class Batcher(Generic[ItemT, ResultT]):
         finally:
             self._running = False
             queued, self._queue = self._queue, []
-            for _item, slot in queued:  # nobody will send them now: their callers retry
-                slot.finish(StoreUnavailable("the daemon is stopping; not sent"))
+            # Nobody will send them now: their callers retry.
+            self._finish_all(
+                [(slot, StoreUnavailable("the daemon is stopping; not sent")) for _, slot in queued]
+            )
 
     async def _send_next(self) -> None:
         """Send the queued items (in order, at most :attr:`limit`) as one statement."""
@@ -595,18 +618,30 @@ class Batcher(Generic[ItemT, ResultT]):
         try:
             outcomes = await self.send([item for item, _slot in batch])
         except Exception as exc:
-            for _item, slot in batch:
-                slot.finish(exc)
+            self._finish_all([(slot, exc) for _item, slot in batch])
             return
         except BaseException:
             # Cancelled mid-statement: its outcome is unknown to us; the callers' error
             # policy treats it as unavailable (a claim is retried and refused as
             # outstanding if it did commit; a settlement is idempotent).
-            for _item, slot in batch:
-                slot.finish(StoreUnavailable("the statement was cancelled"))
+            cancelled = StoreUnavailable("the statement was cancelled")
+            self._finish_all([(slot, cancelled) for _item, slot in batch])
             raise
-        for (_item, slot), outcome in zip(batch, outcomes, strict=True):
-            slot.finish(outcome)
+        self._finish_all(
+            [(slot, outcome) for (_item, slot), outcome in zip(batch, outcomes, strict=True)]
+        )
+
+    def _finish_all(self, landed: list[tuple[_Slot[ResultT], ResultT | BaseException]]) -> None:
+        """Tell every slot its outcome; a ``then`` that raised (a bug) is raised after all
+        of them were told, so that one bug cannot strand the other items' callers."""
+        failed: Exception | None = None
+        for slot, outcome in landed:
+            try:
+                slot.finish(outcome)
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 def _item_error(what: str, state: str, message: str) -> Exception:
@@ -949,6 +984,13 @@ class Store:
         before comes back as ``already`` (with the retry it queued then, if it still
         waits)."""
         return await self.settlements.submit(held)
+
+    def settle_soon(
+        self, held: HeldResult, then: Callable[[JobState | BaseException], None]
+    ) -> None:
+        """:meth:`settle` without waiting: ``then`` is told the job's state, or the
+        error, once the batch carrying it lands (:meth:`Batcher.submit_soon`)."""
+        self.settlements.submit_soon(held, then=then)
 
     async def _settle_batch(self, items: list[HeldResult]) -> list[JobState | BaseException]:
         if len(items) == 1:

@@ -4,7 +4,10 @@ Work reaches admission two ways: a deadline that fell due (:meth:`Dispatcher.dea
 and a manual run (:meth:`Dispatcher.offer_manual`, from a dispatch wake or a refresh
 that found a queued run). Each admitted ticket becomes one :meth:`Dispatcher.dispatch`
 task: claim (one statement, under the job's row lock, fenced on leadership), call the
-executor outside any transaction, settle (one statement). Every claim failure goes
+executor outside any transaction, hand the result to the settlement (one statement, with
+the next batch) and end; the task that sends that batch ends the dispatch when it lands
+(:meth:`Dispatcher._settled`), so no task waits a scheduler round for it. Every claim
+failure goes
 through the error policy; a dispatch that ends without a settlement re-arms what it may
 have displaced, so no path drops an armed deadline without arming its successor or
 saying why.
@@ -388,30 +391,45 @@ class Dispatcher:
         is its place in admission's order: claims sent together go in that order, and
         those granted together start their calls in that order, whatever order trio
         wakes their tasks in."""
-        job_id = ticket.job_id
         self.in_flight += 1
         turn = _Turn(self._turns)
+        settling = False
         try:
             if self.stopping:
                 return
             result = await self._claim(ticket, seq)
             if result is None:
                 return
-            claim, turn.place = result
-            await self._run(ticket, claim, turn)
+            claim, turn.place, refused = result
+            outcome = refused or await self._run(claim, turn)
+            # The task ends here: the settlement's batch finishes the dispatch
+            # (:meth:`_settled`), without a task step of this one's.
+            settling = True
+            self._settle(ticket, claim, outcome)
         finally:
             turn.pass_()  # if it has not (an error before the call started)
-            self.admission.release(job_id)
-            follow = self._after.pop(job_id, None)
-            if follow is not None and follow.run_id != ticket.run_id and not self.stopping:
-                self.admission.offer(follow)
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self.idle.set()
-                self.idle = trio.Event()
-            self.kick()
+            if not settling:
+                self._done(ticket)
 
-    async def _claim(self, ticket: Ticket, seq: int) -> tuple[Claim, tuple[int, int, int]] | None:
+    def _done(self, ticket: Ticket) -> None:
+        """The dispatch is over (settled, held, or never claimed): the job may be
+        admitted again, and the loop takes a turn."""
+        job_id = ticket.job_id
+        self.admission.release(job_id)
+        follow = self._after.pop(job_id, None)
+        if follow is not None and follow.run_id != ticket.run_id and not self.stopping:
+            self.admission.offer(follow)
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()
+            self.idle = trio.Event()
+        self.kick()
+
+    async def _claim(
+        self, ticket: Ticket, seq: int
+    ) -> tuple[Claim, tuple[int, int, int], Outcome | None] | None:
+        """The claim, its place in its batch, and the outcome to settle at once when it
+        must not be called; ``None`` when it was refused or failed (handled here)."""
         now = self.clock.now()
         try:
             result = await self.store.claim(
@@ -452,7 +470,6 @@ class Dispatcher:
                 self.inventory.request((ticket.job_id,))
                 self.wake()
             return None
-        claim = result.claim
         if result.target_error is not None:
             # Granted, but the stored target cannot be called: fail without calling.
             now = self.clock.now()
@@ -463,9 +480,8 @@ class Dispatcher:
                 error_cause="handler",
                 error_message=f"bad target: {result.target_error}",
             )
-            await self._settle(ticket, claim, outcome)
-            return None
-        return claim, result.place
+            return result.claim, result.place, outcome
+        return result.claim, result.place, None
 
     def _skip_next(self, ticket: Ticket, now: datetime) -> datetime | None:
         """For a scheduled claim: the deadline to save instead, should the claim find that
@@ -511,7 +527,8 @@ class Dispatcher:
             retry_at = self.clock.now().timestamp() + max(delay, 0.5)
             self.inventory.deadlines.set(entry.id, max(entry.next_run_at.timestamp(), retry_at))
 
-    async def _run(self, ticket: Ticket, claim: Claim, turn: _Turn) -> None:
+    async def _run(self, claim: Claim, turn: _Turn) -> Outcome:
+        """Call the claimed run (it is ``running`` meanwhile); how it ended."""
         job = claim.job
         # A deadline still armed (a manual run took the slot) stays armed: when it falls
         # during this run it is logged as skipped, and the settlement moves it.
@@ -532,7 +549,7 @@ class Dispatcher:
         )
         turn.on_start = lambda: self.events.emit(started)
         try:
-            outcome = await self._call(claim, turn)
+            return await self._call(claim, turn)
         finally:
             self.running.pop(job.id, None)
             self._stop_asked.discard(claim.run_id)
@@ -544,7 +561,6 @@ class Dispatcher:
             if self.admission.waiting_count:
                 self.kick()
             self.on_change()
-        await self._settle(ticket, claim, outcome)
 
     async def _call(self, claim: Claim, turn: _Turn) -> Outcome:
         executor = self.executors.get(claim.job.target.kind)
@@ -583,26 +599,46 @@ class Dispatcher:
                 error_message=f"internal error in the {claim.job.target.kind} executor: {exc!r}",
             )
 
-    async def _settle(self, ticket: Ticket, claim: Claim, outcome: Outcome) -> None:
+    def _settle(self, ticket: Ticket, claim: Claim, outcome: Outcome) -> None:
+        """Hand the result to the settlement; :meth:`_settled` ends the dispatch once its
+        batch lands. The dispatch is ended exactly once whatever happens here."""
         job = claim.job
-        # Redacted here, once: the held result, the spool, the database and the run's
-        # event only ever see this (docs/design.md, "Redaction").
-        outcome = redact.default().outcome(outcome)
-        next_at, problem = next_deadline(
-            schedules.following_deadline, job.schedule, outcome.finished_at
-        )
-        if problem is not None:
-            self.events.log.warning("job.invalid", job=job.key, reason=problem)
-        held = HeldResult(
-            run_id=claim.run_id,
-            job_id=job.id,
-            job_key=job.key,
-            schedule_version=job.schedule_version,
-            next_run_at=next_at,
-            outcome=outcome,
-            retry_jitter=self.jitter(),
-        )
-        state = await self.settlement.settle(held)
+        try:
+            # Redacted here, once: the held result, the spool, the database and the
+            # run's event only ever see this (docs/design.md, "Redaction").
+            outcome = redact.default().outcome(outcome)
+            next_at, problem = next_deadline(
+                schedules.following_deadline, job.schedule, outcome.finished_at
+            )
+            if problem is not None:
+                self.events.log.warning("job.invalid", job=job.key, reason=problem)
+            held = HeldResult(
+                run_id=claim.run_id,
+                job_id=job.id,
+                job_key=job.key,
+                schedule_version=job.schedule_version,
+                next_run_at=next_at,
+                outcome=outcome,
+                retry_jitter=self.jitter(),
+            )
+        except BaseException:
+            self._done(ticket)
+            raise
+        redacted = outcome
+        self.settlement.settle(held, lambda state: self._settled(ticket, claim, redacted, state))
+
+    def _settled(
+        self, ticket: Ticket, claim: Claim, outcome: Outcome, state: JobState | None
+    ) -> None:
+        """The result is saved (``state``) or held (``None``): re-arm the job, tell the
+        run's end, and end the dispatch (called by the task that sent the batch)."""
+        try:
+            self._tell_settled(claim, outcome, state)
+        finally:
+            self._done(ticket)
+
+    def _tell_settled(self, claim: Claim, outcome: Outcome, state: JobState | None) -> None:
+        job = claim.job
         if state is not None:
             self.inventory.settled(state, job, claim.run_id)
         else:

@@ -99,24 +99,34 @@ class Settlement:
 
     # -- saving -------------------------------------------------------------------------
 
-    async def settle(self, result: HeldResult) -> JobState | None:
-        """Save ``result`` with its job's next deadline; ``None`` if it is held instead.
+    def settle(self, result: HeldResult, then: Callable[[JobState | None], None]) -> None:
+        """Save ``result`` with its job's next deadline, with the next batch of
+        settlements; ``then(state)`` once saved, ``then(None)`` if it is held instead.
+        Nobody waits for it: ``then`` is called by the task that sends the batch.
 
         A failure that is not a database failure (a bug) holds the result before it is
-        re-raised, so that the stop sequence still saves or spools it.
+        re-raised (after ``then(None)``), so that the stop sequence still saves or spools
+        it.
         """
-        try:
-            state = await self.store.settle(result)
-        except Exception as exc:
-            entry = self._hold(result)
-            self._failed(entry, exc, event="settle.failed")
-            self.events.emit(
-                ResultHeld(job=result.job_key, run=result.run_id, error=entry.error or "")
-            )
-            assert self._nursery is not None
-            self._nursery.start_soon(self._retry, result.run_id)
-            return None
-        return state
+
+        def landed(outcome: JobState | BaseException) -> None:
+            if not isinstance(outcome, BaseException):
+                then(outcome)
+                return
+            try:
+                self._hold_failed(result, outcome)
+            finally:
+                then(None)
+
+        self.store.settle_soon(result, landed)
+
+    def _hold_failed(self, result: HeldResult, exc: BaseException) -> None:
+        """The first save failed: hold the result and re-send it in a task of its own."""
+        entry = self._hold(result)
+        self._failed(entry, exc, event="settle.failed")
+        self.events.emit(ResultHeld(job=result.job_key, run=result.run_id, error=entry.error or ""))
+        assert self._nursery is not None
+        self._nursery.start_soon(self._retry, result.run_id)
 
     async def _retry(self, run_id: int) -> None:
         """Re-send a held result until it is saved (or the stop sequence takes over)."""

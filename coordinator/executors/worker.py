@@ -180,6 +180,8 @@ class _Call:
     result: Result | None = None
     #: Why the connection went away before the result (``crashed`` message).
     lost: str | None = None
+    #: Its line was queued on the connection (it may wait for its turn first).
+    sent: bool = False
     cancel_sent: bool = False
     #: The worker did not answer the cancel within the grace and was disconnected.
     cancel_ignored: bool = False
@@ -504,20 +506,30 @@ class WorkerExecutor:
         if problem is not None:
             self._release(conn, call)
             return ended(self.clock, started_at, "failed", "handler", problem)
-        sent = trio.Event()
 
         def send() -> None:
             # Taken in the batch's order: maybe later, by the task that starts the call
             # before this one; by then this one may have been cancelled (orphaned).
             if not call.orphaned:
                 conn.send_bytes(data, now=turn.alone())
-                sent.set()
+                call.sent = True
 
+        # The call does not wait for its line to go: the task that passes the turn on
+        # sends it (waiting was a task step per call of a batch, most of them). Its time
+        # limit counts from ``started_at``, as the deadline the worker is given does.
         turn.take(send)
         try:
-            if not sent.is_set():
-                await sent.wait()
             ending = await self._wait(call, abandon, timeout)
+            if not call.sent:
+                # Ended before its turn came (abandoned, asked to stop, out of time or
+                # the worker lost while the calls before it started): never sent, and
+                # now never will be.
+                call.orphaned = True
+                self._release(conn, call)
+                if ending in ("timeout", "done"):
+                    return self._outcome(call, started_at, ending, timeout)
+                stop = "abandon" if ending == "abandon" else call.stop_reason or "stopping"
+                return self._unstarted(claim, stop)
             if ending == "timeout":
                 await self._cancel(call, "timeout")
             elif ending == "abandon":
@@ -527,7 +539,7 @@ class WorkerExecutor:
         except BaseException:
             if not call.done.is_set():
                 call.orphaned = True
-                if not sent.is_set():
+                if not call.sent:
                     self._release(conn, call)  # never sent (nor will be): its slot is free
                 elif not call.cancel_sent:
                     conn.send(Cancel(run=run_id, reason="stopping"))

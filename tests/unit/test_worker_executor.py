@@ -30,6 +30,7 @@ from coordinator.daemon.dispatch import Turns, _Turn
 from coordinator.errors import InvalidInput
 from coordinator.events import EventBus
 from coordinator.executors.base import ExecutorHooks
+from coordinator.executors.outcomes import PAUSE_REASONS
 from coordinator.executors.worker import (
     CANCELLED_MESSAGE,
     PROGRESS_LOG_LIMIT,
@@ -410,6 +411,59 @@ async def test_a_call_cancelled_while_its_line_waits_for_its_turn_is_never_sent(
             async def call_first() -> None:
                 claim = make_claim(1)
                 done.append(await h.executor.call(claim, abandon=trio.Event(), turn=first))
+
+            h.nursery.start_soon(call_first)
+            assert (await raw.recv() or {}).get("run") == 1
+            await raw.send({"type": "result", "run": 1, "ok": True})
+            while not done:
+                await trio.sleep(0.01)
+            h.nursery.start_soon(h.call, make_claim(3))
+            # Nothing for run 2 came between: neither its call nor a cancel.
+            message = await raw.recv()
+            assert message is not None
+            assert (message["type"], message["run"]) == ("call", 3)
+
+
+@pytest.mark.parametrize("how", ["pause", "abandon"])
+async def test_a_call_stopped_while_its_line_waits_for_its_turn_ends_unsent(
+    sock_path: Path, how: str
+) -> None:
+    """The call does not wait for its turn in a task step of its own: asked to stop (or
+    abandoned) before the calls ahead of it started, it ends as a call never sent, and
+    its kept line is not sent when the turn reaches it."""
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello()
+            turns = Turns()
+            first, second = _Turn(turns, place=(1, 0, 2)), _Turn(turns, place=(1, 1, 2))
+            abandon = trio.Event()
+            claim = make_claim(2, recoverable=True, cursor=Cursor(value="c2"), count=2)
+            kept: list[Outcome] = []
+
+            async def call_second() -> None:
+                kept.append(await h.executor.call(claim, abandon=abandon, turn=second))
+
+            h.nursery.start_soon(call_second)
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.executor.connections()[0].busy == 1  # its slot is taken, not sent
+            if how == "pause":
+                assert h.executor.cancel(2, "pause") is True
+            else:
+                abandon.set()
+            while not kept:
+                await trio.sleep(0.01)
+            assert h.executor.connections()[0].busy == 0
+            expected = {
+                "pause": "paused by operator before the call started",
+                "abandon": PAUSE_REASONS["abandon"],
+            }[how]
+            assert (kept[0].status, kept[0].error_message) == ("paused", expected)
+            assert (kept[0].cursor, kept[0].count) == (Cursor(value="c2"), 2)
+            done: list[Outcome] = []
+
+            async def call_first() -> None:
+                done.append(await h.executor.call(make_claim(1), abandon=trio.Event(), turn=first))
 
             h.nursery.start_soon(call_first)
             assert (await raw.recv() or {}).get("run") == 1
