@@ -159,10 +159,11 @@ class _Turn:
             first_step()
             return
         self.done = True
-        on_start = self.on_start
 
         def step() -> None:
-            on_start()
+            # (Read when taken: a call that ended before its turn came is not told as
+            # started; see Dispatcher._run.)
+            self.on_start()
             first_step()
 
         if self.place is None:
@@ -232,7 +233,8 @@ class Dispatcher:
     others_starting: Callable[[], bool] = lambda: True
     #: job id -> the call in progress.
     running: dict[int, Running] = attrs.field(factory=dict)
-    #: Admitted tickets whose task has not finished (claim, call, settle).
+    #: Admitted tickets whose dispatch has not ended (claimed, called, and its result
+    #: saved or held: :meth:`_done`).
     in_flight: int = 0
     #: Set whenever ``in_flight`` drops to zero.
     idle: trio.Event = attrs.field(factory=trio.Event)
@@ -400,8 +402,12 @@ class Dispatcher:
             result = await self._claim(ticket, seq)
             if result is None:
                 return
-            claim, turn.place, refused = result
-            outcome = refused or await self._run(claim, turn)
+            claim, place, refused = result
+            if refused is None:
+                turn.place = place  # (a refused one passed its place already)
+                outcome = await self._run(claim, turn)
+            else:
+                outcome = refused
             # The task ends here: the settlement's batch finishes the dispatch
             # (:meth:`_settled`), without a task step of this one's.
             settling = True
@@ -551,6 +557,8 @@ class Dispatcher:
         try:
             return await self._call(claim, turn)
         finally:
+            # A step still kept for its turn (a line never sent) no longer tells a start.
+            turn.on_start = _no_step
             self.running.pop(job.id, None)
             self._stop_asked.discard(claim.run_id)
             # The call is over: its slot may start other work while the result is saved

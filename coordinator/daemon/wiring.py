@@ -197,6 +197,8 @@ class Daemon:
     _last_words: list[str] = attrs.field(factory=list, init=False)
     #: Held results were flushed (the stop sequence ran): the way out need not flush.
     _flushed: bool = attrs.field(default=False, init=False)
+    #: What the last flush saved, spooled or lost.
+    _flushed_report: FlushReport = attrs.field(factory=FlushReport, init=False)
     #: Why the database could not be reached at start (while it cannot).
     _unavailable: str | None = attrs.field(default=None, init=False)
     #: The companions were started (once: a re-taken lead keeps them).
@@ -405,6 +407,11 @@ class Daemon:
             with trio.CancelScope(shield=True):
                 if not self._flushed:  # a way out other than a stop: a bug, a cancel
                     status = self._stopped(await self._flush(), status)
+                elif len(self.settlement) > len(self._flushed_report.lost):
+                    # Results held after the stop's flush: their settlement was still
+                    # queued or in flight when the batches stopped (the database hung
+                    # past the stop's waits). Saved or spooled now, and said.
+                    status = self._late(self._flushed_report, await self._flush(), status)
                 await self.store.pool.close()
                 await self.leadership.release()
             self._set_phase("stopped")
@@ -764,7 +771,29 @@ class Daemon:
         deadline = max(
             self._stop_deadline or 0.0, trio.current_time() + min(5.0, self.settings.stop_timeout)
         )
-        return await self.settlement.flush(deadline=deadline)
+        self._flushed_report = await self.settlement.flush(deadline=deadline)
+        return self._flushed_report
+
+    def _late(self, before: FlushReport, report: FlushReport, status: int) -> int:
+        """A second flush, after the stop's: say what it did with the results held since,
+        and choose the exit status again."""
+        spooled = sorted(set(report.spooled) - set(before.spooled))
+        lost = sorted(set(report.lost) - set(before.lost))
+        self.log.error(
+            "stop.late_results",
+            instance=self.instance,
+            spooled=len(spooled) or None,
+            lost=", ".join(str(r) for r in lost) or None,
+        )
+        if lost:
+            runs = ", ".join(str(r) for r in lost)
+            self._last_words.append(
+                f"could not save or spool the results of runs {runs}: they are lost"
+            )
+            return EXIT_LOST
+        if spooled and status == EXIT_OK:
+            return EXIT_SPOOLED
+        return status
 
     def _stopped(self, report: FlushReport, status: int) -> int:
         """Log the last line and choose the exit status from what the flush kept."""

@@ -1122,9 +1122,13 @@ class WorkerExecutor:
             await _wait_any(self._changed, abandon)
 
     def _release(self, conn: _Conn, call: _Call) -> None:
+        """A call that was never sent gives its slot back (a worker that said ``bye`` and
+        has no other call is let go, as after its last result)."""
         if conn.calls.get(call.run_id) is call:
             del conn.calls[call.run_id]
             self._slot_freed()
+            if conn.draining and not conn.calls:
+                self._disconnect(conn, "bye")
         call.finished = True
 
     async def _wait(

@@ -937,6 +937,37 @@ async def test_bye_stops_new_calls_and_lets_running_ones_finish(sock_path: Path)
             await raw.aclose()
 
 
+async def test_a_worker_that_said_bye_goes_once_its_unsent_call_is_stopped(
+    sock_path: Path,
+) -> None:
+    """The only call of a worker that said bye waited for its turn and was stopped
+    before it: the worker has nothing left to run and is let go, as after a result."""
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello("leaving")
+            turns = Turns()
+            second = _Turn(turns, place=(1, 1, 2))
+            outcomes: list[Outcome] = []
+
+            async def call() -> None:
+                claim = make_claim(2)
+                outcomes.append(await h.executor.call(claim, abandon=trio.Event(), turn=second))
+
+            h.nursery.start_soon(call)
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.executor.connections()[0].busy == 1  # reserved, its line kept
+            await raw.send({"type": "bye"})
+            await h.until(lambda: h.executor.connections()[0].draining)
+            assert h.executor.cancel(2, "pause") is True
+            assert await raw.recv() is None  # closed: no call, no cancel was sent
+            while not outcomes:
+                await trio.sleep(0.01)
+            assert outcomes[0].status == "cancelled"
+            assert h.executor.connections() == []
+            await raw.aclose()
+
+
 async def test_detach_stops_accepting_but_running_calls_finish(sock_path: Path) -> None:
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
