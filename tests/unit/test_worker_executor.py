@@ -383,6 +383,26 @@ async def test_a_line_kept_for_its_turn_goes_out_after_the_ones_before_it(
             assert [o.status for o in outcomes] == ["succeeded", "succeeded"]
 
 
+async def _first_goes_and_the_kept_line_does_not(h: Harness, raw: Any, first: _Turn) -> None:
+    """Run 1 (the first of the batch) is called and answered; then nothing for run 2
+    (the second, ended while its line waited for its turn) comes before run 3's call:
+    neither its call nor a cancel."""
+    done: list[Outcome] = []
+
+    async def call_first() -> None:
+        done.append(await h.executor.call(make_claim(1), abandon=trio.Event(), turn=first))
+
+    h.nursery.start_soon(call_first)
+    assert (await raw.recv() or {}).get("run") == 1
+    await raw.send({"type": "result", "run": 1, "ok": True})
+    while not done:
+        await trio.sleep(0.01)
+    h.nursery.start_soon(h.call, make_claim(3))
+    message = await raw.recv()
+    assert message is not None
+    assert (message["type"], message["run"]) == ("call", 3)
+
+
 async def test_a_call_cancelled_while_its_line_waits_for_its_turn_is_never_sent(
     sock_path: Path,
 ) -> None:
@@ -406,22 +426,7 @@ async def test_a_call_cancelled_while_its_line_waits_for_its_turn_is_never_sent(
             scope.cancel()
             await trio.testing.wait_all_tasks_blocked()
             assert h.executor.connections()[0].busy == 0
-            done: list[Outcome] = []
-
-            async def call_first() -> None:
-                claim = make_claim(1)
-                done.append(await h.executor.call(claim, abandon=trio.Event(), turn=first))
-
-            h.nursery.start_soon(call_first)
-            assert (await raw.recv() or {}).get("run") == 1
-            await raw.send({"type": "result", "run": 1, "ok": True})
-            while not done:
-                await trio.sleep(0.01)
-            h.nursery.start_soon(h.call, make_claim(3))
-            # Nothing for run 2 came between: neither its call nor a cancel.
-            message = await raw.recv()
-            assert message is not None
-            assert (message["type"], message["run"]) == ("call", 3)
+            await _first_goes_and_the_kept_line_does_not(h, raw, first)
 
 
 @pytest.mark.parametrize("how", ["pause", "abandon"])
@@ -460,21 +465,7 @@ async def test_a_call_stopped_while_its_line_waits_for_its_turn_ends_unsent(
             }[how]
             assert (kept[0].status, kept[0].error_message) == ("paused", expected)
             assert (kept[0].cursor, kept[0].count) == (Cursor(value="c2"), 2)
-            done: list[Outcome] = []
-
-            async def call_first() -> None:
-                done.append(await h.executor.call(make_claim(1), abandon=trio.Event(), turn=first))
-
-            h.nursery.start_soon(call_first)
-            assert (await raw.recv() or {}).get("run") == 1
-            await raw.send({"type": "result", "run": 1, "ok": True})
-            while not done:
-                await trio.sleep(0.01)
-            h.nursery.start_soon(h.call, make_claim(3))
-            # Nothing for run 2 came between: neither its call nor a cancel.
-            message = await raw.recv()
-            assert message is not None
-            assert (message["type"], message["run"]) == ("call", 3)
+            await _first_goes_and_the_kept_line_does_not(h, raw, first)
 
 
 async def test_raw_worker_sees_cancel(sock_path: Path) -> None:
