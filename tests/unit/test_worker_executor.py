@@ -383,6 +383,14 @@ async def test_a_line_kept_for_its_turn_goes_out_after_the_ones_before_it(
             assert [o.status for o in outcomes] == ["succeeded", "succeeded"]
 
 
+async def _a_worker_and_a_batch_of_two(h: Harness) -> tuple[Any, _Turn, _Turn]:
+    """A connected raw worker, and the two places of one claim batch's turnstile."""
+    raw = await h.connect()
+    await raw.hello()
+    turns = Turns()
+    return raw, _Turn(turns, place=(1, 0, 2)), _Turn(turns, place=(1, 1, 2))
+
+
 async def _first_goes_and_the_kept_line_does_not(h: Harness, raw: Any, first: _Turn) -> None:
     """Run 1 (the first of the batch) is called and answered; then nothing for run 2
     (the second, ended while its line waited for its turn) comes before run 3's call:
@@ -408,10 +416,7 @@ async def test_a_call_cancelled_while_its_line_waits_for_its_turn_is_never_sent(
 ) -> None:
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
-            raw = await h.connect()
-            await raw.hello()
-            turns = Turns()
-            first, second = _Turn(turns, place=(1, 0, 2)), _Turn(turns, place=(1, 1, 2))
+            raw, first, second = await _a_worker_and_a_batch_of_two(h)
             scope = trio.CancelScope()
 
             async def call_second() -> None:
@@ -438,10 +443,7 @@ async def test_a_call_stopped_while_its_line_waits_for_its_turn_ends_unsent(
     its kept line is not sent when the turn reaches it."""
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
-            raw = await h.connect()
-            await raw.hello()
-            turns = Turns()
-            first, second = _Turn(turns, place=(1, 0, 2)), _Turn(turns, place=(1, 1, 2))
+            raw, first, second = await _a_worker_and_a_batch_of_two(h)
             abandon = trio.Event()
             claim = make_claim(2, recoverable=True, cursor=Cursor(value="c2"), count=2)
             kept: list[Outcome] = []
