@@ -7,10 +7,9 @@ task: claim (one statement, under the job's row lock, fenced on leadership), cal
 executor outside any transaction, hand the result to the settlement (one statement, with
 the next batch) and end; the task that sends that batch ends the dispatch when it lands
 (:meth:`Dispatcher._settled`), so no task waits a scheduler round for it. Every claim
-failure goes
-through the error policy; a dispatch that ends without a settlement re-arms what it may
-have displaced, so no path drops an armed deadline without arming its successor or
-saying why.
+failure goes through the error policy; a dispatch that ends without a settlement re-arms
+what it may have displaced, so no path drops an armed deadline without arming its
+successor or saying why.
 
 A call in progress can be asked to stop early (:meth:`Dispatcher.request_stop`): an
 operator paused its run, or the daemon is stopping and the call is recoverable (it then
