@@ -28,7 +28,7 @@ import signal
 import socket
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol, TypeVar
@@ -786,29 +786,30 @@ class Daemon:
             lost=", ".join(str(r) for r in lost) or None,
         )
         if lost:
-            runs = ", ".join(str(r) for r in lost)
-            self._last_words.append(
-                f"could not save or spool the results of runs {runs}: they are lost"
-            )
+            self._say_lost(lost)
             return EXIT_LOST
         if spooled and status == EXIT_OK:
             return EXIT_SPOOLED
         return status
 
+    def _say_lost(self, runs: Sequence[int]) -> None:
+        """The process's last words name the runs whose results are lost."""
+        named = ", ".join(str(r) for r in runs)
+        self._last_words.append(
+            f"could not save or spool the results of runs {named}: they are lost"
+        )
+
     def _stopped(self, report: FlushReport, status: int) -> int:
         """Log the last line and choose the exit status from what the flush kept."""
         if report.lost:
-            runs = ", ".join(str(r) for r in report.lost)
             self.log.error(
                 "stopped",
                 instance=self.instance,
                 spooled=len(report.spooled) or None,
-                lost=runs,
+                lost=", ".join(str(r) for r in report.lost),
                 exit_code=EXIT_LOST,
             )
-            self._last_words.append(
-                f"could not save or spool the results of runs {runs}: they are lost"
-            )
+            self._say_lost(report.lost)
             return EXIT_LOST
         if report.spooled:
             # A clean stop that spooled says so with its own status; a failure keeps its.
