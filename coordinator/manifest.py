@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import attrs
 
 from . import schedule as schedules
-from .client import MAX_KEEP_LAST, job_entry
+from .client import job_entry
 from .errors import InvalidInput
 from .model import (
     DEFAULT_RETRY_BACKOFF,
@@ -76,6 +76,7 @@ from .model import (
     ScheduleKind,
     Target,
 )
+from .policies import check_retention
 from .text import check_job_name, check_namespace
 
 if TYPE_CHECKING:
@@ -527,10 +528,12 @@ def _keep_last(e: _Entry) -> int | None:
     if "keep_last" not in e.raw:
         return None
     value = e.raw["keep_last"]
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_KEEP_LAST:
-        e.problem("keep_last", f"must be a whole number from 1 to {MAX_KEEP_LAST}")
+    try:
+        check_retention(value, None)
+    except InvalidInput as exc:
+        e.problem(exc.field, exc.reason)
         return None
-    return value
+    return int(value)
 
 
 def _target(e: _Entry) -> Target | dict[str, Any]:

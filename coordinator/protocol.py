@@ -530,9 +530,12 @@ class Result:
 SCHEDULE_KEYS: Final = ("cron", "every", "at", "manual")
 #: Most jobs one ``declare`` may list.
 MAX_DECLARED: Final = 1024
+#: A declared job's durations and words besides its schedule: text, as in a manifest.
+_DECLARED_TEXT: Final = ("timezone", "timeout", "priority", "retry_backoff", "retry_max_delay",
+                         "misfire", "misfire_grace", "retention")  # fmt: skip
 _DECLARED_KEYS: Final = frozenset(
-    {"name", "job_type", *SCHEDULE_KEYS, "timezone", "timeout", "priority", "idempotent",
-     "paused", "params"}
+    {"name", "job_type", *SCHEDULE_KEYS, *_DECLARED_TEXT, "idempotent", "paused", "params",
+     "retries", "recoverable", "alert", "keep_last"}
 )  # fmt: skip
 
 
@@ -571,6 +574,32 @@ class DeclaredJob:
     idempotent: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     paused: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     params: dict[str, Any] = attrs.field(factory=dict, validator=attrs.validators.instance_of(dict))
+    #: The retry policy: attempts after a failure, the first delay and the longest (each
+    #: ``None``: the default, as a manifest entry without it).
+    retries: int | None = attrs.field(default=None, validator=_check_int64("declare"))
+    retry_backoff: str | None = attrs.field(
+        default=None, validator=_check_optional_text("declare", MAX_NAME)
+    )
+    retry_max_delay: str | None = attrs.field(
+        default=None, validator=_check_optional_text("declare", MAX_NAME)
+    )
+    #: ``run-once`` | ``skip`` (with ``misfire_grace``), or ``None``: the default.
+    misfire: str | None = attrs.field(
+        default=None, validator=_check_optional_text("declare", MAX_NAME)
+    )
+    misfire_grace: str | None = attrs.field(
+        default=None, validator=_check_optional_text("declare", MAX_NAME)
+    )
+    #: Runs keep a cursor and pause (``ctx.checkpoint``).
+    recoverable: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: ``False``: never alert on this job's failures.
+    alert: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    #: Retention keeps at most the newest ``keep_last`` runs / none finished longer ago
+    #: than ``retention`` (``None``: the settings).
+    keep_last: int | None = attrs.field(default=None, validator=_check_int64("declare"))
+    retention: str | None = attrs.field(
+        default=None, validator=_check_optional_text("declare", MAX_NAME)
+    )
 
     def __attrs_post_init__(self) -> None:
         if (self.schedule == "manual") != (self.expression is None):
@@ -583,13 +612,14 @@ class DeclaredJob:
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "job_type": self.job_type}
         out[self.schedule] = True if self.schedule == "manual" else self.expression
-        for key in ("timezone", "timeout", "priority"):
+        for key in (*_DECLARED_TEXT, "retries", "keep_last"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
-        if self.idempotent:
-            out["idempotent"] = True
-        if self.paused:
-            out["paused"] = True
+        for flag in ("idempotent", "paused", "recoverable"):
+            if getattr(self, flag):
+                out[flag] = True
+        if not self.alert:
+            out["alert"] = False
         if self.params:
             out["params"] = self.params
         return out
@@ -1039,12 +1069,14 @@ def _read_declared_job(index: int, raw: object) -> DeclaredJob:
         job_type=_field(raw, where, "job_type", str),
         schedule=key,
         expression=expression,
-        timezone=_optional(raw, where, "timezone", str),
-        timeout=_optional(raw, where, "timeout", str),
-        priority=_optional(raw, where, "priority", str),
         idempotent=_optional(raw, where, "idempotent", bool) or False,
         paused=_optional(raw, where, "paused", bool) or False,
         params=_optional(raw, where, "params", dict) or {},
+        retries=_optional(raw, where, "retries", int),
+        recoverable=_optional(raw, where, "recoverable", bool) or False,
+        alert=_optional(raw, where, "alert", bool) is not False,
+        keep_last=_optional(raw, where, "keep_last", int),
+        **{key: _optional(raw, where, key, str) for key in _DECLARED_TEXT},
     )
 
 

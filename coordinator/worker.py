@@ -463,6 +463,7 @@ def _declared(
     idempotent: bool,
     paused: bool,
     params: Mapping[str, Any] | None,
+    policies: _Policies,
 ) -> DeclaredJob | None:
     """The declaration a ``@worker.job`` carries, or ``None`` when it carries none."""
     given = [
@@ -473,7 +474,12 @@ def _declared(
     if not given:
         extras = {"timezone": timezone, "timeout": timeout, "priority": priority,
                   "params": params, "name": name}  # fmt: skip
-        if any(v is not None for v in extras.values()) or idempotent or paused:
+        if (
+            any(v is not None for v in extras.values())
+            or idempotent
+            or paused
+            or policies.declared()
+        ):
             raise ValueError(
                 f"{job_type!r}: a schedule (cron, every, at or manual=True) is needed to "
                 "declare the job"
@@ -514,7 +520,36 @@ def _declared(
         idempotent=idempotent,
         paused=paused,
         params=dict(params or {}),
+        retries=policies.retries,
+        retry_backoff=_duration(policies.retry_backoff, "retry_backoff"),
+        retry_max_delay=_duration(policies.retry_max_delay, "retry_max_delay"),
+        misfire=policies.misfire,
+        misfire_grace=_duration(policies.misfire_grace, "misfire_grace"),
+        recoverable=policies.recoverable,
+        alert=policies.alert,
+        keep_last=policies.keep_last,
+        retention=_duration(policies.retention, "retention"),
     )
+
+
+@attrs.frozen(kw_only=True)
+class _Policies:
+    """What a declared job says besides its schedule: retries, misfire, retention, alerts
+    (``None``: the default, as in a manifest entry without the key)."""
+
+    retries: int | None = None
+    retry_backoff: str | timedelta | None = None
+    retry_max_delay: str | timedelta | None = None
+    misfire: str | None = None
+    misfire_grace: str | timedelta | None = None
+    recoverable: bool = False
+    alert: bool = True
+    keep_last: int | None = None
+    retention: str | timedelta | None = None
+
+    def declared(self) -> bool:
+        """Whether any of them is not the default."""
+        return self != _Policies()
 
 
 @attrs.define(eq=False)
@@ -565,14 +600,26 @@ class Worker:
         paused: bool = False,
         params: Mapping[str, Any] | None = None,
         name: str | None = None,
+        retries: int | None = None,
+        retry_backoff: str | timedelta | None = None,
+        retry_max_delay: str | timedelta | None = None,
+        misfire: str | None = None,
+        misfire_grace: str | timedelta | None = None,
+        recoverable: bool = False,
+        alert: bool = True,
+        keep_last: int | None = None,
+        retention: str | timedelta | None = None,
     ) -> Callable[[_H], _H]:
         """Decorator: ``@worker.job("type")`` on ``async def handler(ctx)``.
 
         With a schedule -- ``cron="0 6 * * *"`` (and ``timezone``), ``every="15m"``,
         ``at="2026-12-24T18:00:00+01:00"`` or ``manual=True`` -- the handler also declares
         the job ``name`` (default: the job type) of the worker's ``namespace``, targeting
-        this type, with ``timeout``, ``priority``, ``idempotent``, ``paused`` and
-        ``params`` as a manifest entry has them. The daemon checks the expression.
+        this type, with ``timeout``, ``priority``, ``idempotent``, ``paused``, ``params``,
+        the retry policy (``retries``, ``retry_backoff``, ``retry_max_delay``), the misfire
+        policy (``misfire``, ``misfire_grace``), ``recoverable``, ``alert`` and retention
+        (``keep_last``, ``retention``) as a manifest entry has them: what it leaves out
+        is the default. The daemon checks the expression and the policies.
         """
         if not isinstance(job_type, str) or not job_type.strip():
             raise ValueError("a job type must be a non-empty string")
@@ -589,6 +636,17 @@ class Worker:
             idempotent=idempotent,
             paused=paused,
             params=params,
+            policies=_Policies(
+                retries=retries,
+                retry_backoff=retry_backoff,
+                retry_max_delay=retry_max_delay,
+                misfire=misfire,
+                misfire_grace=misfire_grace,
+                recoverable=recoverable,
+                alert=alert,
+                keep_last=keep_last,
+                retention=retention,
+            ),
         )
 
         def register(handler: _H) -> _H:

@@ -8,8 +8,10 @@ cron expression and its timezone, an interval, an instant, a timeout, a priority
 the same functions and the same words. Any problem refuses the whole declaration
 (nothing applied, as ``coordinator sync`` without ``--allow-invalid``): a typo in the
 code must not pause or make inert what runs today. ``params`` are redacted
-(:mod:`coordinator.redact`): secrets are never stored. The retry and misfire policies
-are not declared (``coordinator.sync`` gives a listed job the defaults).
+(:mod:`coordinator.redact`): secrets are never stored. The retry, misfire and retention
+policies, ``recoverable`` and ``alert`` are checked by :mod:`coordinator.policies`, as
+``define_job`` checks them; what a job does not declare is the default, as for a
+manifest entry without it (a declaration is the job's whole definition).
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ import attrs
 from .. import redact
 from .. import schedule as schedules
 from ..errors import InvalidInput
-from ..model import PRIORITIES, Schedule, ScheduleKind, Target
+from ..model import (
+    DEFAULT_RETRY_BACKOFF,
+    DEFAULT_RETRY_MAX_DELAY,
+    PRIORITIES,
+    Schedule,
+    ScheduleKind,
+    Target,
+)
+from ..policies import check_misfire, check_retention, check_retry_policy
 
 if TYPE_CHECKING:
     from ..protocol import Declare, DeclaredJob
@@ -70,13 +80,21 @@ def _entry(job: DeclaredJob) -> dict[str, Any]:
     if kind == "interval" and job.expression is not None:
         schedules.parse_duration(job.expression, field="every", unit_required=True)
     schedules.validate(schedule)
-    timeout: timedelta | None = None
-    if job.timeout is not None:
-        timeout = schedules.parse_duration(job.timeout, field="timeout", unit_required=True)
+    timeout = _duration(job.timeout, "timeout")
+    if timeout is not None:
         schedules.check_duration(timeout, "timeout")
     priority = job.priority or "background"
     if priority not in PRIORITIES:
         raise InvalidInput("priority", f"must be one of {', '.join(PRIORITIES)}, not {priority!r}")
+    retries = 0 if job.retries is None else job.retries
+    backoff = _duration(job.retry_backoff, "retry_backoff") or DEFAULT_RETRY_BACKOFF
+    max_delay = _duration(job.retry_max_delay, "retry_max_delay") or DEFAULT_RETRY_MAX_DELAY
+    check_retry_policy(retries, backoff, max_delay)
+    misfire = job.misfire or "run-once"
+    grace = _duration(job.misfire_grace, "misfire_grace")
+    check_misfire(misfire, grace)
+    retention = _duration(job.retention, "retention")
+    check_retention(job.keep_last, retention)
     entry: dict[str, Any] = {
         "name": job.name,
         "schedule_kind": kind,
@@ -88,12 +106,28 @@ def _entry(job: DeclaredJob) -> dict[str, Any]:
         "priority": priority,
         "idempotent": job.idempotent,
         "invalid_reason": None,
+        "retries": retries,
+        "retry_backoff": _interval_text(backoff),
+        "retry_max_delay": _interval_text(max_delay),
+        "misfire": misfire,
+        "misfire_grace": _interval_text(grace) if grace is not None else None,
+        "recoverable": job.recoverable,
+        "alert": job.alert,
+        "keep_last": job.keep_last,
+        "retention": _interval_text(retention) if retention is not None else None,
     }
     # Without "paused" a job keeps an operator's pause and loses a sync's (0007's sync):
     # the code pauses a job only by saying so.
     if job.paused:
         entry["paused"] = True
     return entry
+
+
+def _duration(text: str | None, field: str) -> timedelta | None:
+    """A declared duration (text with its unit, as in a manifest), or ``None``."""
+    if text is None:
+        return None
+    return schedules.parse_duration(text, field=field, unit_required=True)
 
 
 def _interval_text(value: timedelta) -> str:

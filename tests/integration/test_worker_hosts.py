@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import ssl
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -376,6 +377,82 @@ async def test_a_declaration_with_a_problem_applies_nothing(
     assert harness.named("worker.declare_refused")
 
 
+POLICY_COLUMNS = ("retries", "retry_backoff", "retry_max_delay", "misfire", "misfire_grace",
+                  "recoverable", "alert", "keep_last", "retention")  # fmt: skip
+
+
+async def policies_of(conn: asyncpg.Connection, name: str) -> dict[str, Any]:
+    row = await aio(conn.fetchrow)(
+        f"SELECT {', '.join(POLICY_COLUMNS)}, updated_at FROM coordinator.jobs "
+        "WHERE namespace = 'reports' AND name = $1",
+        name,
+    )
+    return dict(row)
+
+
+async def test_a_declared_job_carries_its_policies_and_drops_what_the_code_drops(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    harness = await start_daemon(refresh_spacing=30)
+    told = {"every": "15m", "retries": 3, "retry_backoff": "1m",
+            "retry_max_delay": timedelta(minutes=10), "misfire": "skip", "misfire_grace": "5m",
+            "recoverable": True, "alert": False, "keep_last": 20, "retention": "7d"}  # fmt: skip
+    first = reports_worker(**{"reports.sweep": told})
+    await declare_once(nursery, first, harness)
+    assert first.last_declared is not None
+    assert (first.last_declared.ok, first.last_declared.created) == (True, 1)
+    saved = await policies_of(conn, "reports.sweep")
+    assert {k: saved[k] for k in POLICY_COLUMNS} == {
+        "retries": 3, "retry_backoff": timedelta(minutes=1),
+        "retry_max_delay": timedelta(minutes=10), "misfire": "skip",
+        "misfire_grace": timedelta(minutes=5), "recoverable": True, "alert": False,
+        "keep_last": 20, "retention": timedelta(days=7),
+    }  # fmt: skip
+    # A replica declaring the same policies writes nothing.
+    again = reports_worker(**{"reports.sweep": told})
+    await declare_once(nursery, again, harness)
+    assert again.last_declared is not None
+    assert again.last_declared.unchanged
+    assert (await policies_of(conn, "reports.sweep"))["updated_at"] == saved["updated_at"]
+    # The code drops them: a declaration is the job's whole definition, so the defaults
+    # apply again (as for a manifest entry without those keys).
+    plain = reports_worker(**{"reports.sweep": {"every": "15m"}})
+    await declare_once(nursery, plain, harness)
+    assert plain.last_declared is not None
+    assert (plain.last_declared.ok, plain.last_declared.updated) == (True, 1)
+    dropped = await policies_of(conn, "reports.sweep")
+    assert {k: dropped[k] for k in POLICY_COLUMNS} == {
+        "retries": 0, "retry_backoff": timedelta(seconds=30),
+        "retry_max_delay": timedelta(hours=1), "misfire": "run-once", "misfire_grace": None,
+        "recoverable": False, "alert": True, "keep_last": None, "retention": None,
+    }  # fmt: skip
+
+
+async def test_a_declared_policy_the_database_would_refuse_applies_nothing(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    harness = await start_daemon(refresh_spacing=0.2)
+    worker = reports_worker(**{
+        "reports.daily": {"cron": "0 6 * * *", "retries": 1000},
+        "reports.sweep": {"every": "15m", "misfire": "skip"},
+        "reports.rebuild": {"manual": True, "retention": "7"},
+        "reports.prune": {"manual": True, "keep_last": 0},
+    })  # fmt: skip
+    await declare_once(nursery, worker, harness)
+    answer = worker.last_declared
+    assert answer is not None
+    assert not answer.ok
+    assert list(answer.problems) == [
+        "reports.daily: retries: must be 0 to 100, not 1000",
+        "reports.sweep: misfire_grace: required with misfire skip (how late a deadline may "
+        "still run)",
+        "reports.rebuild: retention: '7': a unit is required: 7s or 7m? (use ms, s, m, h, d, w)",
+        "reports.prune: keep_last: must be a whole number from 1 to 1000000000",
+    ]
+    assert await jobs_of(conn, "reports") == {}
+    assert harness.named("worker.declare_refused")
+
+
 async def test_a_declaration_outside_the_tokens_namespaces_is_refused(
     start_daemon: StartDaemon,
     server_tls: ssl.SSLContext,
@@ -423,6 +500,10 @@ def test_the_sdk_checks_what_it_can_before_connecting() -> None:
         worker.job("a", every="1m", timezone="UTC")
     with pytest.raises(ValueError, match=r"a schedule .* is needed"):
         worker.job("a", timeout="1m")
+    with pytest.raises(ValueError, match=r"a schedule .* is needed"):
+        worker.job("a", alert=False)
+    with pytest.raises(ValueError, match="retention: at most millisecond precision"):
+        worker.job("a", every="1m", retention=timedelta(microseconds=5))
 
     @worker.job("a", every="1m")
     async def handler(ctx: Context) -> None:

@@ -27,6 +27,7 @@ VALUES = {
     "coordinator.events",
     "coordinator.log",
     "coordinator.model",
+    "coordinator.policies",
     "coordinator.protocol",
     "coordinator.redact",
     "coordinator.schedule",

@@ -20,6 +20,8 @@ from coordinator.protocol import (
     Call,
     Cancel,
     Checkpoint,
+    Declare,
+    DeclaredJob,
     Error,
     Finding,
     FindingItem,
@@ -97,6 +99,37 @@ MESSAGES: list[Message] = [
     Cancel(run=7, reason="timeout"),
     Cancel(run=7, reason="pause"),
     Error(message="malformed JSON"),
+    Declare(
+        namespace="reports",
+        jobs=(
+            DeclaredJob(
+                name="reports.daily",
+                job_type="reports.daily",
+                schedule="cron",
+                expression="0 6 * * *",
+                timezone="Europe/Berlin",
+                timeout="10m",
+            ),
+            DeclaredJob(
+                name="reports.sweep",
+                job_type="reports.sweep",
+                schedule="every",
+                expression="15m",
+                retries=3,
+                retry_backoff="1m",
+                retry_max_delay="10m",
+                misfire="skip",
+                misfire_grace="5m",
+                recoverable=True,
+                alert=False,
+                keep_last=20,
+                retention="7d",
+                params={"keep": 30},
+                idempotent=True,
+            ),
+            DeclaredJob(name="reports.rebuild", job_type="reports.rebuild", schedule="manual"),
+        ),
+    ),
 ]
 
 
@@ -143,6 +176,17 @@ def test_call_wire_shape() -> None:
         "attempt": 1,
         "checkpoint": None,
     }
+
+
+def test_a_declared_jobs_defaults_stay_off_the_wire() -> None:
+    """What a job does not declare is not sent (the daemon's default applies); a policy
+    that differs is, under the manifest's key."""
+    plain = DeclaredJob(name="j", job_type="t", schedule="every", expression="1m")
+    assert plain.to_wire() == {"name": "j", "job_type": "t", "every": "1m"}
+    told = DeclaredJob(name="j", job_type="t", schedule="manual", retries=0, alert=False,
+                       recoverable=True, keep_last=1)  # fmt: skip
+    assert told.to_wire() == {"name": "j", "job_type": "t", "manual": True, "retries": 0,
+                              "keep_last": 1, "recoverable": True, "alert": False}  # fmt: skip
 
 
 def test_unknown_fields_are_ignored() -> None:
@@ -246,6 +290,26 @@ REJECTED = [
         b'{"v":1,"type":"call","run":1,"job":"j","namespace":"n","job_type":"t",'
         b'"recoverable":"yes"}',
         "true or false",
+    ),
+    (
+        b'{"v":1,"type":"declare","namespace":"n","jobs":[{"name":"j","job_type":"t",'
+        b'"manual":true,"retries":"3"}]}',
+        r"declare: jobs\[0\]: 'retries' must be an integer, not '3'",
+    ),
+    (
+        b'{"v":1,"type":"declare","namespace":"n","jobs":[{"name":"j","job_type":"t",'
+        b'"manual":true,"alert":"no"}]}',
+        "'alert' must be true or false",
+    ),
+    (
+        b'{"v":1,"type":"declare","namespace":"n","jobs":[{"name":"j","job_type":"t",'
+        b'"manual":true,"retention":7}]}',
+        "'retention' must be a string",
+    ),
+    (
+        b'{"v":1,"type":"declare","namespace":"n","jobs":[{"name":"j","job_type":"t",'
+        b'"manual":true,"retry":3}]}',
+        "unknown key 'retry'",
     ),
     (b'{"v":1,"type":"call","run":1,"job":"j","namespace":"n"}', "missing 'job_type'"),
     (
