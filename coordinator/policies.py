@@ -1,7 +1,8 @@
 """A job's policies checked: its retries, its misfire policy and its retention.
 
-One set of rules and words for every way in -- :func:`coordinator.client.define_job`
-and ``job_entry``, a manifest (:mod:`coordinator.manifest`) and the schedules a worker
+One set of rules for every way in -- :func:`coordinator.client.define_job` and
+``job_entry`` (which a manifest's entries also go through, after
+:mod:`coordinator.manifest` has worded its problems for TOML) and the schedules a worker
 declares (:mod:`coordinator.daemon.declarations`) -- saying what
 ``coordinator.define_job`` in SQL would refuse, before it is sent. Pure: the refusal
 is an :class:`~coordinator.errors.InvalidInput` naming the field.

@@ -466,6 +466,7 @@ def _declared(
     policies: _Policies,
 ) -> DeclaredJob | None:
     """The declaration a ``@worker.job`` carries, or ``None`` when it carries none."""
+    policies.check(job_type)
     given = [
         key
         for key, value in (("cron", cron), ("every", every), ("at", at), ("manual", manual))
@@ -550,6 +551,19 @@ class _Policies:
     def declared(self) -> bool:
         """Whether any of them is not the default."""
         return self != _Policies()
+
+    def check(self, job_type: str) -> None:
+        """Refuse a wrong type now, naming the job (the daemon checks the values)."""
+        for flag in ("recoverable", "alert"):
+            value = getattr(self, flag)
+            if value is not True and value is not False:
+                raise TypeError(f"{job_type!r}: {flag} must be True or False, not {value!r}")
+        for number in ("retries", "keep_last"):
+            value = getattr(self, number)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise TypeError(f"{job_type!r}: {number} must be an integer, not {value!r}")
+        if self.misfire is not None and not isinstance(self.misfire, str):
+            raise TypeError(f"{job_type!r}: misfire must be a string, not {self.misfire!r}")
 
 
 @attrs.define(eq=False)

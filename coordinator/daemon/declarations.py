@@ -76,21 +76,22 @@ def _entry(job: DeclaredJob) -> dict[str, Any]:
     kind = _KINDS[job.schedule]
     if job.timezone is not None and kind != "cron":
         raise InvalidInput("timezone", "only applies to cron schedules")
-    schedule = Schedule(kind=kind, expression=job.expression, timezone=job.timezone or "UTC")
+    timezone = "UTC" if job.timezone is None else job.timezone
+    schedule = Schedule(kind=kind, expression=job.expression, timezone=timezone)
     if kind == "interval" and job.expression is not None:
         schedules.parse_duration(job.expression, field="every", unit_required=True)
     schedules.validate(schedule)
     timeout = _duration(job.timeout, "timeout")
     if timeout is not None:
         schedules.check_duration(timeout, "timeout")
-    priority = job.priority or "background"
+    priority = "background" if job.priority is None else job.priority
     if priority not in PRIORITIES:
         raise InvalidInput("priority", f"must be one of {', '.join(PRIORITIES)}, not {priority!r}")
     retries = 0 if job.retries is None else job.retries
     backoff = _duration(job.retry_backoff, "retry_backoff") or DEFAULT_RETRY_BACKOFF
     max_delay = _duration(job.retry_max_delay, "retry_max_delay") or DEFAULT_RETRY_MAX_DELAY
     check_retry_policy(retries, backoff, max_delay)
-    misfire = job.misfire or "run-once"
+    misfire = "run-once" if job.misfire is None else job.misfire
     grace = _duration(job.misfire_grace, "misfire_grace")
     check_misfire(misfire, grace)
     retention = _duration(job.retention, "retention")

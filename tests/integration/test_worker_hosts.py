@@ -504,6 +504,14 @@ def test_the_sdk_checks_what_it_can_before_connecting() -> None:
         worker.job("a", alert=False)
     with pytest.raises(ValueError, match="retention: at most millisecond precision"):
         worker.job("a", every="1m", retention=timedelta(microseconds=5))
+    with pytest.raises(TypeError, match="'a': alert must be True or False, not 'no'"):
+        worker.job("a", every="1m", alert="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="'a': recoverable must be True or False, not 1"):
+        worker.job("a", alert=False, recoverable=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="'a': retries must be an integer, not True"):
+        worker.job("a", every="1m", retries=True)
+    with pytest.raises(TypeError, match=r"'a': keep_last must be an integer, not 2\.5"):
+        worker.job("a", every="1m", keep_last=2.5)  # type: ignore[arg-type]
 
     @worker.job("a", every="1m")
     async def handler(ctx: Context) -> None:
