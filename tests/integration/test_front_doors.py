@@ -319,6 +319,80 @@ async def test_define_job_stores_an_unparsable_interval_inert(conn: asyncpg.Conn
     ]
 
 
+#: Targets, good and bad: SQL's rule must say what Target.from_json says (0022).
+TARGETS: list[Any] = [
+    {"kind": "exec", "argv": ["true"]},
+    {"kind": "exec", "argv": ["/bin/x", "-v"], "env": {"A": "1"}, "cwd": "/tmp"},
+    {"kind": "exec", "argv": ["x"], "env": None, "cwd": None},
+    {"kind": "worker", "type": "billing"},
+    {"kind": "shell", "cmd": "true"},
+    {"kind": 5},
+    {"kind": None},
+    {"argv": ["true"]},
+    {"kind": "exec"},
+    {"kind": "exec", "argv": []},
+    {"kind": "exec", "argv": "true"},
+    {"kind": "exec", "argv": ["a", 1]},
+    {"kind": "exec", "argv": ["a"], "env": {"A": 1}},
+    {"kind": "exec", "argv": ["a"], "env": ["A=1"]},
+    {"kind": "exec", "argv": ["a"], "cwd": 7},
+    {"kind": "worker"},
+    {"kind": "worker", "type": ""},
+    {"kind": "worker", "type": 3},
+]
+
+
+async def test_sql_target_rule_agrees_with_python(conn: asyncpg.Connection) -> None:
+    for target in TARGETS:
+        said = await aio(conn.fetchval)(
+            "SELECT coordinator._target_problem($1::jsonb)", json.dumps(target)
+        )
+        try:
+            Target.from_json(target)
+            expected = None
+        except ValueError as exc:
+            expected = str(exc)
+        assert said == expected, target
+    assert await aio(conn.fetchval)("SELECT coordinator._target_problem('[1]')") == (
+        "must be a JSON object"
+    )
+
+
+async def test_define_job_refuses_a_target_nothing_could_run(conn: asyncpg.Connection) -> None:
+    """A target no executor runs is refused when it is defined, not when it runs; an entry
+    stored inert on purpose keeps what it was given."""
+    for target, words in [
+        ({"kind": "shell", "cmd": "true"}, "target kind must be 'exec' or 'worker', not 'shell'"),
+        ({"kind": "exec", "argv": []}, "exec target needs 'argv', a non-empty list of strings"),
+    ]:
+        with pytest.raises(asyncpg.PostgresError) as info:
+            await aio(conn.execute)(
+                "SELECT coordinator.define_job('x', 'manual', $1::jsonb)", json.dumps(target)
+            )
+        assert info.value.sqlstate == "22023"
+        assert info.value.column_name == "target"
+        assert info.value.message == f"target: {words}"
+        with pytest.raises(InvalidInput, match=f"^target: {words}$"), client.translate_errors():
+            await aio(conn.execute)(
+                "SELECT coordinator.define_job('x', 'manual', $1::jsonb)", json.dumps(target)
+            )
+    # sync calls define_job: the same refusal, nothing applied.
+    with pytest.raises(asyncpg.PostgresError, match="target kind must be"):
+        await aio(conn.fetch)(
+            "SELECT * FROM coordinator.sync('default', $1::jsonb)",
+            json.dumps([{"name": "a", "schedule_kind": "manual", "target": {"kind": "none"}}]),
+        )
+    assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.jobs") == 0
+    await aio(conn.fetch)(
+        "SELECT * FROM coordinator.sync('default', $1::jsonb)",
+        json.dumps([{"name": "a", "schedule_kind": "manual", "target": {"kind": "none"},
+                     "invalid_reason": "command: give command or worker"}]),
+    )  # fmt: skip
+    assert await aio(conn.fetchval)("SELECT invalid_reason FROM coordinator.jobs") == (
+        "command: give command or worker"
+    )
+
+
 NULLS: list[tuple[str, tuple[Any, ...], str]] = [
     ("SELECT * FROM coordinator.sync(NULL, '[]')", (), "namespace"),
     ("SELECT * FROM coordinator.sync(NULL, $1::jsonb)", ('[{"name": "a"}]',), "namespace"),
