@@ -1179,6 +1179,7 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
         why.after_define(
             schedule,
             target,
+            namespace=args.namespace,
             name=args.name,
             paused=paused,
             facts=facts,
@@ -1324,7 +1325,7 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
         elif job.paused:
             _note(
                 f"{job.key} is paused; run {run_id} stays queued until "
-                f"`coordinator jobs resume {job.name}`"
+                f"`{why.command('resume', job.namespace, job.name)}`"
             )
         if (note := why.no_daemon(facts)) is not None:
             _note(note)
@@ -1335,13 +1336,16 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
         timeout = wait_timeout.total_seconds() if wait_timeout is not None else None
         try:
             run = await db.aio(client.wait_for_run)(conn, run_id, max_wait=timeout)
+            retry = await _retry_of(conn, run, args)
         except client.WaitTimeout as exc:
             job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
             facts = await probe.gather(
                 conn, ctx.config(), api=why.worker_type(job.target) is not None
             )
             raise client.WaitTimeout(
-                exc.run, timeout or 0.0, why=why.still_waiting(job, exc.run, facts)
+                exc.run,
+                timeout or 0.0,
+                why=why.still_waiting(job, exc.run, facts, now=datetime.now(UTC)),
             ) from None
     if args.json:
         _print_json(run.to_json())
@@ -1355,9 +1359,28 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
     if run.status == "unresolved":
         blocked = f"; it blocks {job.key}: {why.resolve_hint(run.id)}"
     elif run.status == "paused":
-        blocked = f"; `coordinator jobs trigger {job.name}` resumes it"
+        blocked = f"; `{why.command('trigger', job.namespace, job.name)}` resumes it"
+    elif retry is not None:
+        # Not the end of it: the job's policy queued the next attempt with the result.
+        due = f", due {_when(retry.due_at)}" if retry.due_at is not None else ""
+        blocked = f"; retry run {retry.id} (attempt {retry.attempt}) follows{due}"
+    elif run.exhausted:
+        blocked = f"; it was attempt {run.attempt}, the last its job allows"
     _error(f"run {run.id} {run.status}{detail}{message}{blocked}")
     return 1
+
+
+async def _retry_of(
+    conn: Connection, run: client.RunView, args: argparse.Namespace
+) -> client.RunView | None:
+    """The retry a failed run's settlement queued (saved with its result), if any."""
+    if run.status not in ("failed", "timed_out") or run.exhausted:
+        return None
+    job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
+    if job.outstanding_run is None or job.outstanding_run == run.id:
+        return None
+    retry = await db.aio(client.get_run)(conn, job.outstanding_run)
+    return retry if retry.retry_of == run.id else None
 
 
 async def _jobs_pause(args: argparse.Namespace, ctx: CommandContext) -> int:

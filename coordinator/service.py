@@ -285,7 +285,8 @@ async def _start_admin(
     tokens = config.admin_scopes()
     if not tokens:
         raise ConfigError(
-            "admin_listen is set but no admin_token, admin_token_file or admin_tokens is"
+            "admin_listen is set, but none of admin_token, admin_token_file and admin_tokens "
+            "is: the admin API needs a token"
         )
     assert config.admin_listen is not None
     metrics = Metrics(

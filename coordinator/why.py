@@ -7,6 +7,7 @@ I/O here: the facts are gathered by :mod:`coordinator.probe`.
 
 from __future__ import annotations
 
+import shlex
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -93,14 +94,28 @@ def next_run(job: JobView, facts: Facts) -> str:
     return "next refresh"
 
 
+def command(verb: str, namespace: str, name: str) -> str:
+    """``coordinator jobs VERB NAME`` as a shell takes it, with the namespace unless it is
+    the default: a hint that can be pasted as it is."""
+    where = "" if namespace == "default" else f" -n {shlex.quote(namespace)}"
+    return f"coordinator jobs {verb} {shlex.quote(name)}{where}"
+
+
 def after_define(
-    schedule: Schedule, target: Target, *, name: str, paused: bool, facts: Facts, now: datetime
+    schedule: Schedule,
+    target: Target,
+    *,
+    namespace: str,
+    name: str,
+    paused: bool,
+    facts: Facts,
+    now: datetime,
 ) -> str:
     """The line ``jobs define`` prints after ``defined ...``: when it will first run."""
     if paused:
-        return f"paused: it runs once resumed (coordinator jobs resume {name})"
+        return f"paused: it runs once resumed ({command('resume', namespace, name)})"
     if schedule.kind == "manual":
-        return f"manual: it runs when triggered (coordinator jobs trigger {name})"
+        return f"manual: it runs when triggered ({command('trigger', namespace, name)})"
     try:
         first = schedules.initial_deadline(schedule, now)
     except (CoordinatorError, ValueError):
@@ -122,14 +137,22 @@ def after_define(
     return f"{text}, {armed}"
 
 
-def still_waiting(job: JobView, run: RunView, facts: Facts) -> str:
-    """Why run ``run`` of ``job`` has not started (``jobs trigger --wait`` gave up)."""
+def still_waiting(job: JobView, run: RunView, facts: Facts, *, now: datetime) -> str:
+    """Why run ``run`` of ``job`` has not finished (``jobs trigger --wait`` gave up)."""
+    if run.started_at is not None and run.status in ("running", "cancel_requested"):
+        ran = schedules.format_duration(max(now - run.started_at, timedelta(0)))
+        limit = (
+            f" (its timeout: {schedules.format_duration(job.timeout)})"
+            if job.timeout is not None
+            else ""
+        )
+        return f"it started {ran} ago and has not finished{limit}; `coordinator runs show {run.id}`"
     if facts.daemon_running is False:
         return f"the daemon is not running (no session holds its lock): start it ({START_HINT})"
     if job.invalid_reason is not None:
         return f"the job is invalid ({job.invalid_reason}); fix its definition"
     if job.paused:
-        return f"the job is paused; `coordinator jobs resume {job.name}` lets it run"
+        return f"the job is paused; `{command('resume', job.namespace, job.name)}` lets it run"
     if job.blocked_by is not None and job.blocked_by != run.id:
         return f"blocked by unresolved run {job.blocked_by}; {resolve_hint(job.blocked_by)}"
     kind = worker_type(job.target)

@@ -295,8 +295,13 @@ def test_trigger_paused_job_notes_queued(database: str) -> None:
     assert "stays queued" in r.err
 
 
-def _wait_then_settle(database: str, status: str, *extra: str) -> tuple[Result, int]:
-    cli("jobs", "define", "w", "--manual", "--", "true", dsn=database)
+def _wait_then_settle(
+    database: str, status: str, *extra: str, define: tuple[str, ...] = (), also: str = ""
+) -> tuple[Result, int]:
+    """``jobs trigger w --wait`` while the run is settled by hand (no daemon): its status
+    set, and ``also`` (more of the statement's CTEs, after ``s``: the run's id and job_id)
+    in the same transaction."""
+    cli("jobs", "define", "w", "--manual", *define, "--", "true", dsn=database)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -319,9 +324,10 @@ def _wait_then_settle(database: str, status: str, *extra: str) -> tuple[Result, 
     run_id = int(proc.stdout.readline())
     sql(
         database,
-        "UPDATE coordinator.runs SET status = $2, started_at = now(), finished_at = now(), "
-        "error_cause = CASE WHEN $2 = 'failed' THEN 'handler' END, "
-        "error_message = CASE WHEN $2 = 'failed' THEN 'boom' END WHERE id = $1",
+        "WITH s AS (UPDATE coordinator.runs SET status = $2, started_at = now(), "
+        "finished_at = now(), error_cause = CASE WHEN $2 = 'failed' THEN 'handler' END, "
+        "error_message = CASE WHEN $2 = 'failed' THEN 'boom' END WHERE id = $1 "
+        f"RETURNING id, job_id){also} SELECT id FROM s",
         run_id,
         status,
     )
@@ -340,6 +346,25 @@ def test_trigger_wait_failed_exits_1(database: str) -> None:
     result, run_id = _wait_then_settle(database, "failed", "--wait-timeout", "30s")
     assert (result.code, result.out) == (1, "failed\n")
     assert result.err.splitlines()[-1] == f"coordinator: run {run_id} failed (handler): boom"
+
+
+def test_trigger_wait_failed_says_a_retry_follows(database: str) -> None:
+    """The run it waited for failed, but the job's policy queued the next attempt with the
+    result: the last line says so, instead of sounding final."""
+    result, run_id = _wait_then_settle(
+        database,
+        "failed",
+        define=("--retries", "1"),
+        also=", r AS (INSERT INTO coordinator.runs (job_id, trigger, status, attempt, due_at, "
+        "retry_of) SELECT job_id, 'retry', 'queued', 2, '2030-01-01T00:00:00Z', id FROM s "
+        "RETURNING id)",
+    )
+    retry = sql(database, "SELECT id FROM coordinator.runs WHERE retry_of = $1", run_id)[0]["id"]
+    assert (result.code, result.out) == (1, "failed\n")
+    assert result.err.splitlines()[-1] == (
+        f"coordinator: run {run_id} failed (handler): boom; retry run {retry} (attempt 2) "
+        "follows, due 2030-01-01 00:00:00Z"
+    )
 
 
 def test_trigger_wait_timeout_says_the_daemon_is_not_running(database: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -40,7 +40,7 @@ def job(**changes: Any) -> JobView:
     return JobView(**fields)
 
 
-def run(run_id: int = 7, status: str = "queued") -> RunView:
+def run(run_id: int = 7, status: str = "queued", started_at: datetime | None = None) -> RunView:
     return RunView(
         id=run_id,
         job_id=1,
@@ -49,8 +49,8 @@ def run(run_id: int = 7, status: str = "queued") -> RunView:
         trigger="manual",
         status=status,
         scheduled_for=None,
-        claimed_at=None,
-        started_at=None,
+        claimed_at=started_at,
+        started_at=started_at,
         finished_at=None,
         created_at=NOW,
         schedule_version=None,
@@ -102,7 +102,36 @@ WORKER = {"kind": "worker", "type": "images"}
     ],
 )
 def test_still_waiting(the_job: JobView, facts: Facts, reason: str) -> None:
-    assert why.still_waiting(the_job, run(), facts).startswith(reason)
+    assert why.still_waiting(the_job, run(), facts, now=NOW).startswith(reason)
+
+
+def test_still_waiting_for_a_run_under_way_says_it_started() -> None:
+    """Not "not claimed yet": the wait gave up on a run that is running."""
+    started = run(status="running", started_at=NOW - timedelta(seconds=90))
+    assert why.still_waiting(job(), started, LEADING, now=NOW) == (
+        "it started 1m30s ago and has not finished; `coordinator runs show 7`"
+    )
+    slow = job(timeout=timedelta(minutes=10))
+    assert why.still_waiting(slow, started, NO_DAEMON, now=NOW) == (
+        "it started 1m30s ago and has not finished (its timeout: 10m); `coordinator runs show 7`"
+    )
+
+
+def test_hints_name_the_namespace_and_quote_for_the_shell() -> None:
+    assert why.command("resume", "default", "often") == "coordinator jobs resume often"
+    assert why.command("resume", "billing", "often") == ("coordinator jobs resume often -n billing")
+    assert why.command("trigger", "ops team", "nightly backup") == (
+        "coordinator jobs trigger 'nightly backup' -n 'ops team'"
+    )
+    paused = job(paused=True, namespace="billing", name="often")
+    assert why.still_waiting(paused, run(), LEADING, now=NOW) == (
+        "the job is paused; `coordinator jobs resume often -n billing` lets it run"
+    )
+    manual = Schedule(kind="manual")
+    assert why.after_define(
+        manual, Target(kind="exec", argv=("true",)), namespace="billing", name="often",
+        paused=False, facts=LEADING, now=NOW,
+    ) == "manual: it runs when triggered (coordinator jobs trigger often -n billing)"  # fmt: skip
 
 
 def test_state_and_next_run_columns() -> None:
@@ -123,12 +152,13 @@ def test_state_and_next_run_columns() -> None:
 def test_after_define() -> None:
     cron = Schedule(kind="cron", expression="30 2 * * *")
     exec_target = Target(kind="exec", argv=("true",))
-    assert why.after_define(cron, exec_target, name="b", paused=False, facts=LEADING, now=NOW) == (
-        "next run 2026-12-01 02:30:00Z, armed at the daemon's next refresh (within 30s)"
-    )
+    assert why.after_define(
+        cron, exec_target, namespace="default", name="b", paused=False, facts=LEADING, now=NOW
+    ) == ("next run 2026-12-01 02:30:00Z, armed at the daemon's next refresh (within 30s)")
     assert why.after_define(
         Schedule(kind="interval", expression="5m"),
         Target(kind="worker", worker_type="images"),
+        namespace="default",
         name="b",
         paused=False,
         facts=Facts(leader=None, leader_known=True),
@@ -138,7 +168,7 @@ def test_after_define() -> None:
         "images connects: none does now (`coordinator run`, or `systemctl start coordinator`)"
     )
     assert why.after_define(
-        cron, exec_target, name="b", paused=True, facts=LEADING, now=NOW
+        cron, exec_target, namespace="default", name="b", paused=True, facts=LEADING, now=NOW
     ).startswith("paused")
 
 
