@@ -217,10 +217,19 @@ class CommandContext:
             config.embedded_root, bin_dir=config.pg_bin, announce=_note
         )
         started = not cluster.is_running()
+        new = not cluster.initialized
         if await trio.to_thread.run_sync(partial(embedded.ensure_running, cluster, say=_note)):
             self.started_cluster = cluster
             if started:
-                _note(f"started the embedded PostgreSQL in {cluster.root}")
+                # A new one holds nothing: say why this one, should another be meant (a
+                # forgotten --state-dir after the demo, a config not found).
+                made = (
+                    f" (new: no DSN is configured and there was none in {config.state_dir};"
+                    " `coordinator migrate` sets it up)"
+                    if new
+                    else ""
+                )
+                _note(f"started the embedded PostgreSQL in {cluster.root}{made}")
         return cluster.dsn()
 
     async def stop_cluster(self) -> None:

@@ -618,12 +618,19 @@ def test_no_dsn_uses_the_embedded_database_and_stops_it(cluster_home: Path) -> N
     env = {"COORDINATOR_STATE_DIR": str(cluster_home / "state"), "COORDINATOR_PG_BIN": bin_dir}
     migrated = cli("migrate", **env)
     assert migrated.code == 0, migrated.err
-    assert "started the embedded PostgreSQL" in migrated.err
+    # Made by this command: it says so, and why (another state directory may be meant).
+    assert (
+        f"started the embedded PostgreSQL in {cluster_home / 'state' / 'postgres'} (new: no DSN "
+        f"is configured and there was none in {cluster_home / 'state'}; `coordinator migrate` "
+        "sets it up)"
+    ) in migrated.err
     assert (cluster_home / "state" / "postgres" / "data" / "PG_VERSION").exists()
     # The cluster is stopped when the command ends; the next command reuses it.
     assert not (cluster_home / "state" / "postgres" / "data" / "postmaster.pid").exists()
     defined = cli("jobs", "define", "e", "--manual", "--", "true", **env)
     assert defined.code == 0, defined.err
+    assert "started the embedded PostgreSQL" in defined.err
+    assert "(new:" not in defined.err
     listed = cli("jobs", "list", "--json", **env)
     assert [j["name"] for j in json.loads(listed.out)] == ["e"]
 
