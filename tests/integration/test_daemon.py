@@ -244,6 +244,33 @@ async def _ids(conn: asyncpg.Connection, pattern: str) -> list[int]:
 # -- arming, pause, resume, remove ------------------------------------------------------------
 
 
+async def test_resume_dispatches_the_run_queued_while_paused_without_a_refresh(
+    start_daemon: StartDaemon,
+    sql_log: StatementLog,
+    database_name: str,
+    conn: asyncpg.Connection,
+    tmp_path: Path,
+) -> None:
+    """A run triggered while its job was paused waits; resuming the job dispatches it at
+    once (resume raises the run's dispatch wake, as trigger does), not at the next
+    coalesced refresh, an hour away here."""
+    argv, path = counter(tmp_path)
+    await define(conn, "held", target={"kind": "exec", "argv": argv}, paused=True)
+    harness = await start_daemon(refresh_spacing=3600.0)
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'held')")
+    await trio.sleep(0.5)  # the dispatch wake came; the claim was refused: paused
+    assert (await runs_of(conn, await _job_id(conn, "held")))[0]["status"] == "queued"
+    await aio(conn.execute)("SELECT coordinator.resume('default', 'held')")
+    await harness.wait_event("job.run", run=run_id, timeout=15)
+    assert executions(path) == 1
+    assert refreshes(daemon_sql(sql_log, database_name)) == 1  # the startup read only
+
+
+async def _job_id(conn: asyncpg.Connection, name: str) -> int:
+    job_id: int = await aio(conn.fetchval)("SELECT id FROM coordinator.jobs WHERE name = $1", name)
+    return job_id
+
+
 async def test_new_job_is_armed_after_refresh_pause_and_resume(
     start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
