@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import os
 import re
@@ -263,10 +264,59 @@ class _UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with errors as one line (``<prog>: <message> (see <prog> --help)``)."""
+    """argparse, with errors as one line (``<prog>: <message> (see <prog> --help)``),
+    said by the command that was typed (``coordinator jobs define: ...``), naming an
+    option it does not know and the one that was perhaps meant."""
 
     def error(self, message: str) -> NoReturn:
         raise _UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        typed = list(sys.argv[1:] if args is None else args)
+        try:
+            parsed, extras = super().parse_known_args(typed, namespace)
+        except _UsageError:
+            # A misspelt option is left over, and argparse complains of what it then
+            # lacks ("one of the arguments --cron --every ... is required"): name it.
+            unknown = self._unknown_options(typed)
+            if unknown:
+                self.error(f"unknown option {unknown[0]}{self._meant(unknown[0])}")
+            raise
+        if extras and not self._has_subcommands():
+            # Said here, by the command typed, rather than by `coordinator` afterwards.
+            option = next((e for e in extras if e.startswith("-") and e != "-"), None)
+            if option is not None:
+                meant = self._meant(option)
+            elif self.get_default("takes_command"):
+                meant = " (the command goes after --: ... -- PROGRAM ARGS)"
+            else:
+                meant = ""
+            self.error(f"unrecognized arguments: {' '.join(extras)}{meant}")
+        return parsed, extras
+
+    def _options(self) -> list[str]:
+        return [o for action in self._actions for o in action.option_strings]
+
+    def _has_subcommands(self) -> bool:
+        return any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
+
+    def _unknown_options(self, typed: list[str]) -> list[str]:
+        if self._has_subcommands():
+            return []
+        known = self._options()
+        head = typed[: typed.index("--")] if "--" in typed else typed
+        return [
+            arg
+            for arg in head
+            # (A prefix of a known option is one: argparse takes abbreviations.)
+            if arg.startswith("--") and not any(o.startswith(arg.split("=", 1)[0]) for o in known)
+        ]
+
+    def _meant(self, option: str) -> str:
+        close = difflib.get_close_matches(option.split("=", 1)[0], self._options(), n=1)
+        return f" (did you mean {close[0]}?)" if close else ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -635,7 +635,13 @@ async def test_two_slots_five_due_jobs_interactive_first(
 async def test_bad_target_fails_the_run_without_crashing(
     start_daemon: StartDaemon, conn: asyncpg.Connection
 ) -> None:
-    job = await define(conn, "broken", target=json.dumps({"kind": "exec", "argv": []}))
+    # (define_job refuses such a target since 0022; plain SQL can still write one.)
+    job = await define(conn, "broken")
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET target = $1::jsonb WHERE id = $2",
+        json.dumps({"kind": "exec", "argv": []}),
+        job,
+    )
     harness = await start_daemon()
     run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'broken')")
     await harness.wait_event("job.run", run=run_id)

@@ -1,0 +1,60 @@
+"""Usage errors: said by the command typed, in one line, naming the option that was not
+understood and the one perhaps meant (no database: the command line is refused first)."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        # A misspelt option makes argparse miss a required one: the misspelling is named.
+        (
+            ["jobs", "define", "x", "--evry", "5m", "--", "true"],
+            "coordinator jobs define: unknown option --evry (did you mean --every?) "
+            "(see 'coordinator jobs define --help')",
+        ),
+        (
+            ["jobs", "define", "x", "--every", "5m", "--timout", "5m", "--", "true"],
+            "coordinator jobs define: unrecognized arguments: --timout 5m (did you mean "
+            "--timeout?) (see 'coordinator jobs define --help')",
+        ),
+        # The command without its `--`.
+        (
+            ["jobs", "define", "x", "--every", "5m", "true"],
+            "coordinator jobs define: unrecognized arguments: true (the command goes after "
+            "--: ... -- PROGRAM ARGS) (see 'coordinator jobs define --help')",
+        ),
+        (
+            ["runs", "list", "--statuss", "failed"],
+            "coordinator runs list: unrecognized arguments: --statuss failed (did you mean "
+            "--status?) (see 'coordinator runs list --help')",
+        ),
+        # Nothing close: no guess.
+        (
+            ["runs", "list", "--zzz"],
+            "coordinator runs list: unrecognized arguments: --zzz "
+            "(see 'coordinator runs list --help')",
+        ),
+    ],
+)
+def test_a_usage_error_is_said_by_the_command_typed(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--dsn", "postgresql://nobody@127.0.0.1:1/none", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [expected]
+
+
+def test_an_abbreviation_argparse_takes_is_not_called_unknown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """(``--every`` is missing here; ``--timeo`` is a fine abbreviation of --timeout.)"""
+    assert main(["jobs", "define", "x", "--timeo", "5m", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "one of the arguments --cron --every --at --manual is required" in err
+    assert "unknown option" not in err
