@@ -336,9 +336,28 @@ def _croniter_next_wall(expression: str) -> _NextWall:
         try:  # strict mode names impossible day/month pairs ("0 0 30 2 *")
             croniter.expand(expression, strict=True)
         except CroniterError as exc:
-            raise _CronSyntaxError(str(exc)) from None
+            raise _CronSyntaxError(_impossible_date(str(exc))) from None
         raise _CronSyntaxError("never fires") from None
     return next_wall
+
+
+_IMPOSSIBLE: Final = re.compile(
+    r"Day\(s\) \[(?P<days>[\d, ]+)\] can never occur in month\(s\) \[(?P<months>[\d, ]+)\]"
+)
+
+
+def _impossible_date(message: str) -> str:
+    """croniter's "Day(s) [31] can never occur in month(s) [2]" in our words: "day 31
+    never occurs in February" (any other message as it is)."""
+    found = _IMPOSSIBLE.search(message)
+    if found is None:
+        return message
+    days = [int(d) for d in found["days"].split(",")]
+    months = [calendar.month_name[int(m)] for m in found["months"].split(",")]
+    day_words = f"day {days[0]}" if len(days) == 1 else f"days {', '.join(map(str, days))}"
+    month_words = months[0] if len(months) == 1 else f"{', '.join(months[:-1])} or {months[-1]}"
+    verb = "occurs" if len(days) == 1 else "occur"
+    return f"{day_words} never {verb} in {month_words}"
 
 
 # --------------------------------------------------------------------------- iteration
