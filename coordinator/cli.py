@@ -495,7 +495,10 @@ def _add_jobs(groups: _Subparsers) -> None:
         help="keep finished runs this long (default: the retention setting, 30d)",
     )
     define.add_argument(
-        "--param", action="append", metavar="KEY=JSON", help="static parameter (repeatable)"
+        "--param",
+        action="append",
+        metavar="KEY=JSON",
+        help="static parameter (repeatable; a value that is not JSON is a string)",
     )
     define.add_argument("--worker", metavar="TYPE", help="run on a worker serving TYPE")
     define.add_argument(
@@ -519,7 +522,10 @@ def _add_jobs(groups: _Subparsers) -> None:
     _namespace(trigger)
     trigger.add_argument("--force", action="store_true", help="pass force=true to the run")
     trigger.add_argument(
-        "--arg", action="append", metavar="KEY=JSON", help="run argument (repeatable)"
+        "--arg",
+        action="append",
+        metavar="KEY=JSON",
+        help="run argument (repeatable; a value that is not JSON is a string)",
     )
     trigger.add_argument(
         "--wait", action="store_true", help="wait for the run; exit 1 unless it succeeded"
@@ -848,7 +854,9 @@ def _yes(value: bool) -> str:
 
 def _key_values(items: Sequence[str] | None, flag: str, *, as_json: bool) -> dict[str, Any]:
     """``KEY=VALUE`` pairs; with ``as_json`` a value that parses as JSON is that JSON
-    value, anything else the plain string (so ``--param region=eu`` works unquoted)."""
+    value, anything else the plain string (so ``--param region=eu`` works unquoted) --
+    except text that opens an object or an array: that was meant as JSON, and is refused
+    rather than stored as a string."""
     out: dict[str, Any] = {}
     for item in items or ():
         key, sep, value = item.partition("=")
@@ -857,7 +865,13 @@ def _key_values(items: Sequence[str] | None, flag: str, *, as_json: bool) -> dic
         if as_json:
             try:
                 out[key] = json.loads(value)
-            except json.JSONDecodeError:
+            except json.JSONDecodeError as exc:
+                if value.lstrip()[:1] in ("{", "["):
+                    raise InvalidInput(
+                        flag,
+                        f"{item!r}: not JSON ({exc.msg} at character {exc.pos + 1}); "
+                        f"a string that starts with {value.lstrip()[0]} needs JSON quotes",
+                    ) from None
                 out[key] = value
         else:
             out[key] = value

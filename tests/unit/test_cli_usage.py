@@ -58,3 +58,27 @@ def test_an_abbreviation_argparse_takes_is_not_called_unknown(
     err = capsys.readouterr().err
     assert "one of the arguments --cron --every --at --manual is required" in err
     assert "unknown option" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["jobs", "trigger", "a", "--arg", "k={bad"],
+            "coordinator: --arg: 'k={bad': not JSON (Expecting property name enclosed in "
+            "double quotes at character 2); a string that starts with { needs JSON quotes",
+        ),
+        (
+            ["jobs", "define", "a", "--manual", "--param", "ids=[1,", "--", "true"],
+            "coordinator: --param: 'ids=[1,': not JSON (Expecting value at character 4); a "
+            "string that starts with [ needs JSON quotes",
+        ),
+    ],
+)
+def test_a_value_meant_as_json_that_is_not_is_refused(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Text that opens an object or an array was meant as JSON: refused, not stored as a
+    string (plain words still are: ``--param region=eu``). Refused before connecting."""
+    assert main(["--dsn", "postgresql://nobody@127.0.0.1:1/none", *argv]) == 2
+    assert capsys.readouterr().err.splitlines() == [expected]
