@@ -224,9 +224,9 @@ class CommandContext:
             if started:
                 # A new one holds nothing: say why this one, should another be meant (a
                 # forgotten --state-dir after the demo, a config not found).
+                setup = "" if self.args.group == "migrate" else "; `coordinator migrate` sets it up"
                 made = (
-                    f" (new: no DSN is configured and there was none in {config.state_dir};"
-                    " `coordinator migrate` sets it up)"
+                    f" (new: no DSN is configured and there was none in {config.state_dir}{setup})"
                     if new
                     else ""
                 )
@@ -287,8 +287,10 @@ class _Parser(argparse.ArgumentParser):
         if extras and not self._has_subcommands():
             # Said here, by the command typed, rather than by `coordinator` afterwards.
             option = next((e for e in extras if e.startswith("-") and e != "-"), None)
-            if option is not None:
+            if option is not None and option.split("=", 1)[0] not in self._options():
                 meant = self._meant(option)
+            elif option is not None:
+                meant = ""  # a known option, given where it is not read (after --)
             elif self.get_default("takes_command"):
                 meant = " (the command goes after --: ... -- PROGRAM ARGS)"
             else:
@@ -307,12 +309,20 @@ class _Parser(argparse.ArgumentParser):
             return []
         known = self._options()
         head = typed[: typed.index("--")] if "--" in typed else typed
-        return [
-            arg
-            for arg in head
-            # (A prefix of a known option is one: argparse takes abbreviations.)
-            if arg.startswith("--") and not any(o.startswith(arg.split("=", 1)[0]) for o in known)
-        ]
+        unknown = []
+        for i, arg in enumerate(head):
+            before = self._option_string_actions.get(head[i - 1]) if i else None
+            if before is not None and before.nargs != 0:
+                continue  # the value of the option before it
+            # (A prefix of a known option is one: argparse takes abbreviations; a token
+            # with a space is a value argparse reads as positional.)
+            if (
+                arg.startswith("--")
+                and " " not in arg
+                and not any(o.startswith(arg.split("=", 1)[0]) for o in known)
+            ):
+                unknown.append(arg)
+        return unknown
 
     def _meant(self, option: str) -> str:
         close = difflib.get_close_matches(option.split("=", 1)[0], self._options(), n=1)
@@ -1409,7 +1419,7 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
         timeout = wait_timeout.total_seconds() if wait_timeout is not None else None
         try:
             run = await db.aio(client.wait_for_run)(conn, run_id, max_wait=timeout)
-            retry = await _retry_of(conn, run, args)
+            retry = await _retry_of(conn, run)
         except client.WaitTimeout as exc:
             job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
             facts = await probe.gather(
@@ -1443,17 +1453,11 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
     return 1
 
 
-async def _retry_of(
-    conn: Connection, run: client.RunView, args: argparse.Namespace
-) -> client.RunView | None:
+async def _retry_of(conn: Connection, run: client.RunView) -> client.RunView | None:
     """The retry a failed run's settlement queued (saved with its result), if any."""
-    if run.status not in ("failed", "timed_out") or run.exhausted:
+    if run.status not in ("failed", "timed_out") or run.exhausted or run.retried_by is None:
         return None
-    job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
-    if job.outstanding_run is None or job.outstanding_run == run.id:
-        return None
-    retry = await db.aio(client.get_run)(conn, job.outstanding_run)
-    return retry if retry.retry_of == run.id else None
+    return await db.aio(client.get_run)(conn, run.retried_by)
 
 
 async def _jobs_pause(args: argparse.Namespace, ctx: CommandContext) -> int:

@@ -98,6 +98,8 @@ def command(verb: str, namespace: str, name: str) -> str:
     """``coordinator jobs VERB NAME`` as a shell takes it, with the namespace unless it is
     the default: a hint that can be pasted as it is."""
     where = "" if namespace == "default" else f" -n {shlex.quote(namespace)}"
+    if name.startswith("-"):  # not to be read as an option
+        return f"coordinator jobs {verb}{where} -- {shlex.quote(name)}"
     return f"coordinator jobs {verb} {shlex.quote(name)}{where}"
 
 
@@ -139,16 +141,18 @@ def after_define(
 
 def still_waiting(job: JobView, run: RunView, facts: Facts, *, now: datetime) -> str:
     """Why run ``run`` of ``job`` has not finished (``jobs trigger --wait`` gave up)."""
-    if run.started_at is not None and run.status in ("running", "cancel_requested"):
-        ran = schedules.format_duration(max(now - run.started_at, timedelta(0)))
+    if facts.daemon_running is False:
+        return f"the daemon is not running (no session holds its lock): start it ({START_HINT})"
+    # (claimed_at: this call's start; started_at stays a resumed run's first start.)
+    began = run.claimed_at or run.started_at
+    if began is not None and run.status in ("running", "cancel_requested"):
+        ran = schedules.format_duration(max(now - began, timedelta(0)))
         limit = (
             f" (its timeout: {schedules.format_duration(job.timeout)})"
             if job.timeout is not None
             else ""
         )
         return f"it started {ran} ago and has not finished{limit}; `coordinator runs show {run.id}`"
-    if facts.daemon_running is False:
-        return f"the daemon is not running (no session holds its lock): start it ({START_HINT})"
     if job.invalid_reason is not None:
         return f"the job is invalid ({job.invalid_reason}); fix its definition"
     if job.paused:

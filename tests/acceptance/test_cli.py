@@ -621,8 +621,7 @@ def test_no_dsn_uses_the_embedded_database_and_stops_it(cluster_home: Path) -> N
     # Made by this command: it says so, and why (another state directory may be meant).
     assert (
         f"started the embedded PostgreSQL in {cluster_home / 'state' / 'postgres'} (new: no DSN "
-        f"is configured and there was none in {cluster_home / 'state'}; `coordinator migrate` "
-        "sets it up)"
+        f"is configured and there was none in {cluster_home / 'state'})"
     ) in migrated.err
     assert (cluster_home / "state" / "postgres" / "data" / "PG_VERSION").exists()
     # The cluster is stopped when the command ends; the next command reuses it.

@@ -82,3 +82,32 @@ def test_a_value_meant_as_json_that_is_not_is_refused(
     string (plain words still are: ``--param region=eu``). Refused before connecting."""
     assert main(["--dsn", "postgresql://nobody@127.0.0.1:1/none", *argv]) == 2
     assert capsys.readouterr().err.splitlines() == [expected]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        # An option's value that looks like an option is its value, not a misspelling.
+        (
+            ["jobs", "define", "x", "--cwd", "--weird", "--", "true"],
+            "coordinator jobs define: argument --cwd: expected one argument "
+            "(see 'coordinator jobs define --help')",
+        ),
+        (
+            ["jobs", "define", "x", "--param", "--a b", "--", "true"],
+            "coordinator jobs define: one of the arguments --cron --every --at --manual is "
+            "required (see 'coordinator jobs define --help')",
+        ),
+        # A known option where it is not read: no "did you mean" itself.
+        (
+            ["jobs", "trigger", "x", "--", "--force"],
+            "coordinator jobs trigger: unrecognized arguments: --force "
+            "(see 'coordinator jobs trigger --help')",
+        ),
+    ],
+)
+def test_no_guess_where_argparse_knows_better(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--dsn", "postgresql://nobody@127.0.0.1:1/none", *argv]) == 2
+    assert capsys.readouterr().err.splitlines() == [expected]

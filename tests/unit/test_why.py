@@ -112,8 +112,12 @@ def test_still_waiting_for_a_run_under_way_says_it_started() -> None:
         "it started 1m30s ago and has not finished; `coordinator runs show 7`"
     )
     slow = job(timeout=timedelta(minutes=10))
-    assert why.still_waiting(slow, started, NO_DAEMON, now=NOW) == (
+    assert why.still_waiting(slow, started, LEADING, now=NOW) == (
         "it started 1m30s ago and has not finished (its timeout: 10m); `coordinator runs show 7`"
+    )
+    # Without a daemon it never will: that comes first.
+    assert why.still_waiting(slow, started, NO_DAEMON, now=NOW).startswith(
+        "the daemon is not running"
     )
 
 
@@ -123,6 +127,7 @@ def test_hints_name_the_namespace_and_quote_for_the_shell() -> None:
     assert why.command("trigger", "ops team", "nightly backup") == (
         "coordinator jobs trigger 'nightly backup' -n 'ops team'"
     )
+    assert why.command("resume", "ops", "-x") == "coordinator jobs resume -n ops -- -x"
     paused = job(paused=True, namespace="billing", name="often")
     assert why.still_waiting(paused, run(), LEADING, now=NOW) == (
         "the job is paused; `coordinator jobs resume often -n billing` lets it run"
