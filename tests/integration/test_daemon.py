@@ -244,23 +244,36 @@ async def _ids(conn: asyncpg.Connection, pattern: str) -> list[int]:
 # -- arming, pause, resume, remove ------------------------------------------------------------
 
 
-async def test_resume_dispatches_the_run_queued_while_paused_without_a_refresh(
+UNPAUSE = {
+    "resume": "SELECT coordinator.resume('default', 'held')",
+    "define_job": "SELECT coordinator.define_job('held', 'manual', $1::jsonb, paused => false)",
+    # (No "paused" key: the entry keeps the job's pause; "paused": false lifts it.)
+    "sync": "SELECT * FROM coordinator.sync('default', jsonb_build_array(jsonb_build_object("
+    "'name', 'held', 'schedule_kind', 'manual', 'target', $1::jsonb, 'paused', false)))",
+}
+
+
+@pytest.mark.parametrize("way", list(UNPAUSE))
+async def test_lifting_a_pause_dispatches_the_run_queued_meanwhile_without_a_refresh(
+    way: str,
     start_daemon: StartDaemon,
     sql_log: StatementLog,
     database_name: str,
     conn: asyncpg.Connection,
     tmp_path: Path,
 ) -> None:
-    """A run triggered while its job was paused waits; resuming the job dispatches it at
-    once (resume raises the run's dispatch wake, as trigger does), not at the next
-    coalesced refresh, an hour away here."""
+    """A run triggered while its job was paused waits; lifting the pause (resume, define
+    or sync) dispatches it at once (the run's dispatch wake, as trigger raises it), not at
+    the next coalesced refresh, an hour away here."""
     argv, path = counter(tmp_path)
-    await define(conn, "held", target={"kind": "exec", "argv": argv}, paused=True)
+    target = {"kind": "exec", "argv": argv}
+    await define(conn, "held", target=target, paused=True)
     harness = await start_daemon(refresh_spacing=3600.0)
     run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'held')")
     await trio.sleep(0.5)  # the dispatch wake came; the claim was refused: paused
     assert (await runs_of(conn, await _job_id(conn, "held")))[0]["status"] == "queued"
-    await aio(conn.execute)("SELECT coordinator.resume('default', 'held')")
+    sql = UNPAUSE[way]
+    await aio(conn.execute)(sql, *((json.dumps(target),) if "$1" in sql else ()))
     await harness.wait_event("job.run", run=run_id, timeout=15)
     assert executions(path) == 1
     assert refreshes(daemon_sql(sql_log, database_name)) == 1  # the startup read only
