@@ -280,7 +280,7 @@ async def _start_admin(
     URL. It answers reads from the database on request only: an open, unused API or page
     costs no SQL (an open page follows the daemon's events and reads only what they say
     changed)."""
-    from .admin import Metrics, make_app, serve_admin
+    from .admin import Metrics, audit_to, make_app, serve_admin
 
     tokens = config.admin_scopes()
     if not tokens:
@@ -300,7 +300,7 @@ async def _start_admin(
         tokens=tokens,
         status=daemon.status,
         metrics=metrics,
-        audit=lambda record: log.info("audit", **record),
+        audit=audit_to(log),
         metrics_public=config.metrics_public,
         events=daemon.events,
         clock=SystemWallClock(),

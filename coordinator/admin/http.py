@@ -54,7 +54,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import aclosing, asynccontextmanager
 from datetime import datetime
 from functools import partial
@@ -71,7 +71,7 @@ from starlette.middleware import Middleware
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import client
+from .. import client, redact
 from ..clock import SystemWallClock, WallClock
 from ..config import parse_listen
 from ..db import APP_ADMIN, aio, connection, trio_asyncio_loop
@@ -105,8 +105,10 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+    from ..log import EventLog
 
-__all__ = ["APP_ADMIN", "make_app", "serve_admin"]
+
+__all__ = ["APP_ADMIN", "audit_to", "make_app", "serve_admin"]
 
 #: ``application_name`` of the API's database sessions.
 #: Shortest token accepted: an empty or short token would leave the API open.
@@ -609,6 +611,22 @@ class _Api:
         retry_run = current if current != run_id else None
         _note(request, retry_run=retry_run)
         return JSONResponse({"run": run_id, "as": outcome, "retry_run": retry_run})
+
+
+def audit_to(log: EventLog) -> Callable[[Mapping[str, Any]], None]:
+    """Write each audit record to ``log`` as one ``audit`` line. Its ``token`` is the
+    token's name (``billing-ops``, :mod:`coordinator.tokens`), never its secret: the line
+    must name it, so that field is spared the log's rule that hides any field called
+    token, and only its text is redacted, like every other value."""
+
+    def write(record: Mapping[str, Any]) -> None:
+        rules = redact.default()
+        fields = rules.fields({k: v for k, v in record.items() if k != "token"})
+        if record.get("token") is not None:
+            fields["token"] = rules.value(record["token"])
+        log.write("audit", "info", fields, redacted=True)
+
+    return write
 
 
 def make_app(

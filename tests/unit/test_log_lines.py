@@ -68,3 +68,29 @@ def test_an_event_nobody_sees_is_not_built_into_a_line() -> None:
     assert stream.getvalue() == ""
     assert RunStarted(job="a/b", job_id=1, run=2, trigger="manual", attempt=1).fields() == {
         "job": "a/b", "job_id": 1, "run": 2, "trigger": "manual", "attempt": 1}  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["logfmt", "json"])
+def test_the_audit_line_names_the_token_and_redacts_the_rest(fmt: str) -> None:
+    """README: ``audit ... token=billing-ops``. A field called token is hidden by the log's
+    rules; the audit record's token is a name, so it is shown (its text still redacted
+    like any value), while a secret field beside it stays hidden."""
+    from coordinator.admin import audit_to
+
+    stream = io.StringIO()
+    log = EventLog(stream=stream, journal=False, format=fmt)  # type: ignore[arg-type]
+    audit_to(log)(
+        {"method": "POST", "path": "/api/jobs/billing/x/trigger", "status": 200,
+         "remote": "127.0.0.1", "token": "billing-ops", "api_key": "s3cr3t"}
+    )  # fmt: skip
+    line = stream.getvalue()
+    if fmt == "json":
+        record = json.loads(line)
+        assert (record["event"], record["token"], record["api_key"]) == (
+            "audit", "billing-ops", "[redacted]"
+        )  # fmt: skip
+    else:
+        assert "event=audit" in line
+        assert "token=billing-ops" in line
+        assert "api_key=[redacted]" in line
+    assert "s3cr3t" not in line
