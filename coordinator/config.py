@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import attrs
 
@@ -828,6 +828,8 @@ class Config:
             value = getattr(self, s.name)
             if s.secret and value:
                 value = _redact_dsn(str(value)) if s.name == "dsn" else "***"
+            elif s.name == "alert_webhook" and value:
+                value = _redact_url(str(value))
             if isinstance(value, TokenSet):
                 value = {
                     scope.name: {
@@ -903,6 +905,21 @@ def _read_secret(path: Path, setting: str) -> str:
         ) from None
     except OSError as exc:
         raise ConfigError(f"{setting}: {path}: {exc.strerror or exc}") from None
+
+
+def _redact_url(url: str) -> str:
+    """A URL with whatever may hold its secret hidden: credentials, path and query
+    (a webhook's token is often its path), the scheme and host kept to recognise it."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal
+        host = f"[{host}]"
+    shown = f"{parts.scheme}://{'***@' if parts.username or parts.password else ''}{host}"
+    if parts.port is not None:
+        shown += f":{parts.port}"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        shown += "/***"
+    return shown
 
 
 def _redact_dsn(dsn: str) -> str:

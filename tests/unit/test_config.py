@@ -103,6 +103,24 @@ def test_redaction_hides_the_password() -> None:
     assert "s3cret" not in str(config.redacted())
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://user:hookpw@hooks.example/x?token=abc", "https://***@hooks.example/***"),
+        ("https://hooks.slack.com/services/T0/B0/XXSECRET", "https://hooks.slack.com/***"),
+        ("https://hooks.example:8443/", "https://hooks.example:8443"),
+        ("http://127.0.0.1:9999", "http://127.0.0.1:9999"),
+        ("http://[::1]:9999/hook", "http://[::1]:9999/***"),
+    ],
+)
+def test_the_webhook_is_shown_without_what_may_hold_its_secret(url: str, shown: str) -> None:
+    """A webhook's secret is often its path (or credentials, or a query token): the
+    configuration shows scheme and host only, in its table and its JSON."""
+    config = load(file=None, environ={"COORDINATOR_ALERT_WEBHOOK": url}, flags={})
+    assert config.redacted()["alert_webhook"] == shown
+    assert [v for name, v, _source in config.describe() if name == "alert_webhook"] == [shown]
+
+
 def test_admin_token_is_redacted_and_read_from_a_file(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("a-long-enough-admin-token\n")
