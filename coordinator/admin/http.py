@@ -60,6 +60,7 @@ from datetime import datetime
 from functools import partial
 from http.cookies import SimpleCookie
 from typing import TYPE_CHECKING, Any, Final, cast
+from urllib.parse import quote
 
 import attrs
 import hypercorn.trio
@@ -283,7 +284,12 @@ class _Guard:
             notes["token"] = token.name
             return None
         if scope["method"] == "GET" and not scope["path"].startswith("/ui/"):
-            return Response(status_code=303, headers={"Location": "/signin"})
+            # Back to the page asked for once signed in (a run's link in an alert).
+            asked = scope["path"] + (
+                "?" + scope["query_string"].decode("latin-1") if scope["query_string"] else ""
+            )
+            where = "/signin" if asked == "/" else "/signin?next=" + quote(asked, safe="")
+            return Response(status_code=303, headers={"Location": where})
         return _error(401, "unauthorized", "sign in first (/signin)")
 
     def _check(self, scope: Scope, notes: dict[str, Any]) -> Response | None:
@@ -640,13 +646,16 @@ def make_app(
     metrics_public: bool = False,
     events: EventBus | None = None,
     clock: WallClock | None = None,
+    session_secret: str | None = None,
 ) -> Starlette:
     """The admin API and web page as an ASGI app (serve it with :func:`serve_admin`).
 
     ``tokens`` are the named, scoped tokens; ``token``, the single all-powerful one (named
-    ``admin``). ``audit`` receives one dict per POST (``method``, ``path``, ``status``,
-    ``remote``, ``token``, and ``run``/``job``/... when known); the daemon logs it as an
-    ``audit`` event.
+    ``admin``). ``session_secret`` (the single admin token, when ``tokens`` holds it):
+    the page's sessions are signed under keys derived from it, so they outlive a restart
+    (and end with a new token); without it and without ``token``, with the process.
+    ``audit`` receives one dict per POST (``method``, ``path``, ``status``, ``remote``,
+    ``token``, and ``run``/``job``/... when known); the daemon logs it (:func:`audit_to`).
     ``metrics_public`` lets ``/metrics`` be scraped without the token. ``events`` is the
     daemon's bus: the live page and ``/api/events`` follow it (without it they have no
     stream). ``clock`` gives wall time (ages, sessions, the stats' default span).
@@ -660,6 +669,8 @@ def make_app(
             raise ConfigError(str(exc)) from None
         scopes = scopes.with_scope(single(token, name="admin"))
         sessions = Sessions.for_token(token)  # sessions outlive a restart, not a new token
+    elif session_secret is not None:
+        sessions = Sessions.for_token(session_secret)
     if not scopes:
         raise ConfigError("admin API: no token (admin_token, admin_token_file or admin_tokens)")
     wall = clock if clock is not None else SystemWallClock()

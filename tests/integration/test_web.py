@@ -21,6 +21,7 @@ from coordinator import buckets, client
 from coordinator.admin import Metrics, make_app, present
 from coordinator.admin.web import FINDINGS_PAGE
 from coordinator.db import aio
+from coordinator.tokens import TokenSet, single
 
 from .conftest import Harness, StartDaemon, define
 from .test_admin import serve
@@ -107,13 +108,64 @@ async def site(
 
 
 async def test_pages_redirect_to_the_sign_in_form_and_fragments_are_401(site: Site) -> None:
-    for path in ("/", "/status", "/runs/1", "/jobs/default/x"):
+    for path, location in [
+        ("/", "/signin"),
+        ("/status", "/signin?next=%2Fstatus"),
+        ("/runs/1", "/signin?next=%2Fruns%2F1"),
+        ("/jobs/default/x?page=2", "/signin?next=%2Fjobs%2Fdefault%2Fx%3Fpage%3D2"),
+    ]:
         response = await site.get(path)
         assert response.status_code == 303, path
-        assert response.headers["location"] == "/signin"
+        assert response.headers["location"] == location
     for path in ("/ui/status", "/ui/events", "/ui/job-row/1"):
         assert (await site.get(path)).status_code == 401, path
     assert (await site.post("/jobs/default/x/run", data={})).status_code == 401
+
+
+async def test_signing_in_leads_back_to_the_page_asked_for(site: Site) -> None:
+    """A run's link (as an alert carries it) opened while signed out: after the form,
+    that run's page, not the front page."""
+    asked = await site.get("/runs/7")
+    form = await site.get(asked.headers["location"])
+    assert _hidden(form.text, "next") == "/runs/7"
+    answer = await site.post(
+        "/signin", data={"token": TOKEN, "csrf": _hidden(form.text, "csrf"), "next": "/runs/7"}
+    )
+    assert (answer.status_code, answer.headers["location"]) == (303, "/runs/7")
+
+
+async def test_sessions_signed_with_the_admin_token_survive_a_restart(
+    start_daemon: StartDaemon, database: str, nursery: trio.Nursery
+) -> None:
+    """The service passes admin_token as the session secret: a new process (a new app
+    here) accepts the cookie the old one set; another secret does not."""
+    harness = await start_daemon(refresh_spacing=0.2)
+    scopes = TokenSet().with_scope(single(TOKEN, name="admin"))
+
+    async def page_with(secret: str, cookie: str | None) -> httpx.Response:
+        app = make_app(dsn=database, tokens=scopes, status=harness.daemon.status,
+                       metrics=Metrics(status=harness.daemon.status), audit=lambda _r: None,
+                       session_secret=secret)  # fmt: skip
+        shutdown = trio.Event()
+        url = await serve(nursery, app, shutdown)
+        try:
+            async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+                if cookie is None:
+                    site = Site(url, http, harness)
+                    answer = await site.sign_in()
+                    assert answer.status_code == 303
+                    return answer
+                http.cookies.set("coordinator_session", cookie)
+                with trio.fail_after(15):
+                    return await http.get("/status")
+        finally:
+            shutdown.set()
+
+    signed = await page_with(TOKEN, None)
+    cookie = signed.cookies["coordinator_session"]
+    assert (await page_with(TOKEN, cookie)).status_code == 200
+    other = await page_with(secrets.token_urlsafe(32), cookie)
+    assert (other.status_code, other.headers["location"]) == (303, "/signin?next=%2Fstatus")
 
 
 async def test_sign_in_sets_a_strict_http_only_cookie_and_never_shows_the_token(
