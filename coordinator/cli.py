@@ -88,6 +88,7 @@ from .errors import (
     CoordinatorError,
     DatabaseUnavailable,
     InvalidInput,
+    PermissionDenied,
     first_error,
 )
 from .model import (
@@ -1490,6 +1491,18 @@ async def _jobs_remove(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 
 async def _prune(args: argparse.Namespace, ctx: CommandContext) -> int:
+    try:
+        return await _prune_as_allowed(args, ctx)
+    except PermissionDenied as exc:
+        raise PermissionDenied(
+            None,
+            exc.detail,
+            message=f"{exc}: pruning takes the schema's owner or a member of coordinator_admin "
+            "(the daemon prunes on its own deadline)",
+        ) from None
+
+
+async def _prune_as_allowed(args: argparse.Namespace, ctx: CommandContext) -> int:
     config = ctx.config()
     retention = timedelta(seconds=config.retention)
     async with ctx.connection() as conn:

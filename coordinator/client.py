@@ -535,6 +535,10 @@ def _from_postgres(
     if state == "42704":  # undefined_object: grant_namespace's unknown role
         return _invalid(getattr(exc, "column_name", None) or field, message)
     if state == "42501":  # insufficient_privilege: a table or function grant, or RLS
+        if namespace is None and message.startswith("permission denied for "):
+            # A privilege on an object (a function of the admin's, a table): no namespace
+            # is involved, so PostgreSQL's words are the message.
+            return PermissionDenied(None, message, message=message)
         return PermissionDenied(namespace, message)
     if state == "55000":  # object_not_in_prerequisite_state
         return Conflict(message)

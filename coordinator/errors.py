@@ -82,9 +82,13 @@ class PermissionDenied(CoordinatorError, PermissionError):
     token's or a worker token's scope); the message is
     ``permission denied for namespace "billing"``."""
 
-    def __init__(self, namespace: str | None, detail: str | None = None) -> None:
+    def __init__(
+        self, namespace: str | None, detail: str | None = None, *, message: str | None = None
+    ) -> None:
         what = f'namespace "{namespace}"' if namespace is not None else "this namespace"
-        super().__init__(f"permission denied for {what}" + (f" ({detail})" if detail else ""))
+        super().__init__(
+            message or f"permission denied for {what}" + (f" ({detail})" if detail else "")
+        )
         self.namespace = namespace
         self.detail = detail
 

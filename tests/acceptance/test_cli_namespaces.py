@@ -86,3 +86,19 @@ def test_token_hash_reads_stdin_and_makes_new_ones() -> None:
     made = token_line.removeprefix("token: ")
     assert hash_line == "hash:  " + hash_token(made)
     assert len(made) >= 40
+
+
+async def test_prune_as_an_application_role_says_who_may(database: str, role: str) -> None:
+    """Not "permission denied for this namespace": no namespace is involved; the prune
+    functions are the owner's and coordinator_admin's."""
+    granted = await trio.to_thread.run_sync(cli, database, "grant", role, "billing")
+    assert granted.returncode == 0, granted.stderr
+    as_role = database.replace("postgresql://postgres@", f"postgresql://{role}@", 1)
+    assert as_role != database
+    refused = await trio.to_thread.run_sync(cli, as_role, "prune", "--dry-run")
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.splitlines() == [
+        "coordinator: permission denied for function _prune_preview: pruning takes the "
+        "schema's owner or a member of coordinator_admin (the daemon prunes on its own "
+        "deadline)"
+    ]
