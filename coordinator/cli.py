@@ -341,6 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="PostgreSQL connection string (default: $COORDINATOR_DSN)",
     )
+    # (Also accepted before the command, as --dsn is: `coordinator --config F config`.)
+    parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help="TOML settings")
+    parser.add_argument(
+        "--state-dir", metavar="DIR", default=argparse.SUPPRESS, help="spool and embedded database"
+    )
     parser.add_argument("--json", action="store_true", default=False, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)

@@ -3,9 +3,15 @@ understood and the one perhaps meant (no database: the command line is refused f
 
 from __future__ import annotations
 
+import json
+from typing import TYPE_CHECKING
+
 import pytest
 
 from coordinator.cli import main
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @pytest.mark.parametrize(
@@ -111,3 +117,25 @@ def test_no_guess_where_argparse_knows_better(
 ) -> None:
     assert main(["--dsn", "postgresql://nobody@127.0.0.1:1/none", *argv]) == 2
     assert capsys.readouterr().err.splitlines() == [expected]
+
+
+def test_config_and_state_dir_are_read_before_the_command_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`coordinator --config F config` (as `--dsn` before the command) used to answer
+    "invalid choice: 'F'"; now it reads F, and a flag after the command still wins."""
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    monkeypatch.setenv("COORDINATOR_CONFIG", str(empty))
+    for name in ("COORDINATOR_STATE_DIR", "COORDINATOR_DSN"):
+        monkeypatch.delenv(name, raising=False)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("bogus = 1\n")
+    assert main(["--config", str(bad), "config"]) == 2
+    assert capsys.readouterr().err == f"coordinator: config file {bad}: unknown setting 'bogus'\n"
+    assert main(["--state-dir", str(tmp_path / "a"), "config", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["state_dir"]["value"] == str(tmp_path / "a")
+    assert main(["--state-dir", str(tmp_path / "a"), "config", "--state-dir", str(tmp_path / "b"),
+                 "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["state_dir"]["value"] == str(tmp_path / "b")
