@@ -266,9 +266,12 @@ def _patterns(value: Any, name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def parse_listen(listen: str, *, setting: str, allow_remote: bool = False) -> tuple[str, int]:
+def parse_listen(
+    listen: str, *, setting: str, allow_remote: bool = False, allowed_by: str | None = None
+) -> tuple[str, int]:
     """``host:port`` (``[v6]:port`` for IPv6) -> (host, port); a non-loopback host is
-    refused unless ``allow_remote``. Port 0 picks a free port. Errors name ``setting``."""
+    refused unless ``allow_remote`` (the setting ``allowed_by``, named in the refusal).
+    Port 0 picks a free port. Errors name ``setting``."""
     host, sep, port_text = listen.strip().rpartition(":")
     if not sep or not host or not port_text.isascii() or not port_text.isdigit():
         raise ConfigError(f"{setting}: expected HOST:PORT, not {listen!r}")
@@ -286,9 +289,13 @@ def parse_listen(listen: str, *, setting: str, allow_remote: bool = False) -> tu
             raise ConfigError(f"{setting}: {host!r} is not an IP address (or localhost)") from None
         loopback = address.is_loopback
     if not loopback and not allow_remote:
+        allow = (
+            f"{allowed_by} = true allows it"
+            if allowed_by
+            else "unless remote access is allowed explicitly"
+        )
         raise ConfigError(
-            f"{setting}: {host} is not a loopback address; it listens on loopback only "
-            "unless remote access is allowed explicitly"
+            f"{setting}: {host} is not a loopback address; it listens on loopback only ({allow})"
         )
     return host, port
 
@@ -998,6 +1005,14 @@ def load(
         sources[key] = Source(layer="flag", origin=setting.flag)
     if values.get("state_dir") is None:
         values["state_dir"] = default_state_dir(environ)
+    if values.get("admin_listen"):
+        # Checked now, as `run` checks it: `coordinator config` must not show it fine.
+        parse_listen(
+            values["admin_listen"],
+            setting="admin_listen",
+            allow_remote=bool(values.get("admin_allow_remote")),
+            allowed_by="admin_allow_remote",
+        )
     credentials = environ.get("CREDENTIALS_DIRECTORY")
     return Config(
         **values,

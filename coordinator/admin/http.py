@@ -731,7 +731,9 @@ async def serve_admin(
     requests, up to 2 s). ``await nursery.start(serve_admin, ...)`` returns the base URL
     actually bound (``http://127.0.0.1:8787``). Errors go to the ``coordinator.admin``
     :mod:`logging` logger; hypercorn's access log is off."""
-    host, port = parse_listen(listen, setting="admin_listen", allow_remote=allow_remote)
+    host, port = parse_listen(
+        listen, setting="admin_listen", allow_remote=allow_remote, allowed_by="admin_allow_remote"
+    )
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None

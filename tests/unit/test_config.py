@@ -387,3 +387,29 @@ def test_local_timezone_from_tz_or_utc() -> None:
     from zoneinfo import ZoneInfo
 
     ZoneInfo(local_timezone({"TZ": "Not/AZone"}))
+
+
+@pytest.mark.parametrize(
+    ("environ", "refusal"),
+    [
+        ({"COORDINATOR_ADMIN_LISTEN": "8787"}, "admin_listen: expected HOST:PORT, not '8787'"),
+        (
+            {"COORDINATOR_ADMIN_LISTEN": "0.0.0.0:8787"},
+            "admin_listen: 0.0.0.0 is not a loopback address; it listens on loopback only "
+            "(admin_allow_remote = true allows it)",
+        ),
+    ],
+)
+def test_admin_listen_is_refused_at_load_as_run_refuses_it(
+    environ: dict[str, str], refusal: str
+) -> None:
+    """`coordinator config` used to show these fine while `run` refused them."""
+    with pytest.raises(ConfigError) as refused:
+        load(file=None, environ=environ, flags={})
+    assert str(refused.value) == refusal
+    allowed = load(
+        file=None,
+        environ={"COORDINATOR_ADMIN_LISTEN": "0.0.0.0:8787", "COORDINATOR_ADMIN_ALLOW_REMOTE": "1"},
+        flags={},
+    )
+    assert allowed.admin_listen == "0.0.0.0:8787"
