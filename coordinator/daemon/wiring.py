@@ -698,7 +698,7 @@ class Daemon:
                     self.log.info("signal", signal=name)
                     if not self._stop.is_set():
                         self.request_stop()
-                        self._say_what_we_wait_for()
+                        self._say_what_we_wait_for(signum)
                     elif signum == signal.SIGINT and not self._abandon.is_set():
                         self._print("second interrupt: cancelling running calls now")
                         self.abandon_calls()
@@ -706,16 +706,21 @@ class Daemon:
             # Not the main thread (e.g. an embedding test harness): stop via request_stop().
             await trio.sleep_forever()
 
-    def _say_what_we_wait_for(self) -> None:
+    def _say_what_we_wait_for(self, signum: int) -> None:
         running = self.dispatcher.running
         if not running:
             self._print("stopping")
             return
         names = ", ".join(f"{r.job_key} (run {r.run_id})" for r in running.values())
+        # (Only SIGINT cancels them: a second SIGTERM, from a service manager, does not.)
+        now = (
+            "press Ctrl-C again to cancel them now"
+            if signum == signal.SIGINT
+            else f"SIGINT cancels them now: kill -INT {os.getpid()}"
+        )
         self._print(
             f"stopping: waiting for {len(running)} running call(s): {names}; up to "
-            f"{self.settings.stop_timeout:g}s, then they are cancelled "
-            "(press Ctrl-C again to cancel them now)"
+            f"{self.settings.stop_timeout:g}s, then they are cancelled ({now})"
         )
 
     async def _drain(self, calls: trio.Nursery, loop_scope: trio.CancelScope) -> None:

@@ -187,6 +187,38 @@ def test_first_interrupt_says_what_it_waits_for_second_cancels(
     assert "Traceback" not in stderr.read_text()
 
 
+def test_a_sigterm_stop_says_sigint_cancels_and_a_second_sigterm_does_not(
+    database: str, tmp_path: Path
+) -> None:
+    """A service manager stops with SIGTERM: the line must not tell it to press Ctrl-C,
+    and a second SIGTERM does not cancel the running call (SIGINT does)."""
+    started = tmp_path / "started"
+    assert (
+        cli(database, "jobs", "define", "slow", "--manual", "--", "sh", "-c",
+            f"touch {started}; sleep 60").returncode
+        == 0
+    )  # fmt: skip
+    proc, stderr = start_run(database, tmp_path)
+    try:
+        wait_until(lambda: '"event":"ready"' in stderr.read_text())
+        cli(database, "jobs", "trigger", "slow")
+        wait_until(started.exists)
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "waiting for 1 running call" in stderr.read_text())
+        said = [line for line in stderr.read_text().splitlines() if "waiting for" in line]
+        assert f"(SIGINT cancels them now: kill -INT {proc.pid})" in said[0]
+        assert "Ctrl-C" not in said[0]
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert proc.poll() is None  # still waiting for the call
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def test_waits_for_the_database_at_start(private_cluster: Any, tmp_path: Path) -> None:
     """PostgreSQL down when the service starts: the daemon waits (degraded), no exit."""
     dsn = private_cluster.dsn("postgres")
