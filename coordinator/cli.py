@@ -134,6 +134,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
+    if getattr(args, "worker", False):
+        # (`coordinator worker ...` is taken before argparse; options came first here.)
+        print(
+            "coordinator worker: its options go after `worker`: coordinator worker "
+            "MODULE:OBJECT [--socket PATH | --tcp HOST:PORT] ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 2
     try:
         code: int = trio_asyncio.run(_invoke, args)
     except KeyboardInterrupt:
@@ -1165,6 +1174,17 @@ def _status_of_database(
 
 async def _config(args: argparse.Namespace, ctx: CommandContext) -> int:
     config = _load_config(args)
+    if config.admin_listen:
+        # Checked by `run` (whose environment may differ: a service's env file); said here.
+        try:
+            config_mod.parse_listen(
+                config.admin_listen,
+                setting="admin_listen",
+                allow_remote=config.admin_allow_remote,
+                allowed_by="admin_allow_remote",
+            )
+        except ConfigError as exc:
+            _note(f"`coordinator run` with these settings would refuse: {exc}")
     rows = config.describe()
     if getattr(args, "json", False):
         values = config.redacted()

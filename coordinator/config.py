@@ -210,9 +210,16 @@ def _webhook(value: Any, name: str) -> str | None:
     text = _text(value, name).strip()
     if not text:
         return None
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        # (urllib would refuse it at the first alert, its error quoting the URL's path.)
+        raise ConfigError(f"{name}: a URL has no spaces or control characters")
     url = urlsplit(text)
     if url.scheme not in ("https", "http") or not url.hostname:
-        raise ConfigError(f"{name}: expected an https:// URL, not {text!r}")
+        raise ConfigError(f"{name}: expected an https:// URL, not {_redact_url(text)!r}")
+    try:
+        url.port  # noqa: B018 - reading it checks it
+    except ValueError:
+        raise ConfigError(f"{name}: {_redact_url(text)!r} has no valid port") from None
     if url.scheme == "http" and not _loopback(url.hostname):
         raise ConfigError(
             f"{name}: plain http only to a loopback address (alerts carry job output); use https://"
@@ -922,8 +929,11 @@ def _redact_url(url: str) -> str:
     if ":" in host:  # an IPv6 literal
         host = f"[{host}]"
     shown = f"{parts.scheme}://{'***@' if parts.username or parts.password else ''}{host}"
-    if parts.port is not None:
-        shown += f":{parts.port}"
+    try:
+        if parts.port is not None:
+            shown += f":{parts.port}"
+    except ValueError:
+        shown += ":***"
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         shown += "/***"
     return shown
@@ -1005,14 +1015,6 @@ def load(
         sources[key] = Source(layer="flag", origin=setting.flag)
     if values.get("state_dir") is None:
         values["state_dir"] = default_state_dir(environ)
-    if values.get("admin_listen"):
-        # Checked now, as `run` checks it: `coordinator config` must not show it fine.
-        parse_listen(
-            values["admin_listen"],
-            setting="admin_listen",
-            allow_remote=bool(values.get("admin_allow_remote")),
-            allowed_by="admin_allow_remote",
-        )
     credentials = environ.get("CREDENTIALS_DIRECTORY")
     return Config(
         **values,

@@ -301,8 +301,6 @@ async def _start_admin(
         status=daemon.status,
         metrics=metrics,
         audit=audit_to(log),
-        # Signed-in pages survive a restart when there is a secret to sign with.
-        session_secret=config.admin_token_value() or None,
         metrics_public=config.metrics_public,
         events=daemon.events,
         clock=SystemWallClock(),

@@ -60,7 +60,7 @@ from datetime import datetime
 from functools import partial
 from http.cookies import SimpleCookie
 from typing import TYPE_CHECKING, Any, Final, cast
-from urllib.parse import quote
+from urllib.parse import quote_from_bytes
 
 import attrs
 import hypercorn.trio
@@ -283,12 +283,15 @@ class _Guard:
             scope[access.TOKEN_KEY] = token
             notes["token"] = token.name
             return None
-        if scope["method"] == "GET" and not scope["path"].startswith("/ui/"):
-            # Back to the page asked for once signed in (a run's link in an alert).
-            asked = scope["path"] + (
-                "?" + scope["query_string"].decode("latin-1") if scope["query_string"] else ""
+        if scope["method"] in ("GET", "HEAD") and not scope["path"].startswith("/ui/"):
+            # Back to the page asked for once signed in (a run's link in an alert), as it
+            # was sent (a job name may hold ? or #, escaped).
+            asked = (scope.get("raw_path") or scope["path"].encode()) + (
+                b"?" + scope["query_string"] if scope["query_string"] else b""
             )
-            where = "/signin" if asked == "/" else "/signin?next=" + quote(asked, safe="")
+            where = (
+                "/signin" if asked == b"/" else "/signin?next=" + quote_from_bytes(asked, safe="")
+            )
             return Response(status_code=303, headers={"Location": where})
         return _error(401, "unauthorized", "sign in first (/signin)")
 
@@ -646,14 +649,11 @@ def make_app(
     metrics_public: bool = False,
     events: EventBus | None = None,
     clock: WallClock | None = None,
-    session_secret: str | None = None,
 ) -> Starlette:
     """The admin API and web page as an ASGI app (serve it with :func:`serve_admin`).
 
     ``tokens`` are the named, scoped tokens; ``token``, the single all-powerful one (named
-    ``admin``). ``session_secret`` (the single admin token, when ``tokens`` holds it):
-    the page's sessions are signed under keys derived from it, so they outlive a restart
-    (and end with a new token); without it and without ``token``, with the process.
+    ``admin``).
     ``audit`` receives one dict per POST (``method``, ``path``, ``status``, ``remote``,
     ``token``, and ``run``/``job``/... when known); the daemon logs it (:func:`audit_to`).
     ``metrics_public`` lets ``/metrics`` be scraped without the token. ``events`` is the
@@ -669,8 +669,6 @@ def make_app(
             raise ConfigError(str(exc)) from None
         scopes = scopes.with_scope(single(token, name="admin"))
         sessions = Sessions.for_token(token)  # sessions outlive a restart, not a new token
-    elif session_secret is not None:
-        sessions = Sessions.for_token(session_secret)
     if not scopes:
         raise ConfigError("admin API: no token (admin_token, admin_token_file or admin_tokens)")
     wall = clock if clock is not None else SystemWallClock()

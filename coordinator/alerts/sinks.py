@@ -162,8 +162,10 @@ class WebhookSink:
             await trio.to_thread.run_sync(self._send, request, abandon_on_cancel=True)
         except DeliveryFailed:
             raise
-        except (OSError, ValueError) as exc:  # URLError is an OSError
+        except OSError as exc:  # URLError is an OSError
             raise DeliveryFailed(f"webhook: {_one_line(exc)}") from None
+        except ValueError as exc:  # (its text may quote the URL, whose path may be a secret)
+            raise DeliveryFailed(f"webhook: the URL was refused ({type(exc).__name__})") from None
 
 
 __all__ = [

@@ -700,7 +700,7 @@ class Daemon:
                         self.request_stop()
                         self._say_what_we_wait_for(signum)
                     elif signum == signal.SIGINT and not self._abandon.is_set():
-                        self._print("second interrupt: cancelling running calls now")
+                        self._print("interrupt: cancelling running calls now")
                         self.abandon_calls()
         except ValueError:
             # Not the main thread (e.g. an embedding test harness): stop via request_stop().

@@ -139,3 +139,28 @@ def test_config_and_state_dir_are_read_before_the_command_too(
     assert main(["--state-dir", str(tmp_path / "a"), "config", "--state-dir", str(tmp_path / "b"),
                  "--json"]) == 0  # fmt: skip
     assert json.loads(capsys.readouterr().out)["state_dir"]["value"] == str(tmp_path / "b")
+
+
+def test_worker_options_before_worker_are_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`coordinator worker` is its own program: options before it used to crash."""
+    assert main(["--config", str(tmp_path / "c.toml"), "worker", "m:o"]) == 2
+    assert capsys.readouterr().err == (
+        "coordinator worker: its options go after `worker`: coordinator worker "
+        "MODULE:OBJECT [--socket PATH | --tcp HOST:PORT] ...\n"
+    )
+
+
+def test_config_says_what_run_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    monkeypatch.setenv("COORDINATOR_CONFIG", str(empty))
+    monkeypatch.setenv("COORDINATOR_ADMIN_LISTEN", "8787")
+    assert main(["config"]) == 0
+    assert capsys.readouterr().err == (
+        "coordinator: note: `coordinator run` with these settings would refuse: "
+        "admin_listen: expected HOST:PORT, not '8787'\n"
+    )
