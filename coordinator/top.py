@@ -80,7 +80,10 @@ class Screen:
         factory=lambda: collections.deque(maxlen=RECENT)
     )
     progress: dict[int, dict[str, Any]] = attrs.field(factory=dict)
-    live: bool = False
+    #: The event stream: followed (``True``), lost (``False``), not yet opened (``None``).
+    live: bool | None = None
+    #: A single screen (``--once``): no stream is followed.
+    snapshot: bool = False
     problem: str | None = None
 
     def take(self, kind: str, data: dict[str, Any]) -> set[str]:
@@ -139,7 +142,10 @@ class Screen:
 
         s = self.status
         state = str(s.get("state") or "?")
-        link = "live" if self.live else "reconnecting"
+        if self.snapshot:
+            link = "snapshot"
+        else:
+            link = {True: "live", False: "reconnecting", None: "connecting"}[self.live]
         lines = [
             f"coordinator top · {self.address} · {link} · {now.strftime('%H:%M:%SZ')}",
             f"daemon {paint(state)} {printable(str(s.get('instance') or ''))} · "
@@ -247,6 +253,8 @@ def _duration(seconds: float) -> str:
     seconds = max(seconds, 0.0)
     if seconds < 10:
         return f"{seconds:.1f}s"
+    if seconds < 60:
+        return f"{int(seconds)}s"
     if seconds < 3600:
         return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
@@ -395,6 +403,7 @@ class Top:
                 nursery.start_soon(_until_signal, signals, nursery.cancel_scope)
                 await self._read({"status", "jobs", "runs"})
                 if self.once:
+                    self.screen.snapshot = True
                     self.draw(force=True)
                     nursery.cancel_scope.cancel()
                     return 0

@@ -132,6 +132,7 @@ def test_top_once_prints_one_screen_and_status_watch_is_top(start_daemon: Any) -
     once = run_cli("top", "--once", config=daemon.config)
     assert once.code == 0, once
     assert once.out.startswith("coordinator top · http://127.0.0.1:")
+    assert " · snapshot · " in once.out.splitlines()[0]
     for section in ("RUNNING", "NEXT DEADLINES", "WORKERS", "RECENT OUTCOMES"):
         assert section in once.out
     watch = subprocess.Popen(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from coordinator.top import Screen
+from coordinator.top import Screen, _relative
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
@@ -64,3 +64,19 @@ def test_a_finished_run_is_an_outcome_and_names_what_to_read_again() -> None:
     assert "\x1b" not in text  # a message cannot drive the terminal
     assert s.take("run", {"job_id": 1, "run": 8, "status": "running"}) == {"status"}
     assert s.take("missed", {"count": 3}) == {"status", "jobs", "runs"}
+
+
+def test_the_header_says_what_it_follows_and_ages_read_plainly() -> None:
+    """`--once` is a snapshot, not "reconnecting"; before the stream opens it is
+    connecting; 12 s is "12s", not "0m12s"."""
+    s = screen()
+    assert " · live · " in s.render(NOW)[0]
+    s.live = None
+    assert " · connecting · " in s.render(NOW)[0]
+    s.live = False
+    assert " · reconnecting · " in s.render(NOW)[0]
+    s.snapshot = True
+    assert " · snapshot · " in s.render(NOW)[0]
+    assert _relative(NOW - timedelta(seconds=12), NOW) == "12s ago"
+    assert _relative(NOW - timedelta(seconds=75), NOW) == "1m15s ago"
+    assert _relative(NOW + timedelta(seconds=9.5), NOW) == "in 9.5s"
