@@ -154,9 +154,11 @@ def test_a_schema_that_lacks_migrations(pg_server: Any, tmp_path: Path) -> None:
     assert_one_line_refusal(result, "coordinator migrate")
 
 
-def test_first_interrupt_says_what_it_waits_for_second_cancels(
-    database: str, tmp_path: Path
-) -> None:
+def _stopping_with_a_call_running(
+    database: str, tmp_path: Path, signum: int
+) -> tuple[subprocess.Popen[bytes], Path, str, str]:
+    """`coordinator run` with a 60 s call under way, sent ``signum``: the process, its
+    stderr, the run id and the line that says what the stop waits for."""
     started = tmp_path / "started"
     assert (
         cli(database, "jobs", "define", "slow", "--manual", "--", "sh", "-c",
@@ -168,11 +170,23 @@ def test_first_interrupt_says_what_it_waits_for_second_cancels(
         wait_until(lambda: '"event":"ready"' in stderr.read_text())
         run_id = cli(database, "jobs", "trigger", "slow").stdout.strip()
         wait_until(started.exists)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         wait_until(lambda: "waiting for 1 running call" in stderr.read_text())
-        said = [line for line in stderr.read_text().splitlines() if "waiting for" in line]
-        assert f"default/slow (run {run_id})" in said[0]
-        assert "Ctrl-C again" in said[0]
+    except BaseException:
+        proc.kill()
+        proc.wait(10)
+        raise
+    said = [line for line in stderr.read_text().splitlines() if "waiting for" in line]
+    return proc, stderr, run_id, said[0]
+
+
+def test_first_interrupt_says_what_it_waits_for_second_cancels(
+    database: str, tmp_path: Path
+) -> None:
+    proc, stderr, run_id, said = _stopping_with_a_call_running(database, tmp_path, signal.SIGINT)
+    try:
+        assert f"default/slow (run {run_id})" in said
+        assert "Ctrl-C again" in said
         assert proc.poll() is None  # still waiting for the call
         began = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -192,22 +206,10 @@ def test_a_sigterm_stop_says_sigint_cancels_and_a_second_sigterm_does_not(
 ) -> None:
     """A service manager stops with SIGTERM: the line must not tell it to press Ctrl-C,
     and a second SIGTERM does not cancel the running call (SIGINT does)."""
-    started = tmp_path / "started"
-    assert (
-        cli(database, "jobs", "define", "slow", "--manual", "--", "sh", "-c",
-            f"touch {started}; sleep 60").returncode
-        == 0
-    )  # fmt: skip
-    proc, stderr = start_run(database, tmp_path)
+    proc, _stderr, _run, said = _stopping_with_a_call_running(database, tmp_path, signal.SIGTERM)
     try:
-        wait_until(lambda: '"event":"ready"' in stderr.read_text())
-        cli(database, "jobs", "trigger", "slow")
-        wait_until(started.exists)
-        proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: "waiting for 1 running call" in stderr.read_text())
-        said = [line for line in stderr.read_text().splitlines() if "waiting for" in line]
-        assert f"(SIGINT cancels them now: kill -INT {proc.pid})" in said[0]
-        assert "Ctrl-C" not in said[0]
+        assert f"(SIGINT cancels them now: kill -INT {proc.pid})" in said
+        assert "Ctrl-C" not in said
         proc.send_signal(signal.SIGTERM)
         time.sleep(1.0)
         assert proc.poll() is None  # still waiting for the call
