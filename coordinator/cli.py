@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
-    if getattr(args, "worker", False):
+    if getattr(args, "worker_program", False):
         # (`coordinator worker ...` is taken before argparse; options came first here.)
         print(
             "coordinator worker: its options go after `worker`: coordinator worker "
@@ -745,7 +745,7 @@ def _add_worker(groups: _Subparsers) -> None:
         add_help=False,
     )
     worker.add_argument("worker_argv", nargs=argparse.REMAINDER)
-    worker.set_defaults(handler=None, worker=True)
+    worker.set_defaults(handler=None, worker_program=True)
 
 
 def _add_config(groups: _Subparsers) -> None:

@@ -152,6 +152,16 @@ def test_worker_options_before_worker_are_a_usage_error(
     )
 
 
+def test_a_define_with_worker_is_not_the_worker_program(capsys: pytest.CaptureFixture[str]) -> None:
+    """(`jobs define --worker TYPE` sets args.worker: the check above must not take it
+    for `coordinator worker`.) It gets as far as connecting."""
+    code = main(["--dsn", "postgresql://nobody@127.0.0.1:1/none", "jobs", "define", "x",
+                 "--manual", "--worker", "scan"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "cannot connect to PostgreSQL" in err
+
+
 def test_config_says_what_run_would_refuse(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
