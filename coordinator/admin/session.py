@@ -4,9 +4,10 @@ The page signs in with an admin token once, through a form; the answer sets a se
 cookie (``HttpOnly``, ``SameSite=Strict``, ``Secure`` over HTTPS), so the token itself is
 never in a URL, in page source, or in the cookie. A session is stateless and signed:
 ``v1.<expires>.<nonce>.<mac>``, the MAC an HMAC-SHA256 under a key derived from the
-single admin token (sessions survive a daemon restart and die with a token change) or,
-when only named tokens are configured (the configuration holds their hashes, which are
-no secret), from a random key of the process (sessions end with it). The nonce names
+token ``make_app(token=...)`` is given (an embedding's single token: sessions survive a
+restart and die with a token change) or else from a random key of the process, as the
+service does (it passes every token as a named scope, whose hashes are no secret):
+sessions end with the process, and so do sign-outs, which are kept in memory only. The nonce names
 the token the session signed in with (``<random>~<name>``, the name base64url-encoded),
 so the page shows only what that token may see (:mod:`coordinator.admin.access`).
 Signing out revokes the session's nonce in memory (until it would have expired anyway).
