@@ -131,8 +131,10 @@ class Sampler:
         # burst and 4.2 ms after the third (5,000 more finished runs each), 50 times a
         # second, on the two CPUs the system under test needs (its later bursts were the
         # slower ones). With sequential scans off the polls are index scans of constant
-        # cost; a table with no such index is still scanned.
-        await self.conn.execute("SET enable_seqscan = off")
+        # cost; a table with no such index is still scanned. DISCARD PLANS: a statement
+        # this session prepared before (the steady poll's count is first run to check the
+        # queue) keeps its plan across a SET until its plans are dropped.
+        await self.conn.execute("SET enable_seqscan = off; DISCARD PLANS")
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -141,7 +143,7 @@ class Sampler:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        await self.conn.execute("RESET enable_seqscan")
+        await self.conn.execute("RESET enable_seqscan; DISCARD PLANS")
 
     async def _run(self) -> None:
         while True:
