@@ -40,12 +40,14 @@ import collections
 import contextlib
 import functools
 import hmac
+import itertools
 import math
 import os
 import socket
 import ssl
 import stat
 import struct
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -308,6 +310,34 @@ class _Conn:
         return self.scope is None or self.scope.allows(namespace)
 
 
+@attrs.define(eq=False)
+class _Waiter:
+    """A call waiting in :meth:`WorkerExecutor._reserve` for a free slot on a worker that
+    serves its type and may run its namespace."""
+
+    run_id: int
+    worker_type: str
+    namespace: str
+    #: The daemon's "give up on calls" event, as the call was given it.
+    abandon: trio.Event
+    #: Its place, given when it joins the queue: waiters are served in this order.
+    seq: int = -1
+    #: In :attr:`WorkerExecutor._waiters` now.
+    queued: bool = False
+    #: Its call is done waiting (a step that joins the queue, kept for its turn and
+    #: taken later, then does nothing).
+    gone: bool = False
+    #: The worker whose freed slot woke it: if it leaves without that slot, the next
+    #: waiting call that may take it is woken in its place.
+    woken_for: _Conn | None = None
+    #: Set when it should look again: a slot it may take freed, the workers changed,
+    #: the daemon gave up on calls (abandon), or its run was asked to stop.
+    wake: trio.Event = attrs.field(factory=trio.Event)
+
+    def fits(self, conn: _Conn) -> bool:
+        return self.worker_type in conn.types and conn.may_run(self.namespace)
+
+
 @attrs.define(eq=False, kw_only=True)
 class WorkerExecutor:
     """Serves worker connections and calls ``worker`` targets on them."""
@@ -348,8 +378,11 @@ class WorkerExecutor:
     _draining: set[_Conn] = attrs.field(factory=set, init=False)
     #: job type -> total capacity of the registered workers serving it.
     _capacity: dict[str, int] = attrs.field(factory=dict, init=False)
-    #: Set (and replaced) whenever a slot frees or the workers change.
-    _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    #: Calls waiting for a free slot, in the order they began to wait: a freed slot
+    #: wakes the first one that may take it (not all of them: with many waiting, waking
+    #: all at every result was quadratic).
+    _waiters: collections.deque[_Waiter] = attrs.field(factory=collections.deque, init=False)
+    _waiter_seq: Iterator[int] = attrs.field(factory=itertools.count, init=False)
     _detached: bool = attrs.field(default=False, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _accept_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
@@ -445,6 +478,13 @@ class WorkerExecutor:
                 return False
             if self._starting[run_id] is None:
                 self._starting[run_id] = reason
+                for index, waiter in enumerate(self._waiters):
+                    if waiter.run_id == run_id:  # waiting for a slot: it ends now, unsent
+                        del self._waiters[index]
+                        waiter.queued = False
+                        waiter.woken_for = None
+                        waiter.wake.set()
+                        break
             return True
         if call.stop_reason is None and not call.finished:
             call.stop_reason = reason
@@ -456,8 +496,8 @@ class WorkerExecutor:
         worker_type = job.target.worker_type or ""
         if abandon.is_set():
             return self._unstarted(claim, "abandon")
-        conn = await self._reserve(worker_type, job.namespace, abandon, turn)
         run_id = claim.run_id
+        conn = await self._reserve(run_id, worker_type, job.namespace, abandon, turn)
         stop = self._starting.get(run_id)
         if conn is None or stop is not None:
             if abandon.is_set():
@@ -918,7 +958,7 @@ class WorkerExecutor:
         call.finished = True
         call.done.set()
         call.wake.set()
-        self._slot_freed()
+        self._slot_freed(conn)
         if conn.draining and not conn.calls:
             self._disconnect(conn, "bye")
 
@@ -1067,8 +1107,6 @@ class WorkerExecutor:
             )
         if registered:
             self._inventory_changed()
-        elif calls:
-            self._slot_freed()
 
     def _inventory_changed(self) -> None:
         capacity: dict[str, int] = {}
@@ -1076,7 +1114,7 @@ class WorkerExecutor:
             for conn in self._conns.values():
                 for worker_type in conn.types:
                     capacity[worker_type] = capacity.get(worker_type, 0) + conn.capacity
-        self._slot_freed()
+        self._wake_all_waiters()  # (who serves what, where, changed: all look again)
         if capacity == self._capacity:
             return
         self._capacity = capacity
@@ -1087,46 +1125,145 @@ class WorkerExecutor:
         except Exception as exc:  # the daemon's bug; keep serving
             self.events.log.error("worker.on_change_failed", error=repr(exc))
 
-    def _slot_freed(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+    def _slot_freed(self, conn: _Conn) -> None:
+        """A slot of ``conn`` freed: the first waiting call that may take it looks again
+        (a registered worker only: one that said ``bye`` takes no new call)."""
+        if (
+            self._waiters
+            and len(conn.calls) < conn.capacity
+            and self._conns.get(conn.worker or "") is conn
+        ):
+            self._wake_first(conn)
+
+    def _wake_all_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, collections.deque()
+        for waiter in waiters:
+            waiter.queued = False
+            waiter.woken_for = None
+            waiter.wake.set()
 
     # -- calling -------------------------------------------------------------------------
 
     async def _reserve(
-        self, worker_type: str, namespace: str, abandon: trio.Event, turn: Turn
+        self, run_id: int, worker_type: str, namespace: str, abandon: trio.Event, turn: Turn
     ) -> _Conn | None:
         """The least busy registered worker serving ``worker_type`` with a free slot,
         that may run jobs of ``namespace``, waiting for one if all are busy (the call
         then gives up its turn: the calls after it need not wait too); ``None`` if none
-        serves it (or on abandon)."""
-        while True:
-            if self._detached or abandon.is_set():
-                return None
-            best: _Conn | None = None
-            serving = False
-            for conn in self._conns.values():
-                if worker_type not in conn.types or not conn.may_run(namespace):
-                    continue
-                serving = True
-                busy = len(conn.calls)
-                if busy < conn.capacity and (
-                    best is None or (busy, -conn.capacity) < (len(best.calls), -best.capacity)
-                ):
-                    best = conn
-            if best is not None:
-                return best
-            if not serving:
-                return None
-            turn.take(_no_step)
-            await _wait_any(self._changed, abandon)
+        serves it, once the daemon stops sending calls (detach), on abandon, or once the run
+        was asked to stop while it waited.
+
+        Waiting calls join a queue (the calls of one claim batch in the batch's order, in
+        their turns) and each freed slot wakes the first that may take it, so they get
+        slots about in the order they began to wait (calls woken together start in the
+        order trio runs them, and a call that did not have to wait may take a slot first:
+        the one beaten to it waits again in its place). A woken call that leaves without
+        the slot it was woken for (it took another, or it stops) wakes the next one that
+        may take that slot."""
+        waiter: _Waiter | None = None
+        taken: _Conn | None = None
+        try:
+            while True:
+                if self._detached or abandon.is_set():
+                    return None
+                if waiter is not None and self._starting.get(run_id) is not None:
+                    return None  # asked to stop meanwhile: never sent (see _call)
+                conn = self._free_slot(worker_type, namespace)
+                if conn is not None:
+                    taken = conn
+                    return conn
+                if not self._serves(worker_type, namespace):
+                    return None
+                if waiter is None:
+                    waiter = _Waiter(
+                        run_id=run_id, worker_type=worker_type, namespace=namespace, abandon=abandon
+                    )
+                    # Joins the queue in its turn (and gives the turn up: the calls after
+                    # it need not wait too).
+                    turn.take(functools.partial(self._enqueue, waiter))
+                else:
+                    waiter.woken_for = None  # (beaten to it: that slot is taken)
+                    waiter.wake = trio.Event()
+                    self._requeue(waiter)
+                self._watch_abandon(abandon)
+                await waiter.wake.wait()
+        finally:
+            if waiter is not None:
+                waiter.gone = True
+                if waiter.queued:
+                    self._waiters.remove(waiter)  # (cancelled while waiting)
+                promised = waiter.woken_for
+                if promised is not None and promised is not taken:
+                    self._slot_freed(promised)  # (if it is still free)
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        """A call joins the queue of calls waiting for a slot (in its turn: maybe later,
+        from the task that passes the turn on to it)."""
+        if waiter.gone:
+            return
+        waiter.seq = next(self._waiter_seq)
+        if (
+            self._free_slot(waiter.worker_type, waiter.namespace) is not None
+            or not self._serves(waiter.worker_type, waiter.namespace)
+            or self._detached
+            or waiter.abandon.is_set()
+            or self._starting.get(waiter.run_id) is not None
+        ):
+            # Something it waits for happened before its turn came: look again now.
+            waiter.wake.set()
+            return
+        waiter.queued = True
+        self._waiters.append(waiter)
+
+    def _requeue(self, waiter: _Waiter) -> None:
+        """Back in its place (a woken call beaten to the slot, or told to look again
+        with all the others)."""
+        waiter.queued = True
+        if not self._waiters or self._waiters[-1].seq < waiter.seq:
+            self._waiters.append(waiter)  # (after a wake-all, they come back in order)
+            return
+        for index, other in enumerate(self._waiters):
+            if other.seq > waiter.seq:
+                self._waiters.insert(index, waiter)
+                return
+        self._waiters.append(waiter)
+
+    def _wake_first(self, conn: _Conn) -> bool:
+        for index, waiter in enumerate(self._waiters):
+            if waiter.fits(conn):
+                del self._waiters[index]
+                waiter.queued = False
+                waiter.woken_for = conn
+                waiter.wake.set()
+                return True
+        return False
+
+    def _serves(self, worker_type: str, namespace: str) -> bool:
+        """Some registered worker serves ``worker_type`` and may run ``namespace``."""
+        return any(
+            worker_type in conn.types and conn.may_run(namespace) for conn in self._conns.values()
+        )
+
+    def _free_slot(self, worker_type: str, namespace: str) -> _Conn | None:
+        """The least busy registered worker serving ``worker_type`` and ``namespace``
+        with a free slot, if any."""
+        best: _Conn | None = None
+        for conn in self._conns.values():
+            if worker_type not in conn.types or not conn.may_run(namespace):
+                continue
+            busy = len(conn.calls)
+            if busy < conn.capacity and (
+                best is None or (busy, -conn.capacity) < (len(best.calls), -best.capacity)
+            ):
+                best = conn
+        return best
 
     def _release(self, conn: _Conn, call: _Call) -> None:
         """A call that was never sent gives its slot back (a worker that said ``bye`` and
         has no other call is let go, as after its last result)."""
         if conn.calls.get(call.run_id) is call:
             del conn.calls[call.run_id]
-            self._slot_freed()
+            self._slot_freed(conn)
             if conn.draining and not conn.calls:
                 self._disconnect(conn, "bye")
         call.finished = True
@@ -1159,6 +1296,7 @@ class WorkerExecutor:
             for conn in [*self._conns.values(), *self._draining]:
                 for call in conn.calls.values():
                     call.wake.set()
+            self._wake_all_waiters()
 
         self._nursery.start_soon(watch)
 
@@ -1447,20 +1585,6 @@ class WorkerExecutor:
             and call.checkpointer_idle is not None
         ):
             await call.written.wait()
-
-
-async def _wait_any(*events: trio.Event) -> None:
-    """Return once any of ``events`` is set."""
-    if any(event.is_set() for event in events):
-        return
-    async with trio.open_nursery() as nursery:
-        for event in events:
-            nursery.start_soon(_set_then_cancel, event, nursery.cancel_scope)
-
-
-async def _set_then_cancel(event: trio.Event, scope: trio.CancelScope) -> None:
-    await event.wait()
-    scope.cancel()
 
 
 def _category(reported: str | None, extra: dict[str, Any]) -> Category | None:

@@ -874,6 +874,113 @@ async def test_capacity_bounds_concurrent_calls(sock_path: Path) -> None:
             assert sorted(o.count or 0 for o in outcomes) == [1, 2, 3, 4, 5]
 
 
+async def test_calls_waiting_for_a_slot_get_one_in_the_order_they_began_to_wait(
+    sock_path: Path,
+) -> None:
+    # (Each freed slot wakes the first waiting call. Waking them all, as before, let
+    # whichever trio ran first take it: trio runs a round's woken tasks in reverse order
+    # half the time.)
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello("one", capacity=1)
+            outcomes: list[Outcome] = []
+            h.nursery.start_soon(_collect, h, make_claim(1), outcomes)
+            assert (await raw.recv() or {})["run"] == 1
+            for run in range(2, 8):
+                h.nursery.start_soon(_collect, h, make_claim(run), outcomes)
+                await trio.testing.wait_all_tasks_blocked()  # run waits, after the one before
+            order = [1]
+            while len(order) < 7:
+                await raw.send({"type": "result", "run": order[-1], "ok": True})
+                message = await raw.recv()
+                assert message is not None
+                order.append(message["run"])
+            await raw.send({"type": "result", "run": order[-1], "ok": True})
+            while len(outcomes) < 7:
+                await trio.sleep(0.01)
+    assert order == [1, 2, 3, 4, 5, 6, 7]
+    assert {o.status for o in outcomes} == {"succeeded"}
+
+
+async def test_a_call_waiting_for_a_slot_that_is_asked_to_stop_ends_at_once(
+    sock_path: Path,
+) -> None:
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello("one", capacity=1)
+            first: list[Outcome] = []
+            h.nursery.start_soon(_collect, h, make_claim(1), first)
+            assert (await raw.recv() or {})["run"] == 1
+            second: list[Outcome] = []
+            h.nursery.start_soon(_collect, h, make_claim(2), second)
+            await trio.testing.wait_all_tasks_blocked()  # waiting for the one slot
+            assert h.executor.cancel(2, "stopping") is True
+            while not second:  # (run 1 still holds the slot)
+                await trio.sleep(0.01)
+            assert not first
+            await raw.send({"type": "result", "run": 1, "ok": True})
+            while not first:
+                await trio.sleep(0.01)
+            with trio.move_on_after(0.2) as quiet:
+                await raw.recv()
+            assert quiet.cancelled_caught  # no call for run 2
+    assert second[0].status == "cancelled"
+    assert first[0].status == "succeeded"
+
+
+@pytest.mark.parametrize("how", ["asked to stop", "cancelled"])
+async def test_a_woken_call_that_leaves_before_it_runs_wakes_the_next_in_its_place(
+    sock_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # Run 1's result frees the one slot and wakes run 2, in the tick in which run 2 is
+    # asked to stop (or its task is cancelled) before its task runs again. Run 2 leaves
+    # without the slot: run 3 must be woken for it, not left waiting beside a free slot.
+    second = trio.CancelScope()  # run 2's
+    fired = False
+    freed = WorkerExecutor._slot_freed
+
+    def slot_freed(executor: WorkerExecutor, conn: Any) -> None:
+        nonlocal fired
+        if fired:
+            freed(executor, conn)
+            return
+        fired = True
+        if how == "cancelled":
+            second.cancel()  # (its wait is aborted; it is still first in the queue)
+        freed(executor, conn)  # (wakes run 2)
+        if how == "asked to stop":
+            assert executor.cancel(2, "stopping") is True
+
+    monkeypatch.setattr(WorkerExecutor, "_slot_freed", slot_freed)
+    expected = {1: "succeeded", 3: "succeeded"}
+    if how == "asked to stop":
+        expected[2] = "cancelled"  # (a cancelled task has no outcome)
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello("one", capacity=1)
+            outcomes: dict[int, Outcome] = {}
+
+            async def call(run: int, scope: trio.CancelScope) -> None:
+                with scope:
+                    outcomes[run] = await h.call(make_claim(run))
+
+            h.nursery.start_soon(call, 1, trio.CancelScope())
+            assert (await raw.recv() or {})["run"] == 1
+            h.nursery.start_soon(call, 2, second)
+            await trio.testing.wait_all_tasks_blocked()
+            h.nursery.start_soon(call, 3, trio.CancelScope())
+            await trio.testing.wait_all_tasks_blocked()
+            await raw.send({"type": "result", "run": 1, "ok": True})
+            assert (await raw.recv() or {})["run"] == 3
+            await raw.send({"type": "result", "run": 3, "ok": True})
+            while len(outcomes) < len(expected):
+                await trio.sleep(0.01)
+    assert {run: o.status for run, o in outcomes.items()} == expected
+
+
 async def test_calls_go_to_the_least_busy_worker(sock_path: Path) -> None:
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
