@@ -874,6 +874,15 @@ async def test_capacity_bounds_concurrent_calls(sock_path: Path) -> None:
             assert sorted(o.count or 0 for o in outcomes) == [1, 2, 3, 4, 5]
 
 
+async def _one_slot_taken_by_run_1(h: Harness, outcomes: list[Outcome]) -> RawWorker:
+    """A raw worker with one slot, run 1's call in it (its outcome goes to ``outcomes``)."""
+    raw = await h.connect()
+    await raw.hello("one", capacity=1)
+    h.nursery.start_soon(_collect, h, make_claim(1), outcomes)
+    assert (await raw.recv() or {})["run"] == 1
+    return raw
+
+
 async def test_calls_waiting_for_a_slot_get_one_in_the_order_they_began_to_wait(
     sock_path: Path,
 ) -> None:
@@ -882,11 +891,8 @@ async def test_calls_waiting_for_a_slot_get_one_in_the_order_they_began_to_wait(
     # half the time.)
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
-            raw = await h.connect()
-            await raw.hello("one", capacity=1)
             outcomes: list[Outcome] = []
-            h.nursery.start_soon(_collect, h, make_claim(1), outcomes)
-            assert (await raw.recv() or {})["run"] == 1
+            raw = await _one_slot_taken_by_run_1(h, outcomes)
             for run in range(2, 8):
                 h.nursery.start_soon(_collect, h, make_claim(run), outcomes)
                 await trio.testing.wait_all_tasks_blocked()  # run waits, after the one before
@@ -908,11 +914,8 @@ async def test_a_call_waiting_for_a_slot_that_is_asked_to_stop_ends_at_once(
 ) -> None:
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
-            raw = await h.connect()
-            await raw.hello("one", capacity=1)
             first: list[Outcome] = []
-            h.nursery.start_soon(_collect, h, make_claim(1), first)
-            assert (await raw.recv() or {})["run"] == 1
+            raw = await _one_slot_taken_by_run_1(h, first)
             second: list[Outcome] = []
             h.nursery.start_soon(_collect, h, make_claim(2), second)
             await trio.testing.wait_all_tasks_blocked()  # waiting for the one slot
