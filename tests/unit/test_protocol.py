@@ -33,6 +33,7 @@ from coordinator.protocol import (
     Result,
     Welcome,
     encode,
+    encode_success,
     parse,
     parse_from_daemon,
     parse_from_worker,
@@ -209,6 +210,35 @@ def test_result_retry_fields_on_the_wire() -> None:
     assert "retryable" not in encode(Result(run=1, ok=False)).decode()
     line = b'{"v":1,"type":"result","run":1,"ok":false,"retryable":false,"category":"later"}'
     assert parse(line) == Result(run=1, ok=False, retryable=False, category="later")
+
+
+@pytest.mark.parametrize(
+    ("count", "extra"),
+    [(None, None), (0, None), (-(2**63), {}), (2**63 - 1, {"a": [1, "é"]}), (7, {"k": None})],
+)
+def test_a_success_line_says_what_its_result_would(count: int | None, extra: object) -> None:
+    """``encode_success`` writes its line directly, not through a ``Result``: the daemon
+    reads the same message from it."""
+    assert isinstance(extra, dict | None)
+    line = encode_success(9, count, extra)
+    assert line.endswith(b"}\n")
+    assert b"\n" not in line[:-1]
+    assert parse(line) == parse(encode(Result(run=9, ok=True, count=count, extra=extra or None)))
+
+
+def test_a_success_line_is_lenient_in_extra_and_strict_in_its_numbers() -> None:
+    at = datetime(2026, 12, 1, 19, 0, tzinfo=UTC)
+    result = parse(encode_success(3, 1, {"at": at, "n": 1.5}))
+    assert isinstance(result, Result)
+    assert result.extra == {"at": str(at), "n": 1.5}
+    for run, count in [(0, None), (True, None), (2**63, None), (1, True), (1, 2**63), (1, 1.5)]:
+        with pytest.raises(ProtocolError) as caught:
+            encode_success(run, count, None)  # type: ignore[arg-type]
+        with pytest.raises(ProtocolError) as expected:
+            Result(run=run, ok=True, count=count)  # type: ignore[arg-type]
+        assert str(caught.value) == str(expected.value)
+    with pytest.raises(ValueError, match="Out of range float"):
+        encode_success(1, None, {"x": float("nan")})
 
 
 REJECTED = [
