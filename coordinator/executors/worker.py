@@ -309,6 +309,10 @@ class _Conn:
         """Whether calls of ``namespace`` may go to this worker (its token's scope)."""
         return self.scope is None or self.scope.allows(namespace)
 
+    def serves(self, worker_type: str, namespace: str) -> bool:
+        """Whether a call of ``worker_type`` in ``namespace`` may go to this worker."""
+        return worker_type in self.types and self.may_run(namespace)
+
 
 @attrs.define(eq=False)
 class _Waiter:
@@ -335,7 +339,14 @@ class _Waiter:
     wake: trio.Event = attrs.field(factory=trio.Event)
 
     def fits(self, conn: _Conn) -> bool:
-        return self.worker_type in conn.types and conn.may_run(self.namespace)
+        return conn.serves(self.worker_type, self.namespace)
+
+    def wake_up(self, woken_for: _Conn | None = None) -> None:
+        """Look again (taken off the queue by the caller); ``woken_for``: the worker
+        whose freed slot it is woken for."""
+        self.queued = False
+        self.woken_for = woken_for
+        self.wake.set()
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -379,8 +390,8 @@ class WorkerExecutor:
     #: job type -> total capacity of the registered workers serving it.
     _capacity: dict[str, int] = attrs.field(factory=dict, init=False)
     #: Calls waiting for a free slot, in the order they began to wait: a freed slot
-    #: wakes the first one that may take it (not all of them: with many waiting, waking
-    #: all at every result was quadratic).
+    #: wakes the first one that may take it (not all of them, each through a nursery of
+    #: two tasks, the first trio ran taking the slot, as before).
     _waiters: collections.deque[_Waiter] = attrs.field(factory=collections.deque, init=False)
     _waiter_seq: Iterator[int] = attrs.field(factory=itertools.count, init=False)
     _detached: bool = attrs.field(default=False, init=False)
@@ -481,9 +492,7 @@ class WorkerExecutor:
                 for index, waiter in enumerate(self._waiters):
                     if waiter.run_id == run_id:  # waiting for a slot: it ends now, unsent
                         del self._waiters[index]
-                        waiter.queued = False
-                        waiter.woken_for = None
-                        waiter.wake.set()
+                        waiter.wake_up()
                         break
             return True
         if call.stop_reason is None and not call.finished:
@@ -1138,9 +1147,7 @@ class WorkerExecutor:
     def _wake_all_waiters(self) -> None:
         waiters, self._waiters = self._waiters, collections.deque()
         for waiter in waiters:
-            waiter.queued = False
-            waiter.woken_for = None
-            waiter.wake.set()
+            waiter.wake_up()
 
     # -- calling -------------------------------------------------------------------------
 
@@ -1232,24 +1239,20 @@ class WorkerExecutor:
         for index, waiter in enumerate(self._waiters):
             if waiter.fits(conn):
                 del self._waiters[index]
-                waiter.queued = False
-                waiter.woken_for = conn
-                waiter.wake.set()
+                waiter.wake_up(conn)
                 return True
         return False
 
     def _serves(self, worker_type: str, namespace: str) -> bool:
         """Some registered worker serves ``worker_type`` and may run ``namespace``."""
-        return any(
-            worker_type in conn.types and conn.may_run(namespace) for conn in self._conns.values()
-        )
+        return any(conn.serves(worker_type, namespace) for conn in self._conns.values())
 
     def _free_slot(self, worker_type: str, namespace: str) -> _Conn | None:
         """The least busy registered worker serving ``worker_type`` and ``namespace``
         with a free slot, if any."""
         best: _Conn | None = None
         for conn in self._conns.values():
-            if worker_type not in conn.types or not conn.may_run(namespace):
+            if not conn.serves(worker_type, namespace):
                 continue
             busy = len(conn.calls)
             if busy < conn.capacity and (
