@@ -484,9 +484,15 @@ def proc_switches(pid: int) -> int:
     return total
 
 
-async def start_noop_worker(daemon: DaemonProcess, socket_path: Path) -> Any:
-    """``coordinator worker bench.noop_worker:worker`` on ``socket_path``; returns once the
-    daemon has seen it connect (its ``workers.changed`` wake)."""
+async def start_noop_worker(
+    daemon: DaemonProcess, socket_path: Path, *, capacity: int | None = None
+) -> Any:
+    """``coordinator worker bench.noop_worker:worker`` on ``socket_path`` (``capacity``
+    calls at once; default its own 64); returns once the daemon has seen it connect (its
+    ``workers.changed`` wake)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if capacity is not None:
+        env["BENCH_NOOP_CAPACITY"] = str(capacity)
     worker = await asyncio.create_subprocess_exec(
         str(COORDINATOR_BIN),
         "worker",
@@ -496,7 +502,7 @@ async def start_noop_worker(daemon: DaemonProcess, socket_path: Path) -> Any:
         "--log-level",
         "warning",
         cwd=str(REPO),
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=env,
     )
     await daemon.wait_event(
         "wake", timeout=30, where=lambda e: e.get("reason") == "workers.changed"

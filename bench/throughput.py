@@ -62,7 +62,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-SYSTEMS = ("coordinator", "procrastinate", "pgqueuer")
+SYSTEMS = ("coordinator", "coordinator-ahead", "procrastinate", "pgqueuer")
+PEERS = ("procrastinate", "pgqueuer")
 SLOTS = (64, 16)
 STEADY_SLOTS = 64
 CONNECTIONS = 4
@@ -238,7 +239,10 @@ class System:
     """What the bench needs of one system: queue jobs, start and stop its consumer,
     find its statements, and when each handler started."""
 
+    #: The label of its results.
     name = ""
+    #: Which system it is (its queries and its load): ``name`` but for a variant.
+    kind = ""
     db = ""
     role = ""
 
@@ -262,12 +266,15 @@ class System:
         raise NotImplementedError
 
     async def queue(self, n: int, first: int) -> None:
-        await run_load(self.load_env(), self.name, "burst", str(n), str(first))
+        await run_load(self.load_env(), self.kind, "burst", str(n), str(first))
 
 
 class Coordinator(System):
-    name = "coordinator"
+    name = kind = "coordinator"
     role = DAEMON_ROLE
+
+    #: Runs claimed ahead of the worker's free slots (:class:`CoordinatorAhead`).
+    ahead = False
 
     def __init__(self, bc: BenchCluster, db: str) -> None:
         self.bc = bc
@@ -303,18 +310,23 @@ class Coordinator(System):
 
     async def start(self, slots: int, sampler: Sampler) -> None:
         self.starts += 1
-        socket_path = self.bc.tmp / f"w{self.starts}.sock"
+        socket_path = self.bc.tmp / f"{self.name}-w{self.starts}.sock"
         self.daemon = DaemonProcess(
             self.bc.dsn(self.db, user=DAEMON_ROLE),
-            state_dir=self.bc.tmp / f"state-{self.starts}",
-            args=("--concurrency", str(slots)),
-            env={"COORDINATOR_WORKER_SOCKET": str(socket_path)},
+            state_dir=self.bc.tmp / f"{self.name}-state-{self.starts}",
+            args=("--concurrency", str(slots * (2 if self.ahead else 1))),
+            env={
+                "COORDINATOR_WORKER_SOCKET": str(socket_path),
+                "COORDINATOR_CLAIM_AHEAD": str(slots if self.ahead else 0),
+            },
             passive=True,
         )
         await self.daemon.start()
         sampler.watch("daemon", self.daemon.pid)
         await self.daemon.wait_event("ready", timeout=120)
-        self.worker = await common.start_noop_worker(self.daemon, socket_path)
+        self.worker = await common.start_noop_worker(
+            self.daemon, socket_path, capacity=slots if self.ahead else None
+        )
         sampler.watch("worker", self.worker.pid)
 
     async def stop(self) -> None:
@@ -346,10 +358,23 @@ class Coordinator(System):
         return {by_run[r["id"]]: r["t"] for r in rows}
 
 
+class CoordinatorAhead(Coordinator):
+    """The same daemon with ``claim_ahead`` (an opt-in setting): the worker takes
+    ``slots`` calls at once (its capacity), and as many runs again may be claimed while
+    they run, each started as a slot frees (``--concurrency`` = 2 x slots bounds the two
+    together). Shares coordinator's database: the systems run one at a time."""
+
+    name = "coordinator-ahead"
+    ahead = True
+
+    async def prepare(self, *, burst: int, steady: int) -> None:
+        """Nothing: coordinator's jobs serve it too."""
+
+
 class PeerSystem(System):
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
-        self.name = peer.system
+        self.name = self.kind = peer.system
         self.db = peer.db
         self.role = peer.role
         self.proc: asyncio.subprocess.Process | None = None
@@ -480,13 +505,13 @@ async def burst(
     bc: BenchCluster, conn: Any, system: System, *, n: int, slots: int
 ) -> dict[str, Any]:
     await system.queue(n, 1)
-    queued = await conn.fetchval(REMAINING[system.name])
+    queued = await conn.fetchval(REMAINING[system.kind])
     if queued < n:
         raise RuntimeError(f"{system.name}: {queued} jobs queued, expected {n}")
     quiet = await wait_for_quiet()
     offset = bc.log_offset()
     await bc.pgss_reset()
-    async with Sampler(conn, _any_left(system.name), BURST_POLL) as sampler:
+    async with Sampler(conn, _any_left(system.kind), BURST_POLL) as sampler:
         sampler.watch_server(bc.postmaster_pid())
         t_spawn = time.time()
         try:
@@ -523,11 +548,11 @@ async def steady(
     bc: BenchCluster, conn: Any, system: System, *, seconds: float, limit: int
 ) -> dict[str, Any]:
     out = bc.tmp / f"steady-{system.name}.jsonl"
-    async with Sampler(conn, REMAINING[system.name], STEADY_POLL) as sampler:
+    async with Sampler(conn, REMAINING[system.kind], STEADY_POLL) as sampler:
         sampler.watch_server(bc.postmaster_pid())
         try:
             await system.start(STEADY_SLOTS, sampler)
-            await system.queue(WARMUP, 1 if system.name == "coordinator" else 10**9)
+            await system.queue(WARMUP, 1 if system.kind == "coordinator" else 10**9)
             if await sampler.wait_for(lambda left: left == 0, timeout=120) is None:
                 raise RuntimeError(f"{system.name}: warm-up jobs not done")
             quiet = await wait_for_quiet()
@@ -535,7 +560,7 @@ async def steady(
             await bc.pgss_reset()
             summary = await run_load(
                 system.load_env(),
-                system.name,
+                system.kind,
                 "steady",
                 str(seconds),
                 str(out),
@@ -608,12 +633,13 @@ async def run(*, quick: bool) -> dict[str, Any]:
         coord_db = await bc.create_database("coordinator")
         coordinator = Coordinator(bc, coord_db)
         await coordinator.prepare(burst=n, steady=limit)
+        ahead = CoordinatorAhead(bc, coord_db)
         peers = []
-        for name in SYSTEMS[1:]:
+        for name in PEERS:
             peer = Peer(label=name, system=name, db=name, bc=bc, config={})
             await peer.prepare()
             peers.append(PeerSystem(peer))
-        systems: list[System] = [coordinator, *peers]
+        systems: list[System] = [coordinator, ahead, *peers]
         conns = {s.name: await bc.connect(s.db) for s in systems}
         try:
             for rep in range(reps):
@@ -665,7 +691,11 @@ async def run(*, quick: bool) -> dict[str, Any]:
 
 
 def _label(system: str) -> str:
-    return "coordinator (no-op SDK worker)" if system == "coordinator" else system
+    if system == "coordinator":
+        return "coordinator (no-op SDK worker)"
+    if system == "coordinator-ahead":
+        return "coordinator, claim_ahead = slots (opt-in)"
+    return system
 
 
 def _rate(values: list[float]) -> str:

@@ -109,16 +109,25 @@ def _seconds(value: Any, name: str) -> float:
         raise ConfigError(f"{name}: {exc.reason}") from exc
 
 
-def _positive_int(value: Any, name: str) -> int:
+def _whole_number(value: Any, name: str, least: int) -> int:
     try:
         if isinstance(value, bool):
             raise ValueError
         number = int(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise ConfigError(f"{name}: must be at least 1")
+    if number < least:
+        raise ConfigError(f"{name}: must be at least {least}")
     return number
+
+
+def _positive_int(value: Any, name: str) -> int:
+    return _whole_number(value, name, 1)
+
+
+def _count(value: Any, name: str) -> int:
+    """A whole number, 0 or more."""
+    return _whole_number(value, name, 0)
 
 
 def _choice(*options: str) -> Callable[[Any, str], str]:
@@ -363,7 +372,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         convert=_positive_int,
         default=16,
         unit="calls",
-        help="calls running at once, all jobs together",
+        help="calls running at once, all jobs together (and runs claimed ahead)",
+    ),
+    Setting(
+        name="claim_ahead",
+        convert=_count,
+        default=0,
+        unit="runs",
+        help="runs of a worker type claimed beyond its workers' free slots, to start as "
+        "slots free (within concurrency; 0: claims wait for a free slot)",
     ),
     Setting(
         name="stop_timeout",
@@ -653,6 +670,7 @@ class Config:
     dsn_password_file: Path | None = None
     refresh_spacing: float = 30.0
     concurrency: int = 16
+    claim_ahead: int = 0
     stop_timeout: float = 60.0
     state_dir: Path = attrs.field(factory=default_state_dir)
     pg_bin: Path | None = None

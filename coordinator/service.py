@@ -230,6 +230,7 @@ async def serve(
         settings=DaemonSettings(
             refresh_spacing=config.refresh_spacing,
             concurrency=config.concurrency,
+            claim_ahead=config.claim_ahead,
             stop_timeout=config.stop_timeout,
             spool_path=config.spool_path,
             pool_size=config.pool_size,

@@ -72,9 +72,16 @@ class Admission:
     """Tickets waiting for a slot, and the ones that hold one until released.
 
     A ticket may start when fewer than ``slots`` tickets are running and its pool (if
-    any, and if it has a capacity set) runs fewer than its capacity. Pools without a
-    capacity are limited only by ``slots``; capacity ``0`` means unavailable (a worker
-    type with no worker connected): its tickets wait, keeping their place.
+    any, and if it has a capacity set) runs fewer than its capacity plus ``ahead``. Pools
+    without a capacity are limited only by ``slots``; capacity ``0`` means unavailable (a
+    worker type with no worker connected): its tickets wait, keeping their place, and
+    ``ahead`` does not apply.
+
+    ``ahead`` (the ``claim_ahead`` setting) lets a worker type's runs be claimed before
+    a slot of its workers is free: they wait for one in the daemon (the worker
+    executor's queue, in claim order), so that the next calls are claimed while the
+    current ones run, instead of each freed slot waiting for a claim's round trip.
+    ``slots`` still bounds everything admitted, calls and runs claimed ahead alike.
 
     Costs: :meth:`offer` and :meth:`withdraw` O(log n) (withdrawal is lazy; heaps are
     rebuilt when stale entries outnumber live ones two to one); :meth:`admit` is
@@ -84,6 +91,8 @@ class Admission:
 
     #: Concurrent runs allowed in total.
     slots: int = attrs.field(validator=_check_slots)
+    #: Runs a pool with workers may have admitted beyond its capacity (claimed ahead).
+    ahead: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
     #: job_id -> (ticket, key) for every waiting ticket; the key identifies its entry.
     _waiting: dict[int, tuple[Ticket, _Key]] = attrs.field(factory=dict, init=False)
@@ -269,6 +278,8 @@ class Admission:
         capacity = None if pool is None else self._capacity.get(pool)
         if capacity is None:
             return self.slots  # only the global limit applies
+        if capacity:
+            capacity += self.ahead
         return capacity - self._pool_running.get(pool, 0)
 
     def _head(self, pool: str | None) -> _Key | None:

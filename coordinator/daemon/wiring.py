@@ -104,8 +104,10 @@ class DaemonSettings:
 
     #: Minimum seconds between two inventory refreshes.
     refresh_spacing: float = 30.0
-    #: Global limit of concurrent calls.
+    #: Global limit of concurrent calls (and runs claimed ahead of a worker slot).
     concurrency: int = 16
+    #: Runs of a worker type that may be claimed beyond its workers' free slots.
+    claim_ahead: int = 0
     #: Longest the stop sequence waits for running calls before cancelling them; also
     #: how long it keeps trying to save held results.
     stop_timeout: float = 60.0
@@ -211,7 +213,7 @@ class Daemon:
         self.store = Store(pool=ConnectionPool(self.dsn, size=s.pool_size), instance=self.instance)
         self.policy = ErrorPolicy(log=self.log, retry_cap=s.retry_cap, on_change=self._update)
         self.coalescer = RefreshCoalescer(spacing=s.refresh_spacing)
-        self.admission = Admission(slots=s.concurrency)
+        self.admission = Admission(slots=s.concurrency, ahead=s.claim_ahead)
         self.settlement = Settlement(
             store=self.store,
             events=self.events,

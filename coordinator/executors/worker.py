@@ -513,9 +513,7 @@ class WorkerExecutor:
                 return self._unstarted(claim, "abandon")
             if stop is not None:
                 return self._unstarted(claim, stop)
-            if self._detached:
-                reason = "the daemon is stopping"
-            elif any(worker_type in c.types for c in self._conns.values()):
+            if any(worker_type in c.types for c in self._conns.values()):
                 reason = f"none may run jobs of namespace {job.namespace!r} (their tokens' scope)"
             else:
                 reason = "none is connected"
@@ -644,8 +642,11 @@ class WorkerExecutor:
                 await self._close_listeners()
 
     async def detach(self) -> None:
-        """At daemon stop: accept no more workers and send no new calls. Calls in flight
-        carry on until their result (or their timeout)."""
+        """At daemon stop: accept no more workers; nothing new is claimed (admission is
+        closed). Calls in flight carry on until their result (or their timeout), and runs
+        already claimed that wait for a slot (claimed ahead, or in flight at the stop) are
+        still sent as slots free: they are admitted work, and failing a run that never
+        started would be worse. The stop timeout bounds both (then abandon)."""
         if self._detached:
             return
         self._detached = True
@@ -1157,8 +1158,9 @@ class WorkerExecutor:
         """The least busy registered worker serving ``worker_type`` with a free slot,
         that may run jobs of ``namespace``, waiting for one if all are busy (the call
         then gives up its turn: the calls after it need not wait too); ``None`` if none
-        serves it, once the daemon stops sending calls (detach), on abandon, or once the run
-        was asked to stop while it waited.
+        serves it, on abandon, or once the run was asked to stop while it waited. The
+        daemon's stop (detach) does not end the wait: a claimed run is admitted work, sent
+        when a slot frees, like a call in flight carries on (the stop timeout bounds both).
 
         Waiting calls join a queue (the calls of one claim batch in the batch's order, in
         their turns) and each freed slot wakes the first that may take it, so they get
@@ -1171,7 +1173,7 @@ class WorkerExecutor:
         taken: _Conn | None = None
         try:
             while True:
-                if self._detached or abandon.is_set():
+                if abandon.is_set():
                     return None
                 if waiter is not None and self._starting.get(run_id) is not None:
                     return None  # asked to stop meanwhile: never sent (see _call)
@@ -1212,7 +1214,6 @@ class WorkerExecutor:
         if (
             self._free_slot(waiter.worker_type, waiter.namespace) is not None
             or not self._serves(waiter.worker_type, waiter.namespace)
-            or self._detached
             or waiter.abandon.is_set()
             or self._starting.get(waiter.run_id) is not None
         ):

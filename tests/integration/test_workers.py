@@ -286,3 +286,94 @@ async def test_progress_is_coalesced_flagged_and_saved_with_the_result(
     assert any(entry.get("regressed") for entry in extra["log"])
     assert run["count"] == 7
     worker.stop()
+
+
+async def _claimed_ahead(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> tuple[Harness, list[int], list[str], dict[str, trio.Event], dict[str, int]]:
+    """Three manual runs for a worker of capacity 1, with ``claim_ahead`` 2: one call
+    runs (held until its gate is set), two runs are claimed and wait for the slot."""
+    harness = await start_daemon(concurrency=3, claim_ahead=2)
+    worker = Worker(worker_id="w1", capacity=1)
+    started: list[str] = []
+    gates = {name: trio.Event() for name in ("a", "b", "c")}
+    peak = {"busy": 0, "most": 0}
+
+    @worker.job("t")
+    async def handle(ctx: Context) -> int:
+        started.append(ctx.job)
+        peak["busy"] += 1
+        peak["most"] = max(peak["most"], peak["busy"])
+        await gates[ctx.job].wait()
+        peak["busy"] -= 1
+        return 1
+
+    for name in gates:
+        await define(conn, name, target={"kind": "worker", "type": "t"})
+    await run_worker(nursery, worker, harness)
+    runs = []
+    for name in gates:
+        runs.append(await aio(conn.fetchval)("SELECT coordinator.trigger('default', $1)", name))
+    with trio.fail_after(10):
+        while (
+            await aio(conn.fetchval)(
+                "SELECT count(*) FROM coordinator.runs WHERE status = 'running'"
+            )
+            < 3
+        ):
+            await trio.sleep(0.01)
+    await trio.sleep(0.2)  # (a second call, were one sent, would have started by now)
+    assert started == ["a"]
+    return harness, runs, started, gates, peak
+
+
+async def test_claim_ahead_claims_runs_that_then_wait_their_turn_for_a_worker_slot(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """With ``claim_ahead``, runs are claimed beyond the worker's free slots; the worker
+    never gets more calls than its capacity, and the waiting runs start in claim order,
+    each as a slot frees."""
+    harness, runs, started, gates, peak = await _claimed_ahead(start_daemon, conn, nursery)
+    gates["a"].set()
+    with trio.fail_after(10):
+        while len(started) < 2:
+            await trio.sleep(0.01)
+    assert started == ["a", "b"]
+    gates["b"].set()
+    gates["c"].set()
+    await harness.wait_event("job.run", count=3)
+    assert started == ["a", "b", "c"]
+    assert peak["most"] == 1
+    statuses = await aio(conn.fetch)(
+        "SELECT status FROM coordinator.runs WHERE id = ANY ($1::bigint[]) ORDER BY id", runs
+    )
+    assert [r["status"] for r in statuses] == ["succeeded"] * 3
+
+
+async def test_a_stop_still_sends_the_runs_claimed_ahead_instead_of_failing_them(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """Runs claimed ahead are admitted work: a stop waits for them as for calls in
+    flight, sending each as a slot frees (before, a claimed run that had not been sent
+    by then failed: "no worker serving ...: the daemon is stopping")."""
+    harness, runs, started, gates, _ = await _claimed_ahead(start_daemon, conn, nursery)
+    stopped: list[int | None] = []
+
+    async def stop() -> None:
+        stopped.append(await harness.stop())
+
+    nursery.start_soon(stop)
+    await harness.wait_event("stopping")
+    for name in ("a", "b", "c"):
+        gates[name].set()
+    with trio.fail_after(15):
+        while not stopped:
+            await trio.sleep(0.01)
+    assert stopped == [0]
+    assert started == ["a", "b", "c"]
+    statuses = await aio(conn.fetch)(
+        "SELECT status, error_message FROM coordinator.runs WHERE id = ANY ($1::bigint[]) "
+        "ORDER BY id",
+        runs,
+    )
+    assert [(r["status"], r["error_message"]) for r in statuses] == [("succeeded", None)] * 3

@@ -148,6 +148,31 @@ def test_capacity_zero_means_unavailable_and_tickets_keep_their_place() -> None:
     assert ids(admission.admit()) == [2]
 
 
+def test_claim_ahead_admits_beyond_a_pool_capacity_within_the_global_slots() -> None:
+    """``ahead`` runs of a pool with workers may be admitted (claimed) beyond its
+    capacity, to wait for a slot in the daemon; never beyond ``slots``, never for a pool
+    without workers, and a pool without a capacity is unaffected."""
+    admission = Admission(slots=6, ahead=2)
+    admission.set_capacity("p", 3)
+    admission.set_capacity("gone", 0)
+    for job_id in range(8):
+        admission.offer(ticket(job_id, pool="p", due=float(job_id)))
+    admission.offer(ticket(20, pool="gone"))
+    assert ids(admission.admit()) == [0, 1, 2, 3, 4]  # capacity 3, and 2 ahead
+    assert admission.capacity("p") == 3  # (what the workers announced)
+    admission.free_slot(0)  # a call ended: a slot for the next one ahead
+    assert ids(admission.admit()) == [5]
+    admission.offer(ticket(30, due=100.0))  # no pool: only the global slots
+    assert ids(admission.admit()) == [30]
+    assert admission.admit() == []  # 6 admitted: the global bound holds
+    assert ids(list(admission.waiting())) == [20, 6, 7]
+
+
+def test_claim_ahead_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="ahead"):
+        Admission(slots=1, ahead=-1)
+
+
 def test_lowering_capacity_stops_nothing_but_blocks_new_work() -> None:
     admission = Admission(slots=5)
     for job_id in range(4):

@@ -77,6 +77,21 @@ def test_durations_are_bounded(tmp_path: Path, text: str, message: str) -> None:
         load(file=None, environ={}, flags={"refresh_spacing": "3000000d"})
 
 
+def test_claim_ahead_is_a_count_from_zero(tmp_path: Path) -> None:
+    assert load(file=None, environ={}, flags={}).claim_ahead == 0
+    config = load(file=None, environ={"COORDINATOR_CLAIM_AHEAD": "16"}, flags={})
+    assert (config.claim_ahead, str(config.source("claim_ahead"))) == (
+        16,
+        "env COORDINATOR_CLAIM_AHEAD",
+    )
+    file = tmp_path / "c.toml"
+    file.write_text("claim_ahead = -1\n")
+    with pytest.raises(ConfigError, match=r"claim_ahead: must be at least 0$"):
+        load(file=file, environ={}, flags={})
+    with pytest.raises(ConfigError, match="COORDINATOR_CLAIM_AHEAD: expected a whole number"):
+        load(file=None, environ={"COORDINATOR_CLAIM_AHEAD": "lots"}, flags={})
+
+
 def test_unknown_environment_setting_is_named() -> None:
     with pytest.raises(ConfigError, match="COORDINATOR_CONCURENCY"):
         load(file=None, environ={"COORDINATOR_CONCURENCY": "3"}, flags={})
