@@ -484,15 +484,11 @@ def proc_switches(pid: int) -> int:
     return total
 
 
-async def start_noop_worker(
-    daemon: DaemonProcess, socket_path: Path, *, capacity: int | None = None
-) -> Any:
-    """``coordinator worker bench.noop_worker:worker`` on ``socket_path`` (``capacity``
-    calls at once; default its own 64); returns once the daemon has seen it connect (its
-    ``workers.changed`` wake)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    if capacity is not None:
-        env["BENCH_NOOP_CAPACITY"] = str(capacity)
+async def start_noop_worker(daemon: DaemonProcess, socket_path: Path, *, capacity: int = 64) -> Any:
+    """``coordinator worker bench.noop_worker:worker`` on ``socket_path``, ``capacity``
+    calls at once; returns once the daemon has seen it connect (its ``workers.changed``
+    wake)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BENCH_NOOP_CAPACITY": str(capacity)}
     worker = await asyncio.create_subprocess_exec(
         str(COORDINATOR_BIN),
         "worker",

@@ -325,7 +325,7 @@ class Coordinator(System):
         sampler.watch("daemon", self.daemon.pid)
         await self.daemon.wait_event("ready", timeout=120)
         self.worker = await common.start_noop_worker(
-            self.daemon, socket_path, capacity=slots if self.ahead else None
+            self.daemon, socket_path, capacity=slots if self.ahead else 64
         )
         sampler.watch("worker", self.worker.pid)
 
@@ -359,10 +359,11 @@ class Coordinator(System):
 
 
 class CoordinatorAhead(Coordinator):
-    """The same daemon with ``claim_ahead`` (an opt-in setting): the worker takes
+    """The same daemon with ``claim_ahead`` (an opt-in setting) = slots: the worker takes
     ``slots`` calls at once (its capacity), and as many runs again may be claimed while
-    they run, each started as a slot frees (``--concurrency`` = 2 x slots bounds the two
-    together). Shares coordinator's database: the systems run one at a time."""
+    they run, each started as a slot frees (``--concurrency`` 2 x slots: runs claimed
+    ahead count against it). Shares coordinator's database: the systems run one at a
+    time."""
 
     name = "coordinator-ahead"
     ahead = True

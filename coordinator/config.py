@@ -372,15 +372,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         convert=_positive_int,
         default=16,
         unit="calls",
-        help="calls running at once, all jobs together (and runs claimed ahead)",
+        help="calls running at once, all jobs together (runs claimed ahead count too)",
     ),
     Setting(
         name="claim_ahead",
         convert=_count,
         default=0,
         unit="runs",
-        help="runs of a worker type claimed beyond its workers' free slots, to start as "
-        "slots free (within concurrency; 0: claims wait for a free slot)",
+        help="runs of a worker type claimed beyond its workers' free slots, each started "
+        "as a slot frees; they count against concurrency (0: claimed only for a free slot)",
     ),
     Setting(
         name="stop_timeout",

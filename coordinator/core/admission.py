@@ -79,9 +79,12 @@ class Admission:
 
     ``ahead`` (the ``claim_ahead`` setting) lets a worker type's runs be claimed before
     a slot of its workers is free: they wait for one in the daemon (the worker
-    executor's queue, in claim order), so that the next calls are claimed while the
-    current ones run, instead of each freed slot waiting for a claim's round trip.
-    ``slots`` still bounds everything admitted, calls and runs claimed ahead alike.
+    executor's queue, in claim order), so that a freed slot's next call is claimed
+    already instead of waiting for a claim's round trip. They count against ``slots``
+    like calls: whatever the workers' capacities do (a worker may connect while runs
+    wait, and they then start at once), calls at once never exceed ``slots``. (Runs
+    claimed ahead holding no global slot would let a growing capacity start more calls
+    than ``slots`` allows.)
 
     Costs: :meth:`offer` and :meth:`withdraw` O(log n) (withdrawal is lazy; heaps are
     rebuilt when stale entries outnumber live ones two to one); :meth:`admit` is

@@ -104,7 +104,7 @@ class DaemonSettings:
 
     #: Minimum seconds between two inventory refreshes.
     refresh_spacing: float = 30.0
-    #: Global limit of concurrent calls (and runs claimed ahead of a worker slot).
+    #: Global limit of concurrent calls (runs claimed ahead of a worker slot count too).
     concurrency: int = 16
     #: Runs of a worker type that may be claimed beyond its workers' free slots.
     claim_ahead: int = 0
@@ -281,6 +281,7 @@ class Daemon:
         )
         hooks = ExecutorHooks(
             changed=self.workers_changed,
+            may_send=lambda: self.store.leader_pid != 0,
             save_progress=self._save_progress,
             save_checkpoint=self._save_checkpoint,
             declare=self._declare,
@@ -737,7 +738,7 @@ class Daemon:
         self.coalescer.hold()
         loop_scope.cancel()
         for executor in self.executors.values():
-            await executor.detach()  # no new workers, nothing new sent; calls in flight go on
+            await executor.detach()  # no new workers; calls in flight and claimed runs go on
         # Recoverable calls pause now, at their cursor, instead of running on.
         pausing = self.dispatcher.stop_recoverable()
         self.log.info(

@@ -32,6 +32,10 @@ def _nothing() -> None:
     return None
 
 
+def _always() -> bool:
+    return True
+
+
 async def _save_nothing(_run_id: int, _snapshot: dict[str, Any]) -> None:
     return None
 
@@ -50,6 +54,11 @@ class ExecutorHooks:
 
     #: The pools or their capacities changed (a worker came, left or said ``bye``).
     changed: Callable[[], None] = _nothing
+    #: Whether a run claimed a while ago (it waited for a worker slot) may still be
+    #: sent: ``False`` once the daemon's leadership is lost, when another daemon may
+    #: already have swept that run (a call sent right after its claim went through the
+    #: claim's own fencing).
+    may_send: Callable[[], bool] = _always
     #: Save a running call's latest progress snapshot (``runs.progress``).
     save_progress: Callable[[int, dict[str, Any]], Awaitable[None]] = _save_nothing
     #: Save what a running call reported since the last write: its cursor and counter
@@ -120,7 +129,8 @@ class Executor(Protocol):
         ...
 
     async def detach(self) -> None:
-        """At stop: accept nothing new and send no new calls; calls in flight go on."""
+        """At stop: accept nothing new (nothing new is claimed); calls in flight go on,
+        and runs already claimed are still called (a claimed run is admitted work)."""
         ...
 
     def capacities(self) -> Mapping[str, int]:

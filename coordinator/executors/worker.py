@@ -389,6 +389,9 @@ class WorkerExecutor:
     _draining: set[_Conn] = attrs.field(factory=set, init=False)
     #: job type -> total capacity of the registered workers serving it.
     _capacity: dict[str, int] = attrs.field(factory=dict, init=False)
+    #: What :meth:`capacities` reports: :attr:`_capacity`, but nothing once detached
+    #: (nothing new is claimed then; runs already claimed are still sent).
+    _reported: dict[str, int] = attrs.field(factory=dict, init=False)
     #: Calls waiting for a free slot, in the order they began to wait: a freed slot
     #: wakes the first one that may take it (not all of them, each through a nursery of
     #: two tasks, the first trio ran taking the slot, as before).
@@ -441,7 +444,7 @@ class WorkerExecutor:
 
     def capacities(self) -> Mapping[str, int]:
         """Total capacity of the connected workers per job type (none once detached)."""
-        return dict(self._capacity)
+        return dict(self._reported)
 
     def connections(self) -> Sequence[WorkerView]:
         """Connected workers (draining ones included), by worker id."""
@@ -505,6 +508,10 @@ class WorkerExecutor:
         worker_type = job.target.worker_type or ""
         if abandon.is_set():
             return self._unstarted(claim, "abandon")
+        if self._detached and job.recoverable:
+            # Claimed as the stop began: it pauses unsent, as stop_recoverable asks of
+            # the recoverable calls under way.
+            return self._unstarted(claim, "stopping")
         run_id = claim.run_id
         conn = await self._reserve(run_id, worker_type, job.namespace, abandon, turn)
         stop = self._starting.get(run_id)
@@ -513,6 +520,10 @@ class WorkerExecutor:
                 return self._unstarted(claim, "abandon")
             if stop is not None:
                 return self._unstarted(claim, stop)
+            if not self._may_send():
+                return self._unstarted(
+                    claim, None, "not sent: this daemon lost its leadership while it waited"
+                )
             if any(worker_type in c.types for c in self._conns.values()):
                 reason = f"none may run jobs of namespace {job.namespace!r} (their tokens' scope)"
             else:
@@ -1120,14 +1131,15 @@ class WorkerExecutor:
 
     def _inventory_changed(self) -> None:
         capacity: dict[str, int] = {}
-        if not self._detached:
-            for conn in self._conns.values():
-                for worker_type in conn.types:
-                    capacity[worker_type] = capacity.get(worker_type, 0) + conn.capacity
+        for conn in self._conns.values():
+            for worker_type in conn.types:
+                capacity[worker_type] = capacity.get(worker_type, 0) + conn.capacity
+        self._capacity = capacity  # (available(): a run claimed before a stop is still sent)
         self._wake_all_waiters()  # (who serves what, where, changed: all look again)
-        if capacity == self._capacity:
+        reported = {} if self._detached else capacity
+        if reported == self._reported:
             return
-        self._capacity = capacity
+        self._reported = reported
         if self.hooks is None:
             return
         try:
@@ -1179,6 +1191,8 @@ class WorkerExecutor:
                     return None  # asked to stop meanwhile: never sent (see _call)
                 conn = self._free_slot(worker_type, namespace)
                 if conn is not None:
+                    if waiter is not None and not self._may_send():
+                        return None  # claimed a while ago, and the lead is lost meanwhile
                     taken = conn
                     return conn
                 if not self._serves(worker_type, namespace):
@@ -1204,6 +1218,9 @@ class WorkerExecutor:
                 promised = waiter.woken_for
                 if promised is not None and promised is not taken:
                     self._slot_freed(promised)  # (if it is still free)
+
+    def _may_send(self) -> bool:
+        return self.hooks is None or self.hooks.may_send()
 
     def _enqueue(self, waiter: _Waiter) -> None:
         """A call joins the queue of calls waiting for a slot (in its turn: maybe later,

@@ -292,7 +292,8 @@ async def _claimed_ahead(
     start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
 ) -> tuple[Harness, list[int], list[str], dict[str, trio.Event], dict[str, int]]:
     """Three manual runs for a worker of capacity 1, with ``claim_ahead`` 2: one call
-    runs (held until its gate is set), two runs are claimed and wait for the slot."""
+    runs (held until its gate is set), two runs are claimed and wait for the slot
+    (``concurrency`` 3: they count against it)."""
     harness = await start_daemon(concurrency=3, claim_ahead=2)
     worker = Worker(worker_id="w1", capacity=1)
     started: list[str] = []

@@ -250,10 +250,13 @@ _POOLS: list[str | None] = [None, "a", "b", "c"]
 class AdmissionMachine(RuleBasedStateMachine):
     """Drives Admission against a plain model and checks every admit() step by step."""
 
+    #: Tickets a pool with workers may have beyond its capacity (claim_ahead).
+    AHEAD = 0
+
     def __init__(self) -> None:
         super().__init__()
         self.slots = 3
-        self.admission = Admission(slots=self.slots)
+        self.admission = Admission(slots=self.slots, ahead=self.AHEAD)
         self.capacity: dict[str, int] = {}
         # job_id -> (ticket, arrival) for waiting tickets; running tickets by job.
         self.waiting: dict[int, tuple[Ticket, int]] = {}
@@ -263,18 +266,19 @@ class AdmissionMachine(RuleBasedStateMachine):
     def pool_running(self, pool: str | None) -> int:
         return sum(1 for t in self.running.values() if t.pool == pool)
 
-    def pool_has_room(self, pool: str | None) -> bool:
+    def has_room(self, pool: str | None) -> bool:
+        if len(self.running) >= self.slots:
+            return False
         if pool is None or pool not in self.capacity:
             return True
-        return self.pool_running(pool) < self.capacity[pool]
+        capacity = self.capacity[pool]
+        return capacity > 0 and self.pool_running(pool) < capacity + self.AHEAD
 
     def eligible(self) -> list[tuple[int, float, int, int]]:
-        if len(self.running) >= self.slots:
-            return []
         return [
             (0 if t.priority == "interactive" else 1, t.due, arrival, job_id)
             for job_id, (t, arrival) in self.waiting.items()
-            if self.pool_has_room(t.pool)
+            if self.has_room(t.pool)
         ]
 
     @rule(
@@ -334,6 +338,16 @@ class AdmissionMachine(RuleBasedStateMachine):
 
 AdmissionMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=60)
 TestAdmissionMachine = AdmissionMachine.TestCase
+
+
+class AdmissionAheadMachine(AdmissionMachine):
+    """The same, with claim_ahead: a full pool with workers takes 2 more tickets."""
+
+    AHEAD = 2
+
+
+AdmissionAheadMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=60)
+TestAdmissionAheadMachine = AdmissionAheadMachine.TestCase
 
 
 # -- driven from trio: a freed slot admits waiting work at once, no refresh -------------

@@ -146,7 +146,7 @@ async def harness(sock_path: Path, **kwargs: Any) -> AsyncIterator[Harness]:
         kwargs.setdefault("socket_path", sock_path)
         hooks: dict[str, Any] = {
             name: kwargs.pop(name)
-            for name in ("save_progress", "save_checkpoint")
+            for name in ("save_progress", "save_checkpoint", "may_send")
             if kwargs.get(name) is not None
         }
         h.executor = WorkerExecutor(clock=SystemWallClock(), events=EventBus(log=log), **kwargs)
@@ -933,6 +933,33 @@ async def test_a_call_waiting_for_a_slot_that_is_asked_to_stop_ends_at_once(
     assert first[0].status == "succeeded"
 
 
+async def test_a_call_that_waited_is_not_sent_once_the_daemon_lost_its_lead(
+    sock_path: Path,
+) -> None:
+    # Claimed while the daemon led, it waited for a slot; meanwhile the lead was lost
+    # (another daemon may have swept the run already): it ends unsent when a slot frees.
+    leading = [True]
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, may_send=lambda: leading[0]) as h:
+            first: list[Outcome] = []
+            raw = await _one_slot_taken_by_run_1(h, first)
+            second: list[Outcome] = []
+            h.nursery.start_soon(_collect, h, make_claim(2), second)
+            await trio.testing.wait_all_tasks_blocked()  # waiting for the one slot
+            leading[0] = False
+            await raw.send({"type": "result", "run": 1, "ok": True})
+            while not second:
+                await trio.sleep(0.01)
+            with trio.move_on_after(0.2) as quiet:
+                await raw.recv()
+            assert quiet.cancelled_caught  # no call for run 2
+    assert (second[0].status, second[0].error_cause, second[0].error_message) == (
+        "failed",
+        "crashed",
+        "not sent: this daemon lost its leadership while it waited",
+    )
+
+
 @pytest.mark.parametrize("how", ["asked to stop", "cancelled"])
 async def test_a_woken_call_that_leaves_before_it_runs_wakes_the_next_in_its_place(
     sock_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
@@ -1091,7 +1118,16 @@ async def test_detach_stops_accepting_but_claimed_calls_go_on(sock_path: Path) -
             with pytest.raises(FileNotFoundError):
                 await trio.open_unix_socket(str(sock_path))
             # A run claimed before the stop (claimed ahead, or its claim in flight) is
-            # admitted work: it waits for the busy worker's slot and is sent, not failed.
+            # admitted work: the executor still serves its type (though it reports no
+            # capacity: nothing new is claimed), and it waits for the busy worker's slot
+            # and is sent, not failed. A recoverable one pauses unsent instead, as the
+            # recoverable calls under way are asked to at a stop.
+            assert h.executor.available(make_claim(2).job.target)
+            paused = await h.call(make_claim(3, recoverable=True))
+            assert (paused.status, paused.error_message) == (
+                "paused",
+                "paused: the daemon is stopping",
+            )
             h.nursery.start_soon(functools.partial(h.call, make_claim(2)))
             await trio.testing.wait_all_tasks_blocked()  # it waits for the slot
             await raw.send({"type": "result", "run": 1, "ok": True, "count": 9})
