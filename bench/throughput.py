@@ -10,6 +10,8 @@ them, then the consumer starts, with 64 and then 16 slots:
 * coordinator: the daemon starts (``--concurrency`` = slots) and finds the queued runs
   in its startup refresh; then the no-op SDK worker (``bench/noop_worker.py``, capacity
   64) connects and the runs are dispatched to it;
+* coordinator-ahead: the same with ``claim_ahead`` = slots (opt-in): the worker's
+  capacity is the slots, ``--concurrency`` twice that (runs claimed ahead count);
 * procrastinate: ``procrastinate worker --concurrency <slots>``, otherwise its defaults;
 * pgqueuer: ``pgqueuer.run(max_concurrent_tasks=<slots>, batch_size=min(10, slots // 2))``
   (10 is its default batch; it refuses ``max_concurrent_tasks`` below twice the batch).
@@ -622,7 +624,8 @@ async def run(*, quick: bool) -> dict[str, Any]:
     reps = 2 if quick else 3
     seconds = 5.0 if quick else 20.0
     common.banner(
-        f"throughput: coordinator, procrastinate and pgqueuer; bursts of {n} queued jobs "
+        f"throughput: coordinator (as built, and with claim_ahead), procrastinate and "
+        f"pgqueuer; bursts of {n} queued jobs "
         f"x {reps} with {' and '.join(map(str, SLOTS))} slots; steady load from "
         f"{CONNECTIONS} connections for {seconds:.0f} s"
     )
