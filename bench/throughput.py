@@ -317,10 +317,10 @@ class Coordinator(System):
             self.bc.dsn(self.db, user=DAEMON_ROLE),
             state_dir=self.bc.tmp / f"{self.name}-state-{self.starts}",
             args=("--concurrency", str(slots * (2 if self.ahead else 1))),
-            env={
-                "COORDINATOR_WORKER_SOCKET": str(socket_path),
-                "COORDINATOR_CLAIM_AHEAD": str(slots if self.ahead else 0),
-            },
+            # (COORDINATOR_CLAIM_AHEAD only when used: a daemon older than the setting
+            # refuses it, and the bench also runs against older commits.)
+            env={"COORDINATOR_WORKER_SOCKET": str(socket_path)}
+            | ({"COORDINATOR_CLAIM_AHEAD": str(slots)} if self.ahead else {}),
             passive=True,
         )
         await self.daemon.start()

@@ -32,7 +32,7 @@ def _nothing() -> None:
     return None
 
 
-def _always() -> bool:
+def _always(_since: float) -> bool:
     return True
 
 
@@ -54,11 +54,11 @@ class ExecutorHooks:
 
     #: The pools or their capacities changed (a worker came, left or said ``bye``).
     changed: Callable[[], None] = _nothing
-    #: Whether a run claimed a while ago (it waited for a worker slot) may still be
-    #: sent: ``False`` once the daemon's leadership is lost, when another daemon may
-    #: already have swept that run (a call sent right after its claim went through the
-    #: claim's own fencing).
-    may_send: Callable[[], bool] = _always
+    #: Whether a claimed run whose call began at trio time ``since`` may be sent now:
+    #: ``False`` while the daemon's lead is lost and once it was lost after ``since``,
+    #: when another daemon may have swept that run (it then fails unsent rather than
+    #: maybe run twice).
+    may_send: Callable[[float], bool] = _always
     #: Save a running call's latest progress snapshot (``runs.progress``).
     save_progress: Callable[[int, dict[str, Any]], Awaitable[None]] = _save_nothing
     #: Save what a running call reported since the last write: its cursor and counter

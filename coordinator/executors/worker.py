@@ -465,7 +465,9 @@ class WorkerExecutor:
 
     def available(self, target: Target) -> bool:
         """Whether a worker serving ``target.worker_type`` is connected (capacity is
-        the daemon's admission's business: see :meth:`capacities`)."""
+        the daemon's admission's business: see :meth:`capacities`). Still true once
+        detached, while :meth:`capacities` reports nothing: a run claimed before the
+        stop is sent."""
         return target.kind == "worker" and self._capacity.get(target.worker_type or "", 0) > 0
 
     async def call(self, claim: Claim, *, abandon: trio.Event, turn: Turn = AT_ONCE) -> Outcome:
@@ -507,23 +509,22 @@ class WorkerExecutor:
         job = claim.job
         worker_type = job.target.worker_type or ""
         if abandon.is_set():
-            return self._unstarted(claim, "abandon")
+            return self._abandoned(claim)
         if self._detached and job.recoverable:
             # Claimed as the stop began: it pauses unsent, as stop_recoverable asks of
             # the recoverable calls under way.
             return self._unstarted(claim, "stopping")
         run_id = claim.run_id
-        conn = await self._reserve(run_id, worker_type, job.namespace, abandon, turn)
+        since = trio.current_time()
+        conn = await self._reserve(run_id, worker_type, job.namespace, abandon, turn, since)
         stop = self._starting.get(run_id)
         if conn is None or stop is not None:
             if abandon.is_set():
-                return self._unstarted(claim, "abandon")
+                return self._abandoned(claim)
             if stop is not None:
                 return self._unstarted(claim, stop)
-            if not self._may_send():
-                return self._unstarted(
-                    claim, None, "not sent: this daemon lost its leadership while it waited"
-                )
+            if not self._may_send(since):
+                return self._unstarted(claim, None, "not sent: this daemon lost its leadership")
             if any(worker_type in c.types for c in self._conns.values()):
                 reason = f"none may run jobs of namespace {job.namespace!r} (their tokens' scope)"
             else:
@@ -607,6 +608,17 @@ class WorkerExecutor:
         await self._settle_progress(call)
         await self._settle_checkpoints(call)
         return self._outcome(call, started_at, ending, timeout)
+
+    def _abandoned(self, claim: Claim) -> Outcome:
+        """A call never sent when the daemon stopped waiting for its calls (the stop
+        timeout): the run never started, so it fails as crashed (the job's retry policy
+        applies), as a claimed run the stop could not send always did; a recoverable one
+        pauses."""
+        if claim.job.recoverable or not self._detached:
+            return self._unstarted(claim, "abandon")
+        return self._unstarted(
+            claim, None, "not sent: the stop timeout passed before a worker slot freed"
+        )
 
     def _unstarted(self, claim: Claim, stop: str | None, problem: str | None = None) -> Outcome:
         """The outcome of a call never sent: it was abandoned, stopped before it started,
@@ -1165,12 +1177,19 @@ class WorkerExecutor:
     # -- calling -------------------------------------------------------------------------
 
     async def _reserve(
-        self, run_id: int, worker_type: str, namespace: str, abandon: trio.Event, turn: Turn
+        self,
+        run_id: int,
+        worker_type: str,
+        namespace: str,
+        abandon: trio.Event,
+        turn: Turn,
+        since: float,
     ) -> _Conn | None:
         """The least busy registered worker serving ``worker_type`` with a free slot,
         that may run jobs of ``namespace``, waiting for one if all are busy (the call
         then gives up its turn: the calls after it need not wait too); ``None`` if none
-        serves it, on abandon, or once the run was asked to stop while it waited. The
+        serves it, on abandon, once the run was asked to stop while it waited, or when it
+        may not be sent any more (the lead lost since ``since``: ``may_send``). The
         daemon's stop (detach) does not end the wait: a claimed run is admitted work, sent
         when a slot frees, like a call in flight carries on (the stop timeout bounds both).
 
@@ -1191,8 +1210,8 @@ class WorkerExecutor:
                     return None  # asked to stop meanwhile: never sent (see _call)
                 conn = self._free_slot(worker_type, namespace)
                 if conn is not None:
-                    if waiter is not None and not self._may_send():
-                        return None  # claimed a while ago, and the lead is lost meanwhile
+                    if not self._may_send(since):
+                        return None  # the lead was lost: another daemon may have swept it
                     taken = conn
                     return conn
                 if not self._serves(worker_type, namespace):
@@ -1219,8 +1238,8 @@ class WorkerExecutor:
                 if promised is not None and promised is not taken:
                     self._slot_freed(promised)  # (if it is still free)
 
-    def _may_send(self) -> bool:
-        return self.hooks is None or self.hooks.may_send()
+    def _may_send(self, since: float) -> bool:
+        return self.hooks is None or self.hooks.may_send(since)
 
     def _enqueue(self, waiter: _Waiter) -> None:
         """A call joins the queue of calls waiting for a slot (in its turn: maybe later,

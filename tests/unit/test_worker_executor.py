@@ -883,6 +883,13 @@ async def _one_slot_taken_by_run_1(h: Harness, outcomes: list[Outcome]) -> RawWo
     return raw
 
 
+async def _nothing_more_for(raw: RawWorker) -> None:
+    """Nothing more is sent to ``raw`` (within 0.2 s)."""
+    with trio.move_on_after(0.2) as quiet:
+        await raw.recv()
+    assert quiet.cancelled_caught
+
+
 async def test_calls_waiting_for_a_slot_get_one_in_the_order_they_began_to_wait(
     sock_path: Path,
 ) -> None:
@@ -926,9 +933,7 @@ async def test_a_call_waiting_for_a_slot_that_is_asked_to_stop_ends_at_once(
             await raw.send({"type": "result", "run": 1, "ok": True})
             while not first:
                 await trio.sleep(0.01)
-            with trio.move_on_after(0.2) as quiet:
-                await raw.recv()
-            assert quiet.cancelled_caught  # no call for run 2
+            await _nothing_more_for(raw)  # no call for run 2
     assert second[0].status == "cancelled"
     assert first[0].status == "succeeded"
 
@@ -940,7 +945,7 @@ async def test_a_call_that_waited_is_not_sent_once_the_daemon_lost_its_lead(
     # (another daemon may have swept the run already): it ends unsent when a slot frees.
     leading = [True]
     with trio.fail_after(GUARD):
-        async with harness(sock_path, may_send=lambda: leading[0]) as h:
+        async with harness(sock_path, may_send=lambda _since: leading[0]) as h:
             first: list[Outcome] = []
             raw = await _one_slot_taken_by_run_1(h, first)
             second: list[Outcome] = []
@@ -950,13 +955,11 @@ async def test_a_call_that_waited_is_not_sent_once_the_daemon_lost_its_lead(
             await raw.send({"type": "result", "run": 1, "ok": True})
             while not second:
                 await trio.sleep(0.01)
-            with trio.move_on_after(0.2) as quiet:
-                await raw.recv()
-            assert quiet.cancelled_caught  # no call for run 2
+            await _nothing_more_for(raw)  # no call for run 2
     assert (second[0].status, second[0].error_cause, second[0].error_message) == (
         "failed",
         "crashed",
-        "not sent: this daemon lost its leadership while it waited",
+        "not sent: this daemon lost its leadership",
     )
 
 
@@ -1136,6 +1139,44 @@ async def test_detach_stops_accepting_but_claimed_calls_go_on(sock_path: Path) -
                 await trio.sleep(0.01)
             assert outcomes[0].count == 9
             await raw.aclose()
+
+
+async def test_a_claimed_call_still_unsent_at_the_stop_timeout_fails_as_never_sent(
+    sock_path: Path,
+) -> None:
+    # A stopping daemon sends the runs it claimed as slots free; one still waiting when
+    # the stop timeout passes (abandon) never started: failed as crashed, so the job's
+    # retry policy applies (``cancelled`` is never retried).
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello("one", capacity=1)
+            abandon = trio.Event()  # (the daemon's one abandon event, for every call)
+            first: list[Outcome] = []
+            h.nursery.start_soon(
+                functools.partial(_collect, h, make_claim(1), first, abandon=abandon)
+            )
+            assert (await raw.recv() or {})["run"] == 1
+            await h.executor.detach()
+            second: list[Outcome] = []
+            h.nursery.start_soon(
+                functools.partial(_collect, h, make_claim(2), second, abandon=abandon)
+            )
+            await trio.testing.wait_all_tasks_blocked()  # waiting for the one slot
+            abandon.set()
+            while not second:
+                await trio.sleep(0.01)
+            cancel = await raw.recv() or {}
+            assert (cancel["type"], cancel["run"], cancel["reason"]) == ("cancel", 1, "stopping")
+            await raw.send({"type": "result", "run": 1, "ok": False, "error": "cancelled"})
+            while not first:
+                await trio.sleep(0.01)
+            await _nothing_more_for(raw)  # no call for run 2
+    assert (second[0].status, second[0].error_cause, second[0].error_message) == (
+        "failed",
+        "crashed",
+        "not sent: the stop timeout passed before a worker slot freed",
+    )
 
 
 async def test_stale_socket_is_replaced_but_a_file_is_not(sock_path: Path) -> None:
