@@ -13,6 +13,9 @@ the database answers; if another daemon took it meanwhile, this one steps down a
 stops (exit 1). The fence is also a lock in the database, held by each claim until it
 commits and waited for by the next leader's crash sweep, so a claim still running on a
 dead leader's backend cannot commit a run behind that sweep (docs/design.md, "Fencing").
+A run claimed before the lock session ended is not sent to a worker after that, even
+once the lock is taken again (:func:`sendable`): another daemon may have led and swept
+it in between.
 """
 
 from __future__ import annotations
@@ -37,6 +40,14 @@ def _nothing() -> None:
     return None
 
 
+def sendable(leader_pid: int | None, lost_at: float | None, since: float) -> bool:
+    """Whether a claimed run whose call began at trio time ``since`` may be sent now: the
+    lead is held (``leader_pid`` 0 marks it lost; ``None``: a store that never led, as in
+    tests, is not fenced) and was not lost after ``since`` (``lost_at``: when the lock's
+    session last ended), since another daemon may have swept the run meanwhile."""
+    return leader_pid != 0 and (lost_at is None or lost_at < since)
+
+
 @attrs.define(eq=False)
 class Leadership:
     """Takes, watches and re-takes the single-writer lock."""
@@ -51,6 +62,12 @@ class Leadership:
     conn: Connection | None = None
     #: Another daemon took the lock while ours was lost: we stepped down.
     stepped_down: bool = False
+    #: When the lock's session last ended (trio time), if ever.
+    lost_at: float | None = None
+
+    def may_send(self, since: float) -> bool:
+        """See :func:`sendable` (``ExecutorHooks.may_send``)."""
+        return sendable(self.store.leader_pid, self.lost_at, since)
 
     async def acquire(
         self,
@@ -109,6 +126,7 @@ class Leadership:
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
             await lost.wait()
             self.store.leader_pid = 0  # no backend has pid 0: every claim is refused
+            self.lost_at = trio.current_time()
             self.log.warning("leadership.connection_lost", instance=self.instance)
             on_lost()
             while True:

@@ -207,8 +207,6 @@ class Daemon:
     _companions_started: bool = attrs.field(default=False, init=False)
     #: Schedule -> its typical gap between deadlines (seconds), for the metrics.
     _gaps: dict[Schedule, float | None] = attrs.field(factory=dict, init=False)
-    #: When the leadership's lock session was last lost (trio time), if ever.
-    _lead_lost_at: float | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         s = self.settings
@@ -283,7 +281,7 @@ class Daemon:
         )
         hooks = ExecutorHooks(
             changed=self.workers_changed,
-            may_send=self._may_send,
+            may_send=self.leadership.may_send,
             save_progress=self._save_progress,
             save_checkpoint=self._save_checkpoint,
             declare=self._declare,
@@ -556,7 +554,7 @@ class Daemon:
 
     async def _keep_lead(self) -> None:
         await self.leadership.keep(
-            on_lost=self._lead_lost,
+            on_lost=self._update,
             on_regained=lambda: self._lifecycle_wake("leadership.regained", urgent=True),
             on_stepped_down=self.request_stop,
         )
@@ -862,16 +860,6 @@ class Daemon:
         if phase != "starting":
             self._unavailable = None
         self._update()
-
-    def _lead_lost(self) -> None:
-        self._lead_lost_at = trio.current_time()
-        self._update()
-
-    def _may_send(self, since: float) -> bool:
-        """A claimed run whose call began at ``since`` may be sent: the lead is held, and
-        was not lost since (another daemon may have swept the run meanwhile)."""
-        lost = self._lead_lost_at
-        return self.store.leader_pid != 0 and (lost is None or lost < since)
 
     def _update(self) -> None:
         """Recompute the state word; tell the event stream when it changes, and systemd's
