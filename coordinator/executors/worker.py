@@ -1272,13 +1272,12 @@ class WorkerExecutor:
                 return
         self._waiters.append(waiter)
 
-    def _wake_first(self, conn: _Conn) -> bool:
+    def _wake_first(self, conn: _Conn) -> None:
         for index, waiter in enumerate(self._waiters):
             if waiter.fits(conn):
                 del self._waiters[index]
                 waiter.wake_up(conn)
-                return True
-        return False
+                return
 
     def _serves(self, worker_type: str, namespace: str) -> bool:
         """Some registered worker serves ``worker_type`` and may run ``namespace``."""
