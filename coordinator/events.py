@@ -180,6 +180,26 @@ class RunFinished(Event):
 
 
 @attrs.frozen(kw_only=True)
+class RunGivenBack(Event):
+    """A claimed run was never sent and is given back (its result was saved as such, or
+    is held like any result): ``queued`` again, or, a run of the schedule, removed so
+    that its saved deadline stands. Not a failure: nothing of it ran."""
+
+    NAME: ClassVar[str] = "run.given_back"
+    LEVEL: ClassVar[Level] = "warning"
+    job: str
+    job_id: int
+    run: int
+    trigger: str
+    #: Why it could not be sent.
+    reason: str | None
+    #: ``queued`` (a manual run or a retry waits again), ``removed`` (a run of the
+    #: schedule: its deadline stands), ``already`` (settled or swept meanwhile: left as
+    #: it was); ``None`` while the give-back is held (not saved yet).
+    became: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class TickSkipped(Event):
     """Ticks of a job's schedule fell while a run of it was going (an overrun, or a chain
     of retries): they were skipped, not queued; the next deadline follows the run's end.
@@ -594,6 +614,7 @@ __all__ = [
     "ResultSpooled",
     "RetentionPruned",
     "RunFinished",
+    "RunGivenBack",
     "RunLost",
     "RunProgress",
     "RunStarted",

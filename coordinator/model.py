@@ -47,7 +47,9 @@ DEFAULT_KEEP_LAST = 100
 
 #: How a call ended (the statuses an :class:`Outcome` may carry). ``paused``: a
 #: recoverable run stopped at a cursor; it stays outstanding until resumed or cancelled.
-OutcomeStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "paused"]
+#: ``queued``: the run was never sent and is given back (``queued`` again, or, a run of
+#: the schedule, removed so that its saved deadline stands; migrations/0023).
+OutcomeStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "paused", "queued"]
 Trigger = Literal["schedule", "manual", "retry"]
 ErrorCause = Literal["handler", "timeout", "crashed", "lost"]
 #: What a job does with a deadline found overdue (docs/design.md, "Misfires").
@@ -266,7 +268,8 @@ class Outcome:
     failed write is retried with the same values and the executor is never called again.
     """
 
-    #: ``succeeded`` | ``failed`` | ``timed_out`` | ``cancelled`` | ``paused``.
+    #: ``succeeded`` | ``failed`` | ``timed_out`` | ``cancelled`` | ``paused`` |
+    #: ``queued`` (never sent: given back; ``error_message`` says why, and is not saved).
     status: OutcomeStatus
     #: When the call started and finished (wall time, aware).
     started_at: datetime

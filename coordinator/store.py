@@ -337,6 +337,11 @@ SELECT * FROM coordinator._claim($1, $2, $3::text::timestamptz, $4, $5, $6, $7, 
 
 _SETTLE_MANY = "SELECT * FROM coordinator._settle_many($1)"
 
+# Runs given back (never sent: an outcome whose status is ``queued``): item by item, each
+# in a subtransaction of its own (migrations/0023; they are rare, and _settle_many's
+# set-based path does not know them).
+_GIVE_BACK = "SELECT * FROM coordinator._settle_each($1::text::json, true)"
+
 # A settlement batch of one, likewise straight to the _settle that _settle_many would run
 # for it. Values travel as text cast in SQL (no codec lookups).
 _SETTLE_ONE = """
@@ -993,8 +998,28 @@ class Store:
         self.settlements.submit_soon(held, then=then)
 
     async def _settle_batch(self, items: list[HeldResult]) -> list[JobState | BaseException]:
-        if len(items) == 1:
-            return [await self._settle_one(items[0])]
+        back = [i for i, h in enumerate(items) if h.outcome.status == "queued"]
+        if not back:
+            if len(items) == 1:
+                return [await self._settle_one(items[0])]
+            return await self._settle_items(_SETTLE_MANY, items)
+        # Give-backs go apart (a statement of their own after the results, if any).
+        out: list[JobState | BaseException] = [
+            StoreUnavailable("settle: no answer for this item")
+        ] * len(items)
+        rest = [i for i, h in enumerate(items) if h.outcome.status != "queued"]
+        if rest:
+            done = await self._settle_batch([items[i] for i in rest])
+            for i, state in zip(rest, done, strict=True):
+                out[i] = state
+        given = await self._settle_items(_GIVE_BACK, [items[i] for i in back])
+        for i, state in zip(back, given, strict=True):
+            out[i] = state
+        return out
+
+    async def _settle_items(
+        self, statement: str, items: list[HeldResult]
+    ) -> list[JobState | BaseException]:
         batch = [
             {
                 "i": i,
@@ -1016,7 +1041,7 @@ class Store:
             for i, h in enumerate(items)
         ]
         rows: list[Record] = await self._call(
-            "settle", "fetch", _SETTLE_MANY, json.dumps(batch, default=str)
+            "settle", "fetch", statement, json.dumps(batch, default=str)
         )
         out: list[JobState | BaseException] = [
             StoreUnavailable("settle: no answer for this item")

@@ -14,6 +14,8 @@ event                  message    data
 ``RunFinished``        ``run``    ``job_id``, ``job``, ``run``, ``status`` (the outcome:
                                  ``paused`` too), ``attempt``, ``category``, ``retry`` (the
                                  run queued to retry it), ``retry_at``, ``resumes``, ...
+``RunGivenBack``       ``run``    ``job_id``, ``job``, ``run``, ``status: queued`` (waits
+                                 again) or ``job`` (a run of the schedule: removed)
 ``RunProgress``        progress   ``run``, ``percent``, ``label``, ``message``
 ``ClaimRejected``      ``job``    ``job_id``, ``run``, ``reason``
 ``NotificationWake``   ``job``    ``job_id`` (one job changed), ``run`` (a queued run, or
@@ -50,6 +52,7 @@ from ..events import (
     ResultSaved,
     ResultSpooled,
     RunFinished,
+    RunGivenBack,
     RunProgress,
     RunStarted,
     StateChanged,
@@ -103,6 +106,15 @@ def message(event: Event) -> tuple[str, dict[str, Any]] | None:
             "exhausted": event.exhausted,
             "resumes": event.resumes,
         }
+    if isinstance(event, RunGivenBack):
+        if event.became == "queued":
+            return "run", {
+                "job_id": event.job_id,
+                "job": event.job,
+                "run": event.run,
+                "status": "queued",
+            }
+        return "job", {"job_id": event.job_id}
     if isinstance(event, RunProgress):
         return "progress", {
             "run": event.run,

@@ -21,6 +21,8 @@ event                      series
                            ``coordinator_dispatch_lateness_seconds`` (scheduled runs)
 ``ClaimRejected``          ``coordinator_claims_total``,
                            ``coordinator_claim_rejections_total{reason}``
+``RunGivenBack``           ``coordinator_claims_total``,
+                           ``coordinator_runs_given_back_total`` (claimed, never sent)
 ``ResultHeld``             ``coordinator_results_retained_total``
 ``ResultSaved``            ``coordinator_results_saved_total``
 ``ResultSpooled``          ``coordinator_results_spooled_total``
@@ -75,6 +77,7 @@ from ..events import (
     ResultSpooled,
     RetentionPruned,
     RunFinished,
+    RunGivenBack,
 )
 
 if TYPE_CHECKING:
@@ -291,6 +294,12 @@ class Metrics:
         self.saved = Counter(
             "results_saved", "Retained results saved later.", namespace=ns, registry=r
         )
+        self.given_back = Counter(
+            "runs_given_back",
+            "Claimed runs never sent and given back (queued again, or the deadline kept).",
+            namespace=ns,
+            registry=r,
+        )
         self.spooled = Counter(
             "results_spooled",
             "Results written to the spool at stop because the database still refused them.",
@@ -398,6 +407,10 @@ class Metrics:
         self.claims.inc()
         self.claim_rejections.labels(reason=event.reason).inc()
 
+    def _given_back(self, _event: RunGivenBack) -> None:
+        self.claims.inc()
+        self.given_back.inc()
+
     def _refresh(self, event: Refreshed) -> None:
         self.refreshes.inc()
         self.refresh_duration.observe(event.elapsed_ms / 1000.0)
@@ -410,6 +423,7 @@ _HANDLERS: Final[dict[type[Event], Callable[[Metrics, Any], None]]] = {
     Refreshed: Metrics._refresh,
     RunFinished: Metrics._run,
     ClaimRejected: Metrics._rejected,
+    RunGivenBack: Metrics._given_back,
     ResultHeld: lambda m, _e: m.retained.inc(),
     ResultSaved: lambda m, _e: m.saved.inc(),
     ResultSpooled: lambda m, _e: m.spooled.inc(),

@@ -35,12 +35,14 @@ from ..events import (
     EventBus,
     MisfireSkipped,
     RunFinished,
+    RunGivenBack,
     RunStarted,
     RunStopRequested,
     TickSkipped,
     milliseconds,
 )
 from ..executors import Executor
+from ..executors.outcomes import given_back
 from ..model import MIN_MISFIRE_GRACE, Claim, Outcome
 from ..rows import json_text
 from ..spool import HeldResult
@@ -575,6 +577,10 @@ class Dispatcher:
         if executor is None or not executor.available(claim.job.target):
             turn.take(_no_step)  # nothing to start: the next call of the batch may go
             problem = f"no executor available for {claim.job.target.describe()}"
+            if executor is not None and not claim.job.recoverable:
+                # Its last worker left after the claim: nothing ran; given back, it is
+                # claimed again once a worker serves it (admission waits for one).
+                return given_back(self.clock, f"not sent: {problem}")
             if claim.job.recoverable:
                 # Nothing ran: the run pauses where it was (a trigger resumes it).
                 return Outcome(
@@ -643,6 +649,30 @@ class Dispatcher:
             self._tell_settled(claim, outcome, state)
         finally:
             self._done(ticket)
+        self._offer_given_back(claim, outcome, state, ticket.due)
+
+    def _offer_given_back(
+        self, claim: Claim, outcome: Outcome, state: JobState | None, due: float | None
+    ) -> None:
+        """A manual run given back (never sent) is offered again, in its place (``due``):
+        it waits in admission for a worker's slot, as a queued run a refresh finds. (A
+        retry's due time is armed by the inventory; a run of the schedule left its
+        deadline, armed likewise.)"""
+        if (
+            outcome.status == "queued"
+            and state is not None
+            and state.retry_run_id == claim.run_id
+            and state.retry_due_at is None
+            and not (state.paused or state.invalid)  # (un-pausing dispatches it: 0022)
+            and not self.stopping
+        ):
+            self.offer_manual(
+                job_id=claim.job.id,
+                run_id=claim.run_id,
+                priority=claim.job.priority,
+                worker_type=claim.job.target.worker_type,
+                due=due,
+            )
 
     def _tell_settled(self, claim: Claim, outcome: Outcome, state: JobState | None) -> None:
         job = claim.job
@@ -651,6 +681,20 @@ class Dispatcher:
         else:
             self._held[claim.run_id] = (claim, outcome)
             self.inventory.deadlines.discard(job.id)
+        if outcome.status == "queued":
+            # Given back, never sent: not a run's end (no job.run, no alert, no metric of
+            # runs); its line says why and what became of it.
+            self.events.emit(
+                RunGivenBack(
+                    job=job.key,
+                    job_id=job.id,
+                    run=claim.run_id,
+                    trigger=claim.trigger,
+                    reason=outcome.error_message,
+                    became=_became(claim, state),
+                )
+            )
+            return
         # Logged once the result is saved (or held, after settle.retained): when an
         # operator reads job.run, `runs show` already agrees with it.
         self.events.emit(_finished(claim, outcome, state))
@@ -664,11 +708,14 @@ class Dispatcher:
             claim, outcome = found
             self.inventory.settled(state, claim.job, held.run_id)
             self._tell_skipped(claim, outcome, state)
+            self._offer_given_back(claim, outcome, state, None)
         self.kick()
 
     def _tell_skipped(self, claim: Claim, outcome: Outcome, state: JobState) -> None:
         """Ticks of the job's schedule that fell while this run went on were skipped, not
         queued (its settlement saved one next deadline, after its end): say how many."""
+        if outcome.status == "queued":
+            return  # given back, never sent
         if state.outcome != "saved" or state.retry_run_id is not None:
             return  # a retry waits: the attempt that ends the chain tells the whole span
         if state.schedule_version != claim.job.schedule_version:
@@ -704,6 +751,15 @@ class Dispatcher:
                 running_s=round((finished - since).total_seconds(), 3),
             )
         )
+
+
+def _became(claim: Claim, state: JobState | None) -> str | None:
+    """What a give-back made of the run (``RunGivenBack.became``)."""
+    if state is None:
+        return None  # held: saved later, or spooled
+    if state.outcome != "saved":
+        return "already"
+    return "queued" if state.retry_run_id == claim.run_id else "removed"
 
 
 def _finished(claim: Claim, outcome: Outcome, state: JobState | None) -> RunFinished:

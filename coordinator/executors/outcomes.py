@@ -71,9 +71,23 @@ def cancelled(
     return ended(clock, started_at, "cancelled", None, CANCELLED_MESSAGE, extra)
 
 
+def given_back(clock: WallClock, why: str) -> Outcome:
+    """The call was never sent and the run is given back (``why``: never saved, told in
+    the daemon's ``run.given_back`` line): nothing of it ran, so it is not a failure."""
+    now = clock.now()
+    return ended(clock, now, "queued", None, why, finished_at=now)
+
+
 def timed_out_message(timeout: timedelta) -> str:
     """``timed out after 2s``."""
     return f"timed out after {seconds_text(timeout)}s"
 
 
-__all__ = ["CANCELLED_MESSAGE", "PAUSE_REASONS", "cancelled", "ended", "timed_out_message"]
+__all__ = [
+    "CANCELLED_MESSAGE",
+    "PAUSE_REASONS",
+    "cancelled",
+    "ended",
+    "given_back",
+    "timed_out_message",
+]

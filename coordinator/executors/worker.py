@@ -95,7 +95,14 @@ from ..protocol import (
 from ..status import WorkerView
 from ..tokens import TokenScope, TokenSet
 from .base import AT_ONCE, ExecutorHooks, Turn
-from .outcomes import CANCELLED_MESSAGE, PAUSE_REASONS, cancelled, ended, timed_out_message
+from .outcomes import (
+    CANCELLED_MESSAGE,
+    PAUSE_REASONS,
+    cancelled,
+    ended,
+    given_back,
+    timed_out_message,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -524,12 +531,14 @@ class WorkerExecutor:
             if stop is not None:
                 return self._unstarted(claim, stop)
             if not self._may_send(since):
-                return self._unstarted(claim, None, "not sent: this daemon lost its leadership")
+                return self._not_sent(claim, "not sent: this daemon lost its leadership")
             if any(worker_type in c.types for c in self._conns.values()):
+                # (Failed, not given back: admission would claim it again at once.)
                 reason = f"none may run jobs of namespace {job.namespace!r} (their tokens' scope)"
-            else:
-                reason = "none is connected"
-            return self._unstarted(claim, None, f"no worker serving {worker_type!r}: {reason}")
+                return self._unstarted(claim, None, f"no worker serving {worker_type!r}: {reason}")
+            return self._not_sent(
+                claim, f"not sent: no worker serving {worker_type!r} is connected"
+            )
         call = _Call(run_id=run_id, conn=conn, recoverable=job.recoverable)
         if job.recoverable:
             call.total = claim.count
@@ -585,6 +594,8 @@ class WorkerExecutor:
                 # now never will be.
                 call.orphaned = True
                 self._release(conn, call)
+                if ending == "done" and call.lost is not None:
+                    return self._not_sent(claim, f"not sent: {call.lost}")
                 if ending in ("timeout", "done"):
                     return self._outcome(call, started_at, ending, timeout)
                 stop = "abandon" if ending == "abandon" else call.stop_reason or "stopping"
@@ -611,14 +622,21 @@ class WorkerExecutor:
 
     def _abandoned(self, claim: Claim) -> Outcome:
         """A call never sent when the daemon stopped waiting for its calls (the stop
-        timeout): the run never started, so it fails as crashed (the job's retry policy
-        applies), as a claimed run the stop could not send always did; a recoverable one
-        pauses."""
+        timeout): the run never started, so it is given back (the next daemon sends it);
+        a recoverable one pauses."""
         if claim.job.recoverable or not self._detached:
             return self._unstarted(claim, "abandon")
-        return self._unstarted(
-            claim, None, "not sent: the stop timeout passed before a worker slot freed"
-        )
+        return self._not_sent(claim, "not sent: the stop timeout passed before a worker slot freed")
+
+    def _not_sent(self, claim: Claim, why: str) -> Outcome:
+        """A claimed run that cannot be sent now (no worker serves its type any more,
+        the lead was lost, the stop timeout passed): nothing of it ran, so it is given
+        back (``queued`` again; a run of the schedule leaves its deadline saved), to be
+        claimed again when it can be sent. A recoverable run pauses where it was, as
+        before (a trigger or its next tick resumes it)."""
+        if claim.job.recoverable:
+            return self._unstarted(claim, None, why)
+        return given_back(self.clock, why)
 
     def _unstarted(self, claim: Claim, stop: str | None, problem: str | None = None) -> Outcome:
         """The outcome of a call never sent: it was abandoned, stopped before it started,

@@ -290,7 +290,7 @@ async def test_progress_is_coalesced_flagged_and_saved_with_the_result(
 
 async def _claimed_ahead(
     start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
-) -> tuple[Harness, list[int], list[str], dict[str, trio.Event], dict[str, int]]:
+) -> tuple[Harness, list[int], list[str], dict[str, trio.Event], dict[str, int], Worker]:
     """Three manual runs for a worker of capacity 1, with ``claim_ahead`` 2: one call
     runs (held until its gate is set), two runs are claimed and wait for the slot
     (``concurrency`` 3: they count against it)."""
@@ -325,7 +325,7 @@ async def _claimed_ahead(
             await trio.sleep(0.01)
     await trio.sleep(0.2)  # (a second call, were one sent, would have started by now)
     assert started == ["a"]
-    return harness, runs, started, gates, peak
+    return harness, runs, started, gates, peak, worker
 
 
 async def test_claim_ahead_claims_runs_that_then_wait_their_turn_for_a_worker_slot(
@@ -334,7 +334,7 @@ async def test_claim_ahead_claims_runs_that_then_wait_their_turn_for_a_worker_sl
     """With ``claim_ahead``, runs are claimed beyond the worker's free slots; the worker
     never gets more calls than its capacity, and the waiting runs start in claim order,
     each as a slot frees."""
-    harness, runs, started, gates, peak = await _claimed_ahead(start_daemon, conn, nursery)
+    harness, runs, started, gates, peak, _ = await _claimed_ahead(start_daemon, conn, nursery)
     gates["a"].set()
     with trio.fail_after(10):
         while len(started) < 2:
@@ -351,13 +351,55 @@ async def test_claim_ahead_claims_runs_that_then_wait_their_turn_for_a_worker_sl
     assert [r["status"] for r in statuses] == ["succeeded"] * 3
 
 
+async def test_runs_claimed_ahead_are_given_back_when_their_worker_leaves(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """Runs that waited for a slot of a worker that then left were never sent: they are
+    given back (``queued`` again, not failed) and run once a worker serves their type
+    (before, they failed: "no worker serving 't': none is connected")."""
+    harness, runs, started, gates, _, worker = await _claimed_ahead(start_daemon, conn, nursery)
+    worker.stop()  # bye: its call goes on, no new call comes to it
+    await harness.wait_event("run.given_back", count=2)
+    given = harness.named("run.given_back")
+    assert sorted(e["run"] for e in given) == runs[1:]
+    assert {e["became"] for e in given} == {"queued"}
+    assert {e["reason"] for e in given} == {"not sent: no worker serving 't' is connected"}
+    gates["a"].set()
+    await harness.wait_event("job.run", run=runs[0])
+    statuses = await aio(conn.fetch)(
+        "SELECT status, claimed_at, started_at FROM coordinator.runs "
+        "WHERE id = ANY ($1::bigint[]) ORDER BY id",
+        runs,
+    )
+    assert statuses[0]["status"] == "succeeded"
+    assert [tuple(r) for r in statuses[1:]] == [("queued", None, None)] * 2
+    # A worker comes back: the runs given back are claimed again and run.
+    again = Worker(worker_id="w2", capacity=1)
+
+    @again.job("t")
+    async def handle(ctx: Context) -> int:
+        started.append(ctx.job)
+        return 2
+
+    await run_worker(nursery, again, harness)
+    await harness.wait_event("job.run", count=3)
+    assert sorted(started) == ["a", "b", "c"]
+    rows = await aio(conn.fetch)(
+        "SELECT status, count FROM coordinator.runs WHERE id = ANY ($1::bigint[]) ORDER BY id",
+        runs,
+    )
+    assert [tuple(r) for r in rows] == [("succeeded", 1), ("succeeded", 2), ("succeeded", 2)]
+    assert not harness.named("job.run", outcome="failed")
+    again.stop()
+
+
 async def test_a_stop_still_sends_the_runs_claimed_ahead_instead_of_failing_them(
     start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
 ) -> None:
     """Runs claimed ahead are admitted work: a stop waits for them as for calls in
     flight, sending each as a slot frees (before, a claimed run that had not been sent
     by then failed: "no worker serving ...: the daemon is stopping")."""
-    harness, runs, started, gates, _ = await _claimed_ahead(start_daemon, conn, nursery)
+    harness, runs, started, gates, _, _ = await _claimed_ahead(start_daemon, conn, nursery)
     stopped: list[int | None] = []
 
     async def stop() -> None:

@@ -314,13 +314,15 @@ async def test_handler_exception_is_a_handler_failure(sock_path: Path) -> None:
             assert sorted(h.executor.capacities()) == ["echo"]
 
 
-async def test_no_worker_serving_the_type(sock_path: Path) -> None:
+async def test_no_worker_serving_the_type_gives_the_run_back(sock_path: Path) -> None:
+    """Nothing was sent, so nothing failed: the run is given back (``queued``) with the
+    reason, to be claimed again once a worker serves its type."""
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
             outcome = await h.call(make_claim(1, "absent"))
-            assert outcome.status == "failed"
-            assert outcome.error_cause == "crashed"
-            assert "no worker serving 'absent'" in (outcome.error_message or "")
+            assert outcome.status == "queued"
+            assert outcome.error_cause is None
+            assert outcome.error_message == "not sent: no worker serving 'absent' is connected"
 
 
 # -- timeout, cancel, abandon ----------------------------------------------------------------
@@ -942,7 +944,8 @@ async def test_a_call_that_waited_is_not_sent_once_the_daemon_lost_its_lead(
     sock_path: Path,
 ) -> None:
     # Claimed while the daemon led, it waited for a slot; meanwhile the lead was lost
-    # (another daemon may have swept the run already): it ends unsent when a slot frees.
+    # (another daemon may have swept the run already): it is not sent when a slot frees,
+    # and is given back (the settlement leaves it be if it was swept meanwhile).
     leading = [True]
     with trio.fail_after(GUARD):
         async with harness(sock_path, may_send=lambda _since: leading[0]) as h:
@@ -957,8 +960,8 @@ async def test_a_call_that_waited_is_not_sent_once_the_daemon_lost_its_lead(
                 await trio.sleep(0.01)
             await _nothing_more_for(raw)  # no call for run 2
     assert (second[0].status, second[0].error_cause, second[0].error_message) == (
-        "failed",
-        "crashed",
+        "queued",
+        None,
         "not sent: this daemon lost its leadership",
     )
 
@@ -1141,12 +1144,12 @@ async def test_detach_stops_accepting_but_claimed_calls_go_on(sock_path: Path) -
             await raw.aclose()
 
 
-async def test_a_claimed_call_still_unsent_at_the_stop_timeout_fails_as_never_sent(
+async def test_a_claimed_call_still_unsent_at_the_stop_timeout_is_given_back(
     sock_path: Path,
 ) -> None:
     # A stopping daemon sends the runs it claimed as slots free; one still waiting when
-    # the stop timeout passes (abandon) never started: failed as crashed, so the job's
-    # retry policy applies (``cancelled`` is never retried).
+    # the stop timeout passes (abandon) never started: it is given back (``queued``; the
+    # next daemon sends it), not ``cancelled`` (which no retry policy retries).
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
             raw = await h.connect()
@@ -1173,8 +1176,8 @@ async def test_a_claimed_call_still_unsent_at_the_stop_timeout_fails_as_never_se
                 await trio.sleep(0.01)
             await _nothing_more_for(raw)  # no call for run 2
     assert (second[0].status, second[0].error_cause, second[0].error_message) == (
-        "failed",
-        "crashed",
+        "queued",
+        None,
         "not sent: the stop timeout passed before a worker slot freed",
     )
 

@@ -1,0 +1,212 @@
+"""Giving back a claimed run that was never sent (migrations/0023): the store's side,
+against a real PostgreSQL. A manual run or a retry is ``queued`` again as before its
+claim; a run of the schedule is removed and its saved deadline stands; a run settled or
+swept meanwhile is left as it is; give-backs and results settle together."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+from coordinator.core.admission import Ticket
+from coordinator.db import aio
+from coordinator.errors import DatabaseError
+from coordinator.model import Outcome
+from coordinator.spool import HeldResult
+from coordinator.store import ConnectionPool, Store
+
+from .conftest import define
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    import asyncpg
+
+    from coordinator.model import Claim, OutcomeStatus
+
+
+@asynccontextmanager
+async def serving(database: str) -> AsyncIterator[Store]:
+    pool = ConnectionPool(database, size=2)
+    store = Store(pool=pool, instance="giver")
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.serve)
+            yield store
+            nursery.cancel_scope.cancel()
+    finally:
+        await pool.close()
+
+
+async def claim_run(store: Store, job: int, run: int) -> Claim:
+    ticket = Ticket(job_id=job, priority="background", due=0.0, run_id=run)
+    result = await store.claim(ticket, workers=("t",))
+    assert result.claim is not None, result.reason
+    return result.claim
+
+
+def held(claim: Claim, status: OutcomeStatus = "queued", message: str | None = None) -> HeldResult:
+    now = datetime.now(UTC)
+    return HeldResult(
+        run_id=claim.run_id,
+        job_id=claim.job.id,
+        job_key=claim.job.key,
+        schedule_version=claim.job.schedule_version,
+        next_run_at=None,
+        outcome=Outcome(
+            status=status,
+            started_at=now,
+            finished_at=now,
+            error_message=message or "not sent: no worker serving 't' is connected",
+        ),
+    )
+
+
+async def run_row(conn: asyncpg.Connection, run: int) -> dict[str, Any] | None:
+    row = await aio(conn.fetchrow)(
+        "SELECT status, claimed_at, started_at, instance, attempt, args, error_message "
+        "FROM coordinator.runs WHERE id = $1",
+        run,
+    )
+    return None if row is None else dict(row)
+
+
+async def test_a_manual_run_given_back_is_queued_again_as_before_its_claim(
+    aio_loop: Any, conn: asyncpg.Connection, database: str
+) -> None:
+    job = await define(conn, "m", target={"kind": "worker", "type": "t"})
+    run = await aio(conn.fetchval)(
+        "SELECT coordinator.trigger('default', 'm', '{\"n\": 1}'::jsonb)"
+    )
+    before = await run_row(conn, run)
+    async with serving(database) as store:
+        claim = await claim_run(store, job, run)
+        claimed = await run_row(conn, run)
+        assert claimed is not None
+        assert claimed["status"] == "running"
+        state = await store.settle(held(claim))
+        assert (state.outcome, state.retry_run_id) == ("saved", run)
+        assert await run_row(conn, run) == before
+        # ... and is claimed again like any queued run.
+        again = await claim_run(store, job, run)
+        assert (again.run_id, again.attempt, dict(again.args)) == (run, 1, {"n": 1})
+
+
+async def test_a_run_of_the_schedule_given_back_is_removed_and_its_deadline_stands(
+    aio_loop: Any, conn: asyncpg.Connection, database: str
+) -> None:
+    job = await define(
+        conn,
+        "s",
+        schedule_kind="cron",
+        schedule="0 * * * *",
+        target={"kind": "exec", "argv": ["true"]},
+    )
+    deadline = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = $2 WHERE id = $1", job, deadline
+    )
+    version = await aio(conn.fetchval)(
+        "SELECT schedule_version FROM coordinator.jobs WHERE id = $1", job
+    )
+
+    def ticket() -> Ticket:
+        return Ticket(
+            job_id=job,
+            priority="background",
+            due=deadline.timestamp(),
+            scheduled_for=deadline,
+            schedule_version=version,
+        )
+
+    async with serving(database) as store:
+        result = await store.claim(ticket(), workers=())
+        assert result.claim is not None, result.reason
+        run = result.claim.run_id
+        state = await store.settle(held(result.claim))
+        assert (state.outcome, state.retry_run_id, state.next_run_at) == ("saved", None, deadline)
+        assert await run_row(conn, run) is None
+        assert (
+            await aio(conn.fetchval)("SELECT next_run_at FROM coordinator.jobs WHERE id = $1", job)
+            == deadline
+        )
+        # The same deadline is claimed again: a new run serves it.
+        again = await store.claim(ticket(), workers=())
+        assert again.claim is not None, again.reason
+        assert again.claim.scheduled_for == deadline
+
+
+async def test_a_run_swept_meanwhile_is_left_as_it_is(
+    aio_loop: Any, conn: asyncpg.Connection, database: str
+) -> None:
+    job = await define(conn, "w")
+    run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'w')")
+    async with serving(database) as store:
+        claim = await claim_run(store, job, run)
+        # Another daemon's crash sweep found it first.
+        await aio(conn.execute)(
+            "UPDATE coordinator.runs SET status = 'unresolved', error_cause = 'lost' WHERE id = $1",
+            run,
+        )
+        state = await store.settle(held(claim))
+        assert state.outcome == "already"
+        row = await run_row(conn, run)
+        assert row is not None
+        assert row["status"] == "unresolved"
+
+
+async def test_give_backs_and_results_settle_together(
+    aio_loop: Any, conn: asyncpg.Connection, database: str
+) -> None:
+    """One batch of settlements holding give-backs and results: each gets its own."""
+    jobs = [await define(conn, f"j{i}") for i in range(6)]
+    runs = [
+        await aio(conn.fetchval)("SELECT coordinator.trigger('default', $1)", f"j{i}")
+        for i in range(6)
+    ]
+    async with serving(database) as store:
+        claims = [await claim_run(store, j, r) for j, r in zip(jobs, runs, strict=True)]
+        statuses: list[OutcomeStatus] = [
+            "queued",
+            "succeeded",
+            "queued",
+            "failed",
+            "succeeded",
+            "queued",
+        ]
+        states: dict[int, Any] = {}
+
+        async def settle(index: int) -> None:
+            states[index] = await store.settle(held(claims[index], statuses[index], "x"))
+
+        async with trio.open_nursery() as nursery:
+            for index in range(6):
+                nursery.start_soon(settle, index)
+    assert sorted(states) == list(range(6))
+    assert all(s.outcome == "saved" for s in states.values())
+    rows = await aio(conn.fetch)(
+        "SELECT id, status FROM coordinator.runs WHERE id = ANY ($1::bigint[])", runs
+    )
+    saved = {r["id"]: r["status"] for r in rows}
+    assert [saved[r] for r in runs] == statuses
+
+
+async def test_a_resumed_run_is_never_given_back(
+    aio_loop: Any, conn: asyncpg.Connection, database: str
+) -> None:
+    """Only recoverable runs are resumed, and those pause unsent instead; were one given
+    back by mistake, the database refuses it (its first start must not be lost)."""
+    job = await define(conn, "r")
+    run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'r')")
+    async with serving(database) as store:
+        claim = await claim_run(store, job, run)
+        await aio(conn.execute)("UPDATE coordinator.runs SET resumes = 1 WHERE id = $1", run)
+        with pytest.raises(DatabaseError, match="cannot be given back"):
+            await store.settle(held(claim))
+    row = await run_row(conn, run)
+    assert row is not None
+    assert row["status"] == "running"
