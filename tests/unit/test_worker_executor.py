@@ -472,6 +472,34 @@ async def test_a_call_stopped_while_its_line_waits_for_its_turn_ends_unsent(
             await _first_goes_and_the_kept_line_does_not(h, raw, first)
 
 
+async def test_a_call_whose_worker_left_while_its_line_waited_for_its_turn_is_given_back(
+    sock_path: Path,
+) -> None:
+    """The second call of a batch took a slot, its line kept for its turn; the worker
+    left before the first call started: nothing was sent, so nothing failed -- the run
+    is given back (``queued``), not ``crashed`` as a call the worker had."""
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw, _first, second = await _a_worker_and_a_batch_of_two(h)
+            outcomes: list[Outcome] = []
+
+            async def call_second() -> None:
+                claim = make_claim(2)
+                outcomes.append(await h.executor.call(claim, abandon=trio.Event(), turn=second))
+
+            h.nursery.start_soon(call_second)
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.executor.connections()[0].busy == 1  # its slot is taken, not sent
+            await raw.aclose()
+            while not outcomes:
+                await trio.sleep(0.01)
+    [outcome] = outcomes
+    assert (outcome.status, outcome.error_cause) == ("queued", None)
+    assert outcome.error_message is not None
+    assert outcome.error_message.startswith("not sent: worker ")
+    assert outcome.error_message.endswith(" disconnected")
+
+
 async def test_raw_worker_sees_cancel(sock_path: Path) -> None:
     with trio.fail_after(GUARD):
         async with harness(sock_path, cancel_grace=5) as h:
