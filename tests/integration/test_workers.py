@@ -8,6 +8,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
 import pytest
 import trio
 
@@ -18,8 +19,6 @@ from .conftest import StartDaemon, define, refreshes
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    import asyncpg
 
     from coordinator.embedded import StatementLog
 
@@ -391,6 +390,61 @@ async def test_runs_claimed_ahead_are_given_back_when_their_worker_leaves(
     assert [tuple(r) for r in rows] == [("succeeded", 1), ("succeeded", 2), ("succeeded", 2)]
     assert not harness.named("job.run", outcome="failed")
     again.stop()
+
+
+async def test_a_claim_that_lands_after_the_last_worker_left_gives_the_run_back(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, database: str, nursery: trio.Nursery
+) -> None:
+    """The claim was sent while a worker served the type, and held up (the job's row
+    locked by another session) until that worker had left: the run, granted but with
+    nobody to call it, is given back and runs when a worker comes (before, it failed:
+    "no executor available for worker:t")."""
+    job = await define(conn, "late", target={"kind": "worker", "type": "t"})
+    harness = await start_daemon()
+    ran: list[str] = []
+
+    def worker_named(name: str) -> Worker:
+        worker = Worker(worker_id=name, capacity=1)
+
+        @worker.job("t")
+        async def handle(ctx: Context) -> int:
+            ran.append(name)
+            return 1
+
+        return worker
+
+    first = worker_named("w1")
+    await run_worker(nursery, first, harness)
+    await harness.wait_event("wake", reason="workers.changed")
+    blocker = await aio(asyncpg.connect)(database)
+    try:
+        await aio(blocker.execute)("BEGIN")
+        await aio(blocker.execute)(
+            "SELECT 1 FROM coordinator.jobs WHERE id = $1 FOR NO KEY UPDATE", job
+        )
+        run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'late')")
+        with trio.fail_after(10):
+            while not await aio(conn.fetchval)(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'coordinator' "
+                "AND wait_event_type = 'Lock' AND query LIKE '%coordinator._claim%'"
+            ):
+                await trio.sleep(0.02)
+        first.stop()
+        await harness.wait_event("worker.disconnected", worker="w1")
+    finally:
+        await aio(blocker.execute)("COMMIT")
+        await aio(blocker.close)()
+    [given] = await harness.wait_event("run.given_back", run=run)
+    assert (given["became"], given["reason"]) == (
+        "queued",
+        "not sent: no executor available for worker:t",
+    )
+    assert not harness.named("job.run")
+    [row] = await runs_of(conn, job)
+    assert (row["status"], row["claimed_at"], row["instance"]) == ("queued", None, None)
+    await run_worker(nursery, worker_named("w2"), harness)
+    await harness.wait_event("job.run", run=run, outcome="succeeded")
+    assert ran == ["w2"]
 
 
 async def test_a_stop_still_sends_the_runs_claimed_ahead_instead_of_failing_them(
