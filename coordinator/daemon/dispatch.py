@@ -152,11 +152,15 @@ class _Turn:
     turns: Turns
     place: tuple[int, int, int] | None = None
     done: bool = False
-    #: Called once, in turn, as the call starts (before its first step).
+    #: Called once, in turn, as the call starts (before its first step that starts it:
+    #: a call that waits for a worker's slot is told when its line goes).
     on_start: Callable[[], None] = attrs.field(default=lambda: None)
+    told: bool = False
 
-    def take(self, first_step: Callable[[], None]) -> None:
+    def take(self, first_step: Callable[[], None], *, starts: bool = True) -> None:
         if self.done:
+            if starts:
+                self._tell()
             first_step()
             return
         self.done = True
@@ -164,7 +168,8 @@ class _Turn:
         def step() -> None:
             # (Read when taken: a call that ended before its turn came is not told as
             # started; see Dispatcher._run.)
-            self.on_start()
+            if starts:
+                self._tell()
             first_step()
 
         if self.place is None:
@@ -176,6 +181,11 @@ class _Turn:
         if not self.done and self.place is not None:
             await self.turns.wait_for(self.place)
         self.take(_no_step)
+
+    def _tell(self) -> None:
+        if not self.told:
+            self.told = True
+            self.on_start()
 
     def alone(self) -> bool:
         return self.place is None or self.place[2] == 1
@@ -575,7 +585,8 @@ class Dispatcher:
         executor = self.executors.get(claim.job.target.kind)
         now = self.clock.now()
         if executor is None or not executor.available(claim.job.target):
-            turn.take(_no_step)  # nothing to start: the next call of the batch may go
+            # Nothing to start: the next call of the batch may go.
+            turn.take(_no_step, starts=False)
             problem = f"no executor available for {claim.job.target.describe()}"
             if executor is not None and not claim.job.recoverable:
                 # Its last worker left after the claim: nothing ran; given back, it is

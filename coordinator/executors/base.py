@@ -77,10 +77,13 @@ class Turn(Protocol):
     admission's order (docs/design.md, "Claims"). An executor passes it exactly once,
     by one of the two methods, before its call first waits for anything long."""
 
-    def take(self, first_step: Callable[[], None]) -> None:
+    def take(self, first_step: Callable[[], None], *, starts: bool = True) -> None:
         """Take ``first_step`` (synchronous, must not raise: queue the call's line) in
         this call's turn: now, or as soon as the calls granted before it have started,
-        from whichever task starts the last of them. Never waits."""
+        from whichever task starts the last of them. Never waits. ``starts=False``: the
+        step does not start the call (it joins a queue of calls waiting for a slot, or
+        nothing was sent): the call is told as started by a later ``take`` that does, if
+        any (a take after the turn's first runs its step at once)."""
         ...
 
     async def reached(self) -> None:
@@ -101,7 +104,7 @@ class Turn(Protocol):
 class AtOnce:
     """The turn of a call granted on its own: every step at once."""
 
-    def take(self, first_step: Callable[[], None]) -> None:
+    def take(self, first_step: Callable[[], None], *, starts: bool = True) -> None:
         first_step()
 
     async def reached(self) -> None:

@@ -486,7 +486,7 @@ class WorkerExecutor:
         try:
             return await self._call(claim, abandon, turn)
         finally:
-            turn.take(_no_step)  # (if nothing was sent: the next call may go)
+            turn.take(_no_step, starts=False)  # (if nothing was sent: the next may go)
             self._starting.pop(run_id, None)
             self._calls.pop(run_id, None)
 
@@ -1240,7 +1240,7 @@ class WorkerExecutor:
                     )
                     # Joins the queue in its turn (and gives the turn up: the calls after
                     # it need not wait too).
-                    turn.take(functools.partial(self._enqueue, waiter))
+                    turn.take(functools.partial(self._enqueue, waiter), starts=False)
                 else:
                     waiter.woken_for = None  # (beaten to it: that slot is taken)
                     waiter.wake = trio.Event()

@@ -334,11 +334,15 @@ async def test_claim_ahead_claims_runs_that_then_wait_their_turn_for_a_worker_sl
     never gets more calls than its capacity, and the waiting runs start in claim order,
     each as a slot frees."""
     harness, runs, started, gates, peak, _ = await _claimed_ahead(start_daemon, conn, nursery)
+    # A run waiting for a slot is not told as started (run.started) until it is sent.
+    assert [e["run"] for e in harness.named("run.started")] == runs[:1]
     gates["a"].set()
     with trio.fail_after(10):
         while len(started) < 2:
             await trio.sleep(0.01)
     assert started == ["a", "b"]
+    await harness.wait_event("run.started", run=runs[1])
+    assert [e["run"] for e in harness.named("run.started")] == runs[:2]
     gates["b"].set()
     gates["c"].set()
     await harness.wait_event("job.run", count=3)
@@ -365,6 +369,7 @@ async def test_runs_claimed_ahead_are_given_back_when_their_worker_leaves(
     assert {e["reason"] for e in given} == {"not sent: no worker serving 't' is connected"}
     gates["a"].set()
     await harness.wait_event("job.run", run=runs[0])
+    assert [e["run"] for e in harness.named("run.started")] == runs[:1]  # (never sent)
     statuses = await aio(conn.fetch)(
         "SELECT status, claimed_at, started_at FROM coordinator.runs "
         "WHERE id = ANY ($1::bigint[]) ORDER BY id",
