@@ -1003,18 +1003,26 @@ class Store:
             if len(items) == 1:
                 return [await self._settle_one(items[0])]
             return await self._settle_items(_SETTLE_MANY, items)
-        # Give-backs go apart (a statement of their own after the results, if any).
+        # Give-backs go apart (a statement of their own after the results, if any); each
+        # statement's failure is its own items' only.
         out: list[JobState | BaseException] = [
             StoreUnavailable("settle: no answer for this item")
         ] * len(items)
         rest = [i for i, h in enumerate(items) if h.outcome.status != "queued"]
-        if rest:
-            done = await self._settle_batch([items[i] for i in rest])
-            for i, state in zip(rest, done, strict=True):
+        for indexes, gives_back in ((rest, False), (back, True)):
+            if not indexes:
+                continue
+            part = [items[i] for i in indexes]
+            done: list[JobState | BaseException]
+            try:
+                if gives_back:
+                    done = await self._settle_items(_GIVE_BACK, part)
+                else:
+                    done = await self._settle_batch(part)
+            except Exception as exc:  # (told to each of them, as the batcher would)
+                done = [exc] * len(indexes)
+            for i, state in zip(indexes, done, strict=True):
                 out[i] = state
-        given = await self._settle_items(_GIVE_BACK, [items[i] for i in back])
-        for i, state in zip(back, given, strict=True):
-            out[i] = state
         return out
 
     async def _settle_items(
@@ -1037,6 +1045,8 @@ class Store:
                 "retryable": h.outcome.retryable,
                 "jitter": h.retry_jitter,
                 **_recoverable_item(h),
+                # A give-back's job: found again if its run was removed by a first try.
+                **({"jid": h.job_id} if h.outcome.status == "queued" else {}),
             }
             for i, h in enumerate(items)
         ]

@@ -16,18 +16,23 @@
 --     no start, no instance), keeping its due time, arguments and attempt.
 --
 -- Only a run still `running` is given back (one cancelled or swept meanwhile: 'already',
--- as a settlement of a run already settled). A run that was started before (a resumed
--- run: resumes > 0) is never given back: it belongs to a recoverable job, whose unsent
--- runs pause where they were instead (the daemon never asks; refused here if it did).
+-- as a settlement of a run already settled; the same give-back sent again, its first
+-- answer lost: 'already', with the run queued again or the deadline, to be armed). A job
+-- removed with its history kept meanwhile: the run is `cancelled`, as remove (0013) ends
+-- the runs it finds waiting. A run that was started before (resumes > 0: a recoverable
+-- job's, or one that was recoverable when it paused) is never given back: the daemon
+-- fails or pauses it instead, and this function refuses it (SQLSTATE 55000).
 --
 -- The daemon sends give-backs through _settle_each (one subtransaction per item: they are
 -- rare), never through _settle_many's set-based path, which stays as 0021 left it.
 --
--- New: _give_back. Redefined from 0012: _settle_each (same signature, so its grants stay).
+-- New: _give_back. Redefined from 0012: _settle_each (same signature, so its grants stay;
+-- an item may carry "jid", the job the run was claimed for: a give-back's).
 -- Every function runs with enable_seqscan = off (0004).
 
 CREATE FUNCTION coordinator._give_back(
     p_run_id             bigint,
+    p_job_id             bigint,   -- the job it was claimed for (NULL: the run's)
     OUT outcome          text,     -- 'saved' | 'already' | 'gone'
     OUT job_id           bigint,
     OUT paused           boolean,
@@ -47,23 +52,40 @@ DECLARE
     r coordinator.runs;
 BEGIN
     exhausted := false;
-    -- The job's row lock first, then the run's: the order every settlement takes.
+    -- The job's row lock first, then the run's: the order every settlement takes. By the
+    -- job's id when the daemon names it: sent again (its first answer lost), a give-back
+    -- whose run was removed still finds its job, and answers 'already' with its state.
     SELECT jobs.* INTO j FROM coordinator.jobs
-     WHERE jobs.id = (SELECT runs.job_id FROM coordinator.runs WHERE runs.id = p_run_id)
+     WHERE jobs.id = coalesce(p_job_id, (SELECT runs.job_id FROM coordinator.runs
+                                          WHERE runs.id = p_run_id))
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         outcome := 'gone';
         RETURN;
     END IF;
     SELECT runs.* INTO r FROM coordinator.runs
-     WHERE runs.id = p_run_id AND runs.status = 'running'
+     WHERE runs.id = p_run_id AND runs.job_id = j.id
        FOR UPDATE;
-    IF NOT FOUND THEN
+    IF NOT FOUND OR r.status <> 'running' THEN
         outcome := 'already';
+        IF r.status = 'queued' AND r.claimed_at IS NULL THEN
+            -- Given back before (this is the same give-back sent again): armed again.
+            retry_run_id := r.id;
+            retry_due_at := r.due_at;
+        END IF;
     ELSIF r.resumes > 0 THEN
         RAISE EXCEPTION 'run % was started before (resumed % times): it cannot be given back',
                         p_run_id, r.resumes
               USING ERRCODE = '55000';
+    ELSIF j.removed_at IS NOT NULL THEN
+        -- Removed with its history kept while the run was claimed: ended as remove ends
+        -- the runs it finds waiting (0013), never queued again on a hidden job.
+        UPDATE coordinator.runs
+           SET status = 'cancelled', finished_at = now(),
+               error_message = 'cancelled: the job was removed (history kept)'
+         WHERE runs.id = p_run_id
+        RETURNING runs.category INTO category;  -- (set: how the daemon tells this case)
+        outcome := 'saved';
     ELSIF r.trigger = 'schedule' THEN
         -- The deadline it served is still the job's saved one (the claim does not move it):
         -- it stands, to be claimed again.
@@ -72,7 +94,8 @@ BEGIN
     ELSE
         UPDATE coordinator.runs
            SET status = 'queued', claimed_at = NULL, started_at = NULL, instance = NULL,
-               error_cause = NULL, error_message = NULL, category = NULL, retryable = NULL
+               schedule_version = NULL, error_cause = NULL, error_message = NULL,
+               category = NULL, retryable = NULL
          WHERE runs.id = p_run_id
         RETURNING runs.id, runs.due_at INTO retry_run_id, retry_due_at;
         outcome := 'saved';
@@ -85,8 +108,8 @@ BEGIN
 END
 $$;
 
-REVOKE EXECUTE ON FUNCTION coordinator._give_back(bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION coordinator._give_back(bigint) TO coordinator_daemon;
+REVOKE EXECUTE ON FUNCTION coordinator._give_back(bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION coordinator._give_back(bigint, bigint) TO coordinator_daemon;
 
 -- As in 0012, plus: an item whose status is 'queued' is a give-back (_give_back).
 CREATE OR REPLACE FUNCTION coordinator._settle_each(p_items json, p_isolate boolean) RETURNS TABLE (
@@ -115,9 +138,10 @@ BEGIN
                AS x(i integer, run bigint, status text, started timestamptz,
                     finished timestamptz, count bigint, extra jsonb, cause text,
                     message text, v integer, next timestamptz, category text,
-                    retryable boolean, jitter double precision, cursor jsonb, findings jsonb)
+                    retryable boolean, jitter double precision, cursor jsonb, findings jsonb,
+                    jid bigint)
           LEFT JOIN coordinator.runs r ON r.id = x.run
-         ORDER BY r.job_id, x.i
+         ORDER BY coalesce(r.job_id, x.jid), x.i
     LOOP
         i := item.i;
         err_state := NULL;
@@ -125,7 +149,7 @@ BEGIN
         IF p_isolate THEN
             BEGIN
                 IF item.status = 'queued' THEN
-                    SELECT * INTO s FROM coordinator._give_back(item.run);
+                    SELECT * INTO s FROM coordinator._give_back(item.run, item.jid);
                 ELSE
                     SELECT * INTO s FROM coordinator._settle(item.run, item.status, item.started,
                                                              item.finished, item.count, item.extra,
@@ -143,7 +167,7 @@ BEGIN
             END;
         ELSE
             IF item.status = 'queued' THEN
-                SELECT * INTO s FROM coordinator._give_back(item.run);
+                SELECT * INTO s FROM coordinator._give_back(item.run, item.jid);
             ELSE
                 SELECT * INTO s FROM coordinator._settle(item.run, item.status, item.started,
                                                          item.finished, item.count, item.extra,

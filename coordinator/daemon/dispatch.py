@@ -588,7 +588,7 @@ class Dispatcher:
             # Nothing to start: the next call of the batch may go.
             turn.take(_no_step, starts=False)
             problem = f"no executor available for {claim.job.target.describe()}"
-            if executor is not None and not claim.job.recoverable:
+            if executor is not None and not claim.job.recoverable and not claim.resumes:
                 # Its last worker left after the claim: nothing ran; given back, it is
                 # claimed again once a worker serves it (admission waits for one).
                 return given_back(self.clock, f"not sent: {problem}")
@@ -768,9 +768,12 @@ def _became(claim: Claim, state: JobState | None) -> str | None:
     """What a give-back made of the run (``RunGivenBack.became``)."""
     if state is None:
         return None  # held: saved later, or spooled
-    if state.outcome != "saved":
-        return "already"
-    return "queued" if state.retry_run_id == claim.run_id else "removed"
+    if state.retry_run_id == claim.run_id:
+        return "queued"  # (or was, by a first try whose answer was lost)
+    if state.outcome == "saved":
+        # (Only a cancelled run has a category: its job was removed, history kept.)
+        return "cancelled" if state.category is not None else "removed"
+    return "gone" if state.outcome == "gone" else "already"
 
 
 def _finished(claim: Claim, outcome: Outcome, state: JobState | None) -> RunFinished:

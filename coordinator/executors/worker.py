@@ -634,7 +634,9 @@ class WorkerExecutor:
         back (``queued`` again; a run of the schedule leaves its deadline saved), to be
         claimed again when it can be sent. A recoverable run pauses where it was, as
         before (a trigger or its next tick resumes it)."""
-        if claim.job.recoverable:
+        if claim.job.recoverable or claim.resumes:
+            # (A run resumed before, of a job no longer recoverable: it keeps its first
+            # start, so it is not given back; it fails, as before.)
             return self._unstarted(claim, None, why)
         return given_back(self.clock, why)
 

@@ -91,6 +91,10 @@ async def test_a_manual_run_given_back_is_queued_again_as_before_its_claim(
         state = await store.settle(held(claim))
         assert (state.outcome, state.retry_run_id) == ("saved", run)
         assert await run_row(conn, run) == before
+        # Sent again (its first answer lost): the run is armed again, nothing changes.
+        again_state = await store.settle(held(claim))
+        assert (again_state.outcome, again_state.retry_run_id) == ("already", run)
+        assert await run_row(conn, run) == before
         # ... and is claimed again like any queued run.
         again = await claim_run(store, job, run)
         assert (again.run_id, again.attempt, dict(again.args)) == (run, 1, {"n": 1})
@@ -134,6 +138,9 @@ async def test_a_run_of_the_schedule_given_back_is_removed_and_its_deadline_stan
             await aio(conn.fetchval)("SELECT next_run_at FROM coordinator.jobs WHERE id = $1", job)
             == deadline
         )
+        # Sent again (its first answer lost): its job is still found, its deadline armed.
+        resent = await store.settle(held(result.claim))
+        assert (resent.outcome, resent.job_id, resent.next_run_at) == ("already", job, deadline)
         # The same deadline is claimed again: a new run serves it.
         again = await store.claim(ticket(), workers=())
         assert again.claim is not None, again.reason
@@ -210,3 +217,23 @@ async def test_a_resumed_run_is_never_given_back(
     row = await run_row(conn, run)
     assert row is not None
     assert row["status"] == "running"
+
+
+async def test_a_run_of_a_job_removed_meanwhile_is_cancelled_not_queued(
+    aio_loop: Any, conn: asyncpg.Connection, database: str
+) -> None:
+    """Removed with its history kept while the run was claimed: the run ends as remove
+    ends the runs it finds waiting, rather than waiting for ever on a hidden job."""
+    job = await define(conn, "gone-soon", target={"kind": "worker", "type": "t"})
+    run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'gone-soon')")
+    async with serving(database) as store:
+        claim = await claim_run(store, job, run)
+        await aio(conn.execute)("SELECT coordinator.remove('default', 'gone-soon', true)")
+        state = await store.settle(held(claim))
+    assert (state.outcome, state.category) == ("saved", "cancellation")
+    row = await run_row(conn, run)
+    assert row is not None
+    assert (row["status"], row["error_message"]) == (
+        "cancelled",
+        "cancelled: the job was removed (history kept)",
+    )

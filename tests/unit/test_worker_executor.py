@@ -325,6 +325,22 @@ async def test_no_worker_serving_the_type_gives_the_run_back(sock_path: Path) ->
             assert outcome.error_message == "not sent: no worker serving 'absent' is connected"
 
 
+async def test_a_run_resumed_before_is_not_given_back_but_fails_as_before(
+    sock_path: Path,
+) -> None:
+    """A run that started before (resumed: a job recoverable when it paused, no longer)
+    keeps its first start: it cannot go back to ``queued``, so it fails unsent."""
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            claim = attrs.evolve(make_claim(1, "absent"), resumes=1)
+            outcome = await h.call(claim)
+    assert (outcome.status, outcome.error_cause, outcome.error_message) == (
+        "failed",
+        "crashed",
+        "not sent: no worker serving 'absent' is connected",
+    )
+
+
 # -- timeout, cancel, abandon ----------------------------------------------------------------
 
 
