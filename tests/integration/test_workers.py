@@ -288,12 +288,12 @@ async def test_progress_is_coalesced_flagged_and_saved_with_the_result(
 
 
 async def _claimed_ahead(
-    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery, **settings: Any
 ) -> tuple[Harness, list[int], list[str], dict[str, trio.Event], dict[str, int], Worker]:
     """Three manual runs for a worker of capacity 1, with ``claim_ahead`` 2: one call
     runs (held until its gate is set), two runs are claimed and wait for the slot
     (``concurrency`` 3: they count against it)."""
-    harness = await start_daemon(concurrency=3, claim_ahead=2)
+    harness = await start_daemon(concurrency=3, claim_ahead=2, **settings)
     worker = Worker(worker_id="w1", capacity=1)
     started: list[str] = []
     gates = {name: trio.Event() for name in ("a", "b", "c")}
@@ -395,6 +395,35 @@ async def test_runs_claimed_ahead_are_given_back_when_their_worker_leaves(
     assert [tuple(r) for r in rows] == [("succeeded", 1), ("succeeded", 2), ("succeeded", 2)]
     assert not harness.named("job.run", outcome="failed")
     again.stop()
+
+
+async def test_runs_claimed_ahead_are_given_back_when_the_lead_was_lost_meanwhile(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """The lead lost and taken again while runs waited for a slot: another daemon may
+    have led and swept them in between, so they are not sent; given back, they are
+    claimed again under the lead as it is now, and each runs once."""
+    harness, runs, started, gates, _, _ = await _claimed_ahead(
+        start_daemon, conn, nursery, retry_cap=0.5
+    )
+    leader = harness.daemon.store.leader_pid
+    assert leader
+    await aio(conn.execute)("SELECT pg_terminate_backend($1)", leader)
+    await harness.wait_event("leadership.regained")
+    assert harness.daemon.store.leader_pid not in (None, 0, leader)
+    for gate in gates.values():
+        gate.set()
+    given = await harness.wait_event("run.given_back", count=2)
+    assert sorted(e["run"] for e in given) == runs[1:]
+    assert {(e["reason"], e["became"]) for e in given} == {
+        ("not sent: this daemon lost its leadership", "queued")
+    }
+    await harness.wait_event("job.run", count=3)
+    assert sorted(started) == ["a", "b", "c"]
+    rows = await aio(conn.fetch)(
+        "SELECT status FROM coordinator.runs WHERE id = ANY ($1::bigint[]) ORDER BY id", runs
+    )
+    assert [r["status"] for r in rows] == ["succeeded"] * 3
 
 
 async def test_a_claim_that_lands_after_the_last_worker_left_gives_the_run_back(
