@@ -64,6 +64,10 @@ class HeldResult:
     #: Drawn once when the call ended (0 to 1): how much of a quarter of a retry's delay
     #: is taken off, should the settlement queue a retry (``coordinator._settle``).
     retry_jitter: float = 0.0
+    #: When the run was claimed, as the database saved it (``runs.claimed_at``): a
+    #: give-back (``outcome.status`` ``queued``) undoes that claim only, never a later
+    #: one of the same run. ``None`` in records spooled before it was kept.
+    claimed_at: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
         o = self.outcome
@@ -91,6 +95,7 @@ class HeldResult:
             "schedule_version": self.schedule_version,
             "next_run_at": self.next_run_at.isoformat() if self.next_run_at else None,
             "retry_jitter": self.retry_jitter,
+            "claimed_at": self.claimed_at.isoformat() if self.claimed_at else None,
             "outcome": outcome,
         }
 
@@ -100,6 +105,7 @@ class HeldResult:
         nxt = data.get("next_run_at")
         job_id = data.get("job_id")
         cursor = o.get("cursor")
+        claimed = data.get("claimed_at")
         return cls(
             run_id=int(data["run_id"]),
             job_id=int(job_id) if job_id is not None else None,
@@ -108,6 +114,7 @@ class HeldResult:
             next_run_at=datetime.fromisoformat(nxt) if nxt else None,
             # (Records spooled by older versions lack the keys added since.)
             retry_jitter=float(data.get("retry_jitter") or 0.0),
+            claimed_at=datetime.fromisoformat(claimed) if claimed else None,
             outcome=Outcome(
                 status=o["status"],
                 started_at=datetime.fromisoformat(o["started_at"]),

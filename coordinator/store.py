@@ -1045,8 +1045,13 @@ class Store:
                 "retryable": h.outcome.retryable,
                 "jitter": h.retry_jitter,
                 **_recoverable_item(h),
-                # A give-back's job: found again if its run was removed by a first try.
-                **({"jid": h.job_id} if h.outcome.status == "queued" else {}),
+                # A give-back's job (found again if its run was removed by a first try)
+                # and its claim (the one it undoes: never a later claim of the run).
+                **(
+                    {"jid": h.job_id, "ca": _text(h.claimed_at)}
+                    if h.outcome.status == "queued"
+                    else {}
+                ),
             }
             for i, h in enumerate(items)
         ]

@@ -15,9 +15,10 @@
 --   * a manual run or a retry: `queued` again, as it was before the claim (no claim time,
 --     no start, no instance), keeping its due time, arguments and attempt.
 --
--- Only a run still `running` is given back (one cancelled or swept meanwhile: 'already',
--- as a settlement of a run already settled; the same give-back sent again, its first
--- answer lost: 'already', with the run queued again or the deadline, to be armed). A job
+-- Only a run still `running` under the claim the daemon names is given back (one
+-- cancelled or swept meanwhile, or claimed again since: 'already', as a settlement of a
+-- run already settled; the same give-back sent again, its first answer lost: 'already',
+-- with the run queued again or the deadline, to be armed). A job
 -- removed with its history kept meanwhile: the run is `cancelled`, as remove (0013) ends
 -- the runs it finds waiting. A run that was started before (resumes > 0: a recoverable
 -- job's, or one that was recoverable when it paused) is never given back: the daemon
@@ -27,12 +28,14 @@
 -- rare), never through _settle_many's set-based path, which stays as 0021 left it.
 --
 -- New: _give_back. Redefined from 0012: _settle_each (same signature, so its grants stay;
--- an item may carry "jid", the job the run was claimed for: a give-back's).
+-- an item may carry "jid" and "ca", the job the run was claimed for and when: a
+-- give-back's).
 -- Every function runs with enable_seqscan = off (0004).
 
 CREATE FUNCTION coordinator._give_back(
     p_run_id             bigint,
     p_job_id             bigint,   -- the job it was claimed for (NULL: the run's)
+    p_claimed_at         timestamptz,  -- the claim it undoes (NULL: whichever)
     OUT outcome          text,     -- 'saved' | 'already' | 'gone'
     OUT job_id           bigint,
     OUT paused           boolean,
@@ -66,7 +69,10 @@ BEGIN
     SELECT runs.* INTO r FROM coordinator.runs
      WHERE runs.id = p_run_id AND runs.job_id = j.id
        FOR UPDATE;
-    IF NOT FOUND OR r.status <> 'running' THEN
+    IF NOT FOUND OR r.status <> 'running'
+       OR (p_claimed_at IS NOT NULL AND r.claimed_at IS DISTINCT FROM p_claimed_at) THEN
+        -- (Running under another claim: claimed again by a daemon that read it queued
+        -- after a first try of this give-back, whose answer was lost. That claim stands.)
         outcome := 'already';
         IF r.status = 'queued' AND r.claimed_at IS NULL THEN
             -- Given back before (this is the same give-back sent again): armed again.
@@ -108,8 +114,8 @@ BEGIN
 END
 $$;
 
-REVOKE EXECUTE ON FUNCTION coordinator._give_back(bigint, bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION coordinator._give_back(bigint, bigint) TO coordinator_daemon;
+REVOKE EXECUTE ON FUNCTION coordinator._give_back(bigint, bigint, timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION coordinator._give_back(bigint, bigint, timestamptz) TO coordinator_daemon;
 
 -- As in 0012, plus: an item whose status is 'queued' is a give-back (_give_back).
 CREATE OR REPLACE FUNCTION coordinator._settle_each(p_items json, p_isolate boolean) RETURNS TABLE (
@@ -139,7 +145,7 @@ BEGIN
                     finished timestamptz, count bigint, extra jsonb, cause text,
                     message text, v integer, next timestamptz, category text,
                     retryable boolean, jitter double precision, cursor jsonb, findings jsonb,
-                    jid bigint)
+                    jid bigint, ca timestamptz)
           LEFT JOIN coordinator.runs r ON r.id = x.run
          ORDER BY coalesce(r.job_id, x.jid), x.i
     LOOP
@@ -149,7 +155,7 @@ BEGIN
         IF p_isolate THEN
             BEGIN
                 IF item.status = 'queued' THEN
-                    SELECT * INTO s FROM coordinator._give_back(item.run, item.jid);
+                    SELECT * INTO s FROM coordinator._give_back(item.run, item.jid, item.ca);
                 ELSE
                     SELECT * INTO s FROM coordinator._settle(item.run, item.status, item.started,
                                                              item.finished, item.count, item.extra,
@@ -167,7 +173,7 @@ BEGIN
             END;
         ELSE
             IF item.status = 'queued' THEN
-                SELECT * INTO s FROM coordinator._give_back(item.run, item.jid);
+                SELECT * INTO s FROM coordinator._give_back(item.run, item.jid, item.ca);
             ELSE
                 SELECT * INTO s FROM coordinator._settle(item.run, item.status, item.started,
                                                          item.finished, item.count, item.extra,

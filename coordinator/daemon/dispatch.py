@@ -644,6 +644,7 @@ class Dispatcher:
                 next_run_at=next_at,
                 outcome=outcome,
                 retry_jitter=self.jitter(),
+                claimed_at=claim.claimed_at,
             )
         except BaseException:
             self._done(ticket)

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
 import pytest
 import trio
 
@@ -23,8 +24,6 @@ from .conftest import define
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-
-    import asyncpg
 
     from coordinator.model import Claim, OutcomeStatus
 
@@ -57,6 +56,7 @@ def held(claim: Claim, status: OutcomeStatus = "queued", message: str | None = N
         job_key=claim.job.key,
         schedule_version=claim.job.schedule_version,
         next_run_at=None,
+        claimed_at=claim.claimed_at,
         outcome=Outcome(
             status=status,
             started_at=now,
@@ -98,6 +98,13 @@ async def test_a_manual_run_given_back_is_queued_again_as_before_its_claim(
         # ... and is claimed again like any queued run.
         again = await claim_run(store, job, run)
         assert (again.run_id, again.attempt, dict(again.args)) == (run, 1, {"n": 1})
+        # The first give-back sent once more (held, or spooled, with its answer lost)
+        # does not undo that new claim: its run is running under another claim now.
+        late = await store.settle(held(claim))
+        assert (late.outcome, late.retry_run_id) == ("already", None)
+        row = await run_row(conn, run)
+        assert row is not None
+        assert (row["status"], row["claimed_at"]) == ("running", again.claimed_at)
 
 
 async def test_a_run_of_the_schedule_given_back_is_removed_and_its_deadline_stands(
@@ -231,6 +238,56 @@ async def test_a_run_of_a_job_removed_meanwhile_is_cancelled_not_queued(
         await aio(conn.execute)("SELECT coordinator.remove('default', 'gone-soon', true)")
         state = await store.settle(held(claim))
     assert (state.outcome, state.category) == ("saved", "cancellation")
+    row = await run_row(conn, run)
+    assert row is not None
+    assert (row["status"], row["error_message"]) == (
+        "cancelled",
+        "cancelled: the job was removed (history kept)",
+    )
+
+
+async def test_remove_waits_for_a_settlement_holding_the_job_and_cancels_what_it_queued(
+    aio_loop: Any, conn: asyncpg.Connection, database: str
+) -> None:
+    """remove(keep_history) takes the job's row lock (``_job_id``) before it cancels the
+    waiting runs, the order claims and settlements take: a run a settlement queued while
+    holding that lock (given back, or a retry) is cancelled too, never left queued on a
+    hidden job."""
+    job = await define(conn, "racing", target={"kind": "worker", "type": "t"})
+    run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'racing')")
+    await aio(conn.execute)(
+        "UPDATE coordinator.runs SET status = 'running', claimed_at = now() WHERE id = $1", run
+    )
+    settling = await aio(asyncpg.connect)(database)
+    remover = await aio(asyncpg.connect)(database)
+    try:
+        # A settlement in flight: the job's row locked, its run queued, not committed.
+        await aio(settling.execute)("BEGIN")
+        await aio(settling.execute)(
+            "SELECT 1 FROM coordinator.jobs WHERE id = $1 FOR NO KEY UPDATE", job
+        )
+        await aio(settling.execute)(
+            "UPDATE coordinator.runs SET status = 'queued', claimed_at = NULL WHERE id = $1", run
+        )
+        removed = trio.Event()
+
+        async def remove() -> None:
+            await aio(remover.execute)("SELECT coordinator.remove('default', 'racing', true)")
+            removed.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(remove)
+            with trio.fail_after(10):
+                while not await aio(conn.fetchval)(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND query LIKE '%coordinator.remove%'"
+                ):
+                    await trio.sleep(0.02)
+            assert not removed.is_set()
+            await aio(settling.execute)("COMMIT")
+    finally:
+        await aio(settling.close)()
+        await aio(remover.close)()
     row = await run_row(conn, run)
     assert row is not None
     assert (row["status"], row["error_message"]) == (

@@ -49,3 +49,24 @@ def test_records_of_older_versions_read_with_the_defaults() -> None:
     back = HeldResult.from_json(json.loads(json.dumps(record)))
     assert (back.retry_jitter, back.outcome.category, back.outcome.retryable) == (0.0, None, None)
     assert back.outcome.error_message == "exit status 75"
+
+
+def test_a_give_back_keeps_the_claim_it_undoes() -> None:
+    """A give-back (``queued``) undoes one claim of its run: the spool keeps which
+    (``claimed_at``, the database's own value); older records read as ``None``."""
+    claimed = T0 - timedelta(microseconds=123_457)
+    held = HeldResult(
+        run_id=7,
+        job_id=3,
+        job_key="ns/job",
+        schedule_version=2,
+        next_run_at=None,
+        outcome=Outcome(status="queued", started_at=T0, finished_at=T0, error_message="x"),
+        claimed_at=claimed,
+    )
+    back = HeldResult.from_json(json.loads(held.line().split(b"\t")[0]))
+    assert back == held
+    assert back.claimed_at == claimed
+    record = held.to_json()
+    del record["claimed_at"]
+    assert HeldResult.from_json(record).claimed_at is None
