@@ -42,7 +42,7 @@ from ..events import (
     milliseconds,
 )
 from ..executors import Executor
-from ..executors.outcomes import given_back
+from ..executors.outcomes import not_sent
 from ..model import MIN_MISFIRE_GRACE, Claim, Outcome
 from ..rows import json_text
 from ..spool import HeldResult
@@ -587,27 +587,12 @@ class Dispatcher:
         if executor is None or not executor.available(claim.job.target):
             # Nothing to start: the next call of the batch may go.
             turn.take(_no_step, starts=False)
+            # Its last worker left after the claim: nothing ran, so the run is given back
+            # (claimed again once a worker serves it: admission waits for one). With no
+            # executor for its kind at all it would only be claimed again at once: failed.
             problem = f"no executor available for {claim.job.target.describe()}"
-            if executor is not None and not claim.job.recoverable and not claim.resumes:
-                # Its last worker left after the claim: nothing ran; given back, it is
-                # claimed again once a worker serves it (admission waits for one).
-                return given_back(self.clock, f"not sent: {problem}")
-            if claim.job.recoverable:
-                # Nothing ran: the run pauses where it was (a trigger resumes it).
-                return Outcome(
-                    status="paused",
-                    started_at=now,
-                    finished_at=now,
-                    count=claim.count,
-                    error_message=f"paused: {problem}",
-                    cursor=claim.cursor,
-                )
-            return Outcome(
-                status="failed",
-                started_at=now,
-                finished_at=now,
-                error_cause="crashed",
-                error_message=problem,
+            return not_sent(
+                self.clock, claim, f"not sent: {problem}", give_back=executor is not None
             )
         try:
             # The executor takes its first step in the batch's order (``turn``), and

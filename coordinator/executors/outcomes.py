@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
     from ..clock import WallClock
-    from ..model import Cursor, ErrorCause, Finding, OutcomeStatus
+    from ..model import Claim, Cursor, ErrorCause, Finding, OutcomeStatus
     from ..protocol import Category
 
 #: Message of an outcome whose call was abandoned because the daemon is stopping.
@@ -78,6 +78,22 @@ def given_back(clock: WallClock, why: str) -> Outcome:
     return ended(clock, now, "queued", None, why, finished_at=now)
 
 
+def not_sent(clock: WallClock, claim: Claim, why: str, *, give_back: bool = True) -> Outcome:
+    """A claimed run whose call was never sent and cannot be now (``why``), for every
+    executor and the dispatcher alike: a recoverable run pauses where it was (a trigger
+    or its next tick resumes it); a run resumed before keeps its first start, so it
+    cannot be ``queued`` again and fails (``crashed``), as does one whose give-back would
+    only be claimed again at once (``give_back=False``); any other is given back."""
+    now = clock.now()
+    if claim.job.recoverable:
+        return ended(
+            clock, now, "paused", None, f"paused: {why}", count=claim.count, cursor=claim.cursor
+        )
+    if claim.resumes or not give_back:
+        return ended(clock, now, "failed", "crashed", why)
+    return given_back(clock, why)
+
+
 def timed_out_message(timeout: timedelta) -> str:
     """``timed out after 2s``."""
     return f"timed out after {seconds_text(timeout)}s"
@@ -89,5 +105,6 @@ __all__ = [
     "cancelled",
     "ended",
     "given_back",
+    "not_sent",
     "timed_out_message",
 ]

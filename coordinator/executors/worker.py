@@ -100,7 +100,7 @@ from .outcomes import (
     PAUSE_REASONS,
     cancelled,
     ended,
-    given_back,
+    not_sent,
     timed_out_message,
 )
 
@@ -535,7 +535,8 @@ class WorkerExecutor:
             if any(worker_type in c.types for c in self._conns.values()):
                 # (Failed, not given back: admission would claim it again at once.)
                 reason = f"none may run jobs of namespace {job.namespace!r} (their tokens' scope)"
-                return self._unstarted(claim, None, f"no worker serving {worker_type!r}: {reason}")
+                why = f"no worker serving {worker_type!r}: {reason}"
+                return not_sent(self.clock, claim, why, give_back=False)
             return self._not_sent(
                 claim, f"not sent: no worker serving {worker_type!r} is connected"
             )
@@ -632,28 +633,21 @@ class WorkerExecutor:
         """A claimed run that cannot be sent now (no worker serves its type any more,
         the lead was lost, the stop timeout passed): nothing of it ran, so it is given
         back (``queued`` again; a run of the schedule leaves its deadline saved), to be
-        claimed again when it can be sent. A recoverable run pauses where it was, as
-        before (a trigger or its next tick resumes it)."""
-        if claim.job.recoverable or claim.resumes:
-            # (A run resumed before, of a job no longer recoverable: it keeps its first
-            # start, so it is not given back; it fails, as before.)
-            return self._unstarted(claim, None, why)
-        return given_back(self.clock, why)
+        claimed again when it can be sent (:func:`~.outcomes.not_sent` says which runs
+        pause or fail instead)."""
+        return not_sent(self.clock, claim, why)
 
-    def _unstarted(self, claim: Claim, stop: str | None, problem: str | None = None) -> Outcome:
-        """The outcome of a call never sent: it was abandoned, stopped before it started,
-        or no worker serves it. A recoverable run pauses where it was."""
+    def _unstarted(self, claim: Claim, stop: str) -> Outcome:
+        """The outcome of a call never sent because it was stopped (``stop``: abandoned,
+        asked to stop, the daemon stopping): cancelled; a recoverable run pauses where
+        it was."""
         now = self.clock.now()
         if claim.job.recoverable:
-            reason = PAUSE_REASONS["unstarted" if stop == "pause" else stop or "abandon"]
-            if problem is not None:
-                reason = f"paused: {problem}"
+            reason = PAUSE_REASONS["unstarted" if stop == "pause" else stop]
             return ended(
                 self.clock, now, "paused", None, reason, count=claim.count, cursor=claim.cursor
             )
-        if problem is None:
-            return cancelled(self.clock, now)
-        return ended(self.clock, now, "failed", "crashed", problem)
+        return cancelled(self.clock, now)
 
     # -- serving -------------------------------------------------------------------------
 
