@@ -130,6 +130,12 @@ class JobEntry:
         return self.next_run_at
 
     @property
+    def namespace(self) -> str:
+        """The job's namespace: the key's first part (a namespace has no ``/``: the SQL
+        API and every front door refuse one)."""
+        return self.key.partition("/")[0]
+
+    @property
     def retry_waiting(self) -> bool:
         """A queued run with a due time (a retry) is what the job's timer serves."""
         return self.run_status == "queued" and self.run_due_at is not None

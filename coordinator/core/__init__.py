@@ -7,9 +7,10 @@ the answers. That is what lets ``tests/unit`` drive it with ``trio.testing.MockC
 """
 
 from .admission import Admission as Admission
+from .admission import Coverage as Coverage
 from .admission import Priority as Priority
 from .admission import Ticket as Ticket
 from .coalescer import RefreshCoalescer as RefreshCoalescer
 from .deadlines import DeadlineSet as DeadlineSet
 
-__all__ = ["Admission", "DeadlineSet", "Priority", "RefreshCoalescer", "Ticket"]
+__all__ = ["Admission", "Coverage", "DeadlineSet", "Priority", "RefreshCoalescer", "Ticket"]

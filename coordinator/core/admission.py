@@ -10,6 +10,11 @@ Order is ``interactive`` before ``background``, then the earliest ``due``, then 
 A ticket whose pool is full does not hold back tickets of other pools behind it: each
 pool has its own heap and :meth:`Admission.admit` merges the heads of the pools that
 can take work, so a busy or absent worker type never starves the rest.
+
+Workers whose tokens reach only some namespaces split a pool further (:class:`Coverage`):
+a worker type's tickets wait in one heap per namespace, and a namespace that no
+connected worker of the type may run waits, keeping its place, while the type's other
+namespaces go on -- as a type no worker serves waits.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Literal
 
@@ -33,6 +38,9 @@ _COMPACT_FLOOR = 64
 
 #: The heap key of a waiting ticket: (priority rank, due, arrival seq, job_id).
 _Key = tuple[int, float, int, int]
+#: A heap of waiting tickets: their pool, and their namespace where it matters (a worker
+#: type's tickets whose namespace is known; ``None`` otherwise).
+_Heap = tuple[str | None, str | None]
 
 
 def _check_due(_instance: object, _attribute: object, value: float) -> None:
@@ -53,6 +61,9 @@ class Ticket:
     due: float = attrs.field(validator=_check_due)
     #: The capacity pool the run needs (a worker type); ``None`` needs only a global slot.
     pool: str | None = None
+    #: The job's namespace, for a pool whose workers' tokens reach only some namespaces
+    #: (:class:`Coverage`); ``None`` when not known (only the pool's total counts).
+    namespace: str | None = None
     #: A manual or retry dispatch carries its ``queued`` run; ``None`` for scheduled work.
     run_id: int | None = None
     #: The saved deadline a scheduled ticket serves, or the saved due time a retry's
@@ -60,6 +71,31 @@ class Ticket:
     scheduled_for: datetime | None = None
     #: The schedule version that deadline was armed for (the claim checks it).
     schedule_version: int | None = None
+
+
+def _copied(value: Mapping[str, int]) -> dict[str, int]:
+    return dict(value)
+
+
+@attrs.frozen
+class Coverage:
+    """Which namespaces a pool's workers may run, and with how many slots: workers whose
+    tokens reach every namespace lend their ``everywhere`` slots to all of them; workers
+    confined to some namespaces add theirs to those only (``scoped``).
+
+    A namespace's share is an upper bound, not a reservation: the pool's total still
+    limits all its namespaces together, and a worker reaching two namespaces counts in
+    both. What it rules out is claiming runs no connected worker may take.
+    """
+
+    #: Slots of the workers whose tokens reach every namespace.
+    everywhere: int
+    #: Namespace -> slots of the confined workers that reach it.
+    scoped: Mapping[str, int] = attrs.field(factory=dict, converter=_copied)
+
+    def capacity(self, namespace: str) -> int:
+        """The slots of the workers that may run jobs of ``namespace``."""
+        return self.everywhere + self.scoped.get(namespace, 0)
 
 
 def _check_slots(_instance: object, _attribute: object, value: int) -> None:
@@ -99,15 +135,19 @@ class Admission:
 
     #: job_id -> (ticket, key) for every waiting ticket; the key identifies its entry.
     _waiting: dict[int, tuple[Ticket, _Key]] = attrs.field(factory=dict, init=False)
-    #: pool -> heap of keys; only pools with entries (live or stale) are present.
-    _heaps: dict[str | None, list[_Key]] = attrs.field(factory=dict, init=False)
+    #: (pool, namespace) -> heap of keys; only heaps with entries (live or stale) are
+    #: present.
+    _heaps: dict[_Heap, list[_Key]] = attrs.field(factory=dict, init=False)
     _stale: int = attrs.field(default=0, init=False)
     _running: dict[int, Ticket] = attrs.field(factory=dict, init=False)
     _pool_running: dict[str | None, int] = attrs.field(factory=dict, init=False)
+    #: Admitted tickets per (pool, namespace), for the pools' :class:`Coverage`.
+    _heap_running: dict[_Heap, int] = attrs.field(factory=dict, init=False)
     #: Jobs whose call ended and whose slot was given back, but whose dispatch is not
     #: over yet (the result is being saved): no new ticket for them until release().
     _settling: set[int] = attrs.field(factory=set, init=False)
     _capacity: dict[str, int] = attrs.field(factory=dict, init=False)
+    _coverage: dict[str, Coverage] = attrs.field(factory=dict, init=False)
     _arrivals: Iterator[int] = attrs.field(factory=itertools.count, init=False)
     _closed: bool = attrs.field(default=False, init=False)
 
@@ -127,9 +167,10 @@ class Admission:
             return False
         key: _Key = (_RANK[ticket.priority], ticket.due, next(self._arrivals), job_id)
         self._waiting[job_id] = (ticket, key)
-        heap = self._heaps.get(ticket.pool)
+        where = _heap_of(ticket)
+        heap = self._heaps.get(where)
         if heap is None:
-            self._heaps[ticket.pool] = [key]
+            self._heaps[where] = [key]
         else:
             heapq.heappush(heap, key)
         return True
@@ -152,36 +193,40 @@ class Admission:
     def admit(self) -> list[Ticket]:
         """Pop every ticket that can start now, in the order they should start.
 
-        Each step takes the best (priority, due, arrival) ticket among pools with free
-        capacity while a global slot is free. The returned tickets count as running until
-        :meth:`release`. After :meth:`close`, always ``[]``.
+        Each step takes the best (priority, due, arrival) ticket among pools (and their
+        namespaces) with free capacity while a global slot is free. The returned tickets
+        count as running until :meth:`release`. After :meth:`close`, always ``[]``.
         """
         free = self.slots - len(self._running)
         if self._closed or free <= 0 or not self._waiting:
             return []
-        # Heads of the pools that can take at least one more ticket.
-        heads: list[tuple[_Key, str | None]] = []
-        for pool in list(self._heaps):
-            if self._pool_free(pool) > 0:
-                key = self._head(pool)
+        # Heads of the heaps that can take at least one more ticket.
+        heads: list[tuple[_Key, _Heap]] = []
+        for where in list(self._heaps):
+            if self._free_in(where) > 0:
+                key = self._head(where)
                 if key is not None:
-                    heads.append((key, pool))
+                    heads.append((key, where))
         heapq.heapify(heads)
         admitted: list[Ticket] = []
         while heads and free > 0:
-            key, pool = heads[0]
-            heap = self._heaps[pool]
+            key, where = heads[0]
+            if self._free_in(where) <= 0:
+                # Another namespace of its pool took the pool's last slot meanwhile.
+                heapq.heappop(heads)
+                continue
+            heap = self._heaps[where]
             heapq.heappop(heap)  # the head is live: _head() dropped stale entries
             ticket, _ = self._waiting.pop(key[3])
             self._running[ticket.job_id] = ticket
-            self._pool_running[pool] = self._pool_running.get(pool, 0) + 1
+            self._count(ticket, where, 1)
             admitted.append(ticket)
             free -= 1
-            nxt = self._head(pool) if self._pool_free(pool) > 0 else None
+            nxt = self._head(where) if self._free_in(where) > 0 else None
             if nxt is None:
                 heapq.heappop(heads)
             else:
-                heapq.heapreplace(heads, (nxt, pool))
+                heapq.heapreplace(heads, (nxt, where))
         return admitted
 
     def free_slot(self, job_id: int) -> Ticket | None:
@@ -208,12 +253,23 @@ class Admission:
     def _free(self, job_id: int) -> Ticket | None:
         ticket = self._running.pop(job_id, None)
         if ticket is not None:
-            left = self._pool_running[ticket.pool] - 1
-            if left:
-                self._pool_running[ticket.pool] = left
-            else:
-                del self._pool_running[ticket.pool]
+            self._count(ticket, _heap_of(ticket), -1)
         return ticket
+
+    def _count(self, ticket: Ticket, where: _Heap, delta: int) -> None:
+        """Count an admitted ticket in (``delta`` 1) or out (-1) of its pool and heap."""
+        pool = ticket.pool
+        left = self._pool_running.get(pool, 0) + delta
+        if left:
+            self._pool_running[pool] = left
+        else:
+            del self._pool_running[pool]
+        if where[1] is not None:
+            left = self._heap_running.get(where, 0) + delta
+            if left:
+                self._heap_running[where] = left
+            else:
+                del self._heap_running[where]
 
     def set_capacity(self, pool: str, capacity: int | None) -> None:
         """Limit ``pool`` to ``capacity`` concurrent runs; ``None`` removes the limit.
@@ -227,6 +283,15 @@ class Admission:
             raise ValueError(f"capacity of pool {pool!r} must be >= 0, not {capacity!r}")
         else:
             self._capacity[pool] = capacity
+
+    def set_coverage(self, pool: str, coverage: Coverage | None) -> None:
+        """Which namespaces ``pool``'s workers may run (:class:`Coverage`); ``None``:
+        every namespace, up to the pool's capacity. A namespace none of them may run
+        waits, keeping its place, as a pool of capacity 0 does."""
+        if coverage is None:
+            self._coverage.pop(pool, None)
+        else:
+            self._coverage[pool] = coverage
 
     def close(self) -> None:
         """Stop admitting, for good (stop in progress). Waiting tickets stay inspectable
@@ -285,9 +350,25 @@ class Admission:
             capacity += self.ahead
         return capacity - self._pool_running.get(pool, 0)
 
-    def _head(self, pool: str | None) -> _Key | None:
-        """The best live key of ``pool`` (dropping stale ones), or ``None`` if empty."""
-        heap = self._heaps[pool]
+    def _free_in(self, where: _Heap) -> int:
+        """How many more tickets of the heap ``where`` may start: its pool's free
+        capacity, bounded by its namespace's share of the pool (:class:`Coverage`)."""
+        pool, namespace = where
+        free = self._pool_free(pool)
+        if pool is None or namespace is None or free <= 0:
+            return free
+        coverage = self._coverage.get(pool)
+        if coverage is None:
+            return free
+        capacity = coverage.capacity(namespace)
+        if capacity:
+            capacity += self.ahead
+        return min(free, capacity - self._heap_running.get(where, 0))
+
+    def _head(self, where: _Heap) -> _Key | None:
+        """The best live key of the heap ``where`` (dropping stale ones), or ``None`` if
+        empty."""
+        heap = self._heaps[where]
         waiting = self._waiting
         while heap:
             key = heap[0]
@@ -296,14 +377,21 @@ class Admission:
                 return key
             heapq.heappop(heap)
             self._stale -= 1
-        del self._heaps[pool]
+        del self._heaps[where]
         return None
 
     def _compact(self) -> None:
-        heaps: dict[str | None, list[_Key]] = {}
+        heaps: dict[_Heap, list[_Key]] = {}
         for ticket, key in self._waiting.values():
-            heaps.setdefault(ticket.pool, []).append(key)
+            heaps.setdefault(_heap_of(ticket), []).append(key)
         for heap in heaps.values():
             heapq.heapify(heap)
         self._heaps = heaps
         self._stale = 0
+
+
+def _heap_of(ticket: Ticket) -> _Heap:
+    """The heap a ticket waits in: its pool's, per namespace for a worker type's tickets
+    whose namespace is known (a command's tickets need only a global slot)."""
+    pool = ticket.pool
+    return (pool, ticket.namespace if pool is not None else None)

@@ -28,7 +28,7 @@ import trio
 from .. import redact
 from .. import schedule as schedules
 from ..clock import WallClock
-from ..core.admission import Admission, Ticket
+from ..core.admission import Admission, Coverage, Ticket
 from ..errors import CoordinatorError
 from ..events import (
     ClaimRejected,
@@ -279,7 +279,8 @@ class Dispatcher:
         return self._served
 
     def pools_changed(self) -> None:
-        """An executor's pools changed: admission learns the new capacities (no SQL)."""
+        """An executor's pools changed: admission learns the new capacities, and which
+        namespaces each pool's workers may run (no SQL)."""
         merged: dict[str, int] = {}
         for executor in self.executors.values():
             for pool, capacity in executor.capacities().items():
@@ -288,8 +289,29 @@ class Dispatcher:
         self._workers = tuple(sorted(merged))
         capacities = merged
         self._pools |= set(capacities)
+        coverage = self._coverage()
         for pool in self._pools:
             self.admission.set_capacity(pool, capacities.get(pool, 0))
+            self.admission.set_coverage(pool, coverage.get(pool))
+
+    def _coverage(self) -> dict[str, Coverage]:
+        """The executors' coverages of each pool, added up (an executor that does not
+        list a pool lends it all its capacity, every namespace)."""
+        covers = [(executor, executor.coverage()) for executor in self.executors.values()]
+        merged: dict[str, Coverage] = {}
+        for pool in {pool for _executor, cover in covers for pool in cover}:
+            everywhere = 0
+            scoped: dict[str, int] = {}
+            for executor, cover in covers:
+                part = cover.get(pool)
+                if part is None:
+                    everywhere += executor.capacities().get(pool, 0)
+                    continue
+                everywhere += part.everywhere
+                for namespace, slots in part.scoped.items():
+                    scoped[namespace] = scoped.get(namespace, 0) + slots
+            merged[pool] = Coverage(everywhere, scoped)
+        return merged
 
     # -- stopping calls early -----------------------------------------------------------
 
@@ -352,6 +374,7 @@ class Dispatcher:
                 priority=_priority(entry.priority),
                 due=at,
                 pool=entry.worker_type,
+                namespace=entry.namespace,
                 run_id=entry.run_id,
                 scheduled_for=entry.run_due_at,
             )
@@ -361,6 +384,7 @@ class Dispatcher:
                 priority=_priority(entry.priority),
                 due=at,
                 pool=entry.worker_type,
+                namespace=entry.namespace,
                 scheduled_for=entry.next_run_at,
                 schedule_version=entry.schedule_version,
             )
@@ -373,16 +397,20 @@ class Dispatcher:
         run_id: int,
         priority: str,
         worker_type: str | None,
+        namespace: str | None = None,
         due: float | None = None,
     ) -> None:
         """A queued manual run: straight to admission (no refresh needed). ``due`` (epoch
-        seconds; default now) orders it among its priority: when it was triggered."""
+        seconds; default now) orders it among its priority: when it was triggered.
+        ``namespace``: the job's, when known (admission keeps a namespace no connected
+        worker may run waiting; unknown, the run is claimed, and given back if so)."""
         self._ensure_pool(worker_type)
         ticket = Ticket(
             job_id=job_id,
             priority=_priority(priority),
             due=self.clock.now().timestamp() if due is None else due,
             pool=worker_type,
+            namespace=namespace,
             run_id=run_id,
         )
         if self.admission.is_running(job_id):
@@ -668,6 +696,7 @@ class Dispatcher:
                 run_id=claim.run_id,
                 priority=claim.job.priority,
                 worker_type=claim.job.target.worker_type,
+                namespace=claim.job.namespace,
                 due=due,
             )
 

@@ -605,11 +605,13 @@ class Daemon:
             and hint.worker_type not in self.dispatcher.served()
         ):
             return False  # nobody serves it: the refresh offers the run if it is real
+        known = self.inventory.jobs.get(hint.job_id)
         self.dispatcher.offer_manual(
             job_id=hint.job_id,
             run_id=hint.run_id,
             priority=hint.priority,
             worker_type=hint.worker_type,
+            namespace=None if known is None else known.namespace,
         )
         self.events.emit(DispatchWake(dispatch=hint.run_id, job_id=hint.job_id))
         self.loop.turn_now()
@@ -627,6 +629,7 @@ class Daemon:
             run_id=entry.run_id,
             priority=entry.priority,
             worker_type=entry.worker_type,
+            namespace=entry.namespace,
             # First triggered, first served: a queued run waits since it was created.
             due=entry.run_created_at.timestamp() if entry.run_created_at else None,
         )

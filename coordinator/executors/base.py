@@ -3,7 +3,8 @@
 The daemon holds a mapping ``target kind -> Executor`` and uses nothing but this
 protocol: it starts every executor's :meth:`Executor.serve` once it leads (a standby
 must not take the leader's worker socket), asks :meth:`Executor.capacities` which pools
-exist and how many calls each takes, checks :meth:`Executor.available` before a call,
+exist and how many calls each takes (and :meth:`Executor.coverage` which namespaces
+each may run), checks :meth:`Executor.available` before a call,
 and at stop calls :meth:`Executor.detach`. An executor reports changes of its pools,
 and writes what a running call reports (progress, checkpoints, findings), through the
 :class:`ExecutorHooks` it is attached to. :meth:`Executor.cancel` asks one call to stop
@@ -24,6 +25,7 @@ from ..protocol import Declare, Declared
 if TYPE_CHECKING:
     import trio
 
+    from ..core.admission import Coverage
     from ..model import Claim, Outcome, Target
     from ..status import WorkerView
 
@@ -139,6 +141,13 @@ class Executor(Protocol):
     def capacities(self) -> Mapping[str, int]:
         """Capacity of each pool (a worker type) this executor serves now; pools it does
         not list have capacity 0. Targets that need no pool (commands) are not listed."""
+        ...
+
+    def coverage(self) -> Mapping[str, Coverage]:
+        """For each pool some of whose workers may run only some namespaces (their
+        tokens' scope), which namespaces it covers, with how many slots: admission keeps
+        a namespace none of them may run waiting. Pools it does not list run every
+        namespace up to their capacity."""
         ...
 
     def connections(self) -> Sequence[WorkerView]:

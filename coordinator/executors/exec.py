@@ -45,6 +45,7 @@ from .outcomes import CANCELLED_MESSAGE, cancelled, ended, timed_out_message
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
+    from ..core.admission import Coverage
     from ..model import Claim, ErrorCause, OutcomeStatus, Target
     from ..protocol import Category
     from ..status import WorkerView
@@ -91,6 +92,9 @@ class ExecExecutor:
         """Nothing accepts work from outside; calls in flight finish or are abandoned."""
 
     def capacities(self) -> Mapping[str, int]:
+        return {}
+
+    def coverage(self) -> Mapping[str, Coverage]:
         return {}
 
     def connections(self) -> Sequence[WorkerView]:

@@ -56,6 +56,7 @@ import attrs
 import trio
 
 from ..clock import WallClock
+from ..core.admission import Coverage
 from ..errors import ConfigError, InvalidInput
 from ..events import (
     EventBus,
@@ -399,6 +400,9 @@ class WorkerExecutor:
     #: What :meth:`capacities` reports: :attr:`_capacity`, but nothing once detached
     #: (nothing new is claimed then; runs already claimed are still sent).
     _reported: dict[str, int] = attrs.field(factory=dict, init=False)
+    #: What :meth:`coverage` reports: the namespaces of the job types some of whose
+    #: registered workers' tokens reach only some namespaces.
+    _coverage: dict[str, Coverage] = attrs.field(factory=dict, init=False)
     #: Calls waiting for a free slot, in the order they began to wait: a freed slot
     #: wakes the first one that may take it (not all of them, each through a nursery of
     #: two tasks, the first trio ran taking the slot, as before).
@@ -452,6 +456,11 @@ class WorkerExecutor:
     def capacities(self) -> Mapping[str, int]:
         """Total capacity of the connected workers per job type (none once detached)."""
         return dict(self._reported)
+
+    def coverage(self) -> Mapping[str, Coverage]:
+        """The namespaces of each job type served by a worker whose token reaches only
+        some namespaces (:class:`~coordinator.core.admission.Coverage`)."""
+        return dict(self._coverage)
 
     def connections(self) -> Sequence[WorkerView]:
         """Connected workers (draining ones included), by worker id."""
@@ -533,10 +542,13 @@ class WorkerExecutor:
             if not self._may_send(since):
                 return self._not_sent(claim, "not sent: this daemon lost its leadership")
             if any(worker_type in c.types for c in self._conns.values()):
-                # (Failed, not given back: admission would claim it again at once.)
-                reason = f"none may run jobs of namespace {job.namespace!r} (their tokens' scope)"
-                why = f"no worker serving {worker_type!r}: {reason}"
-                return not_sent(self.clock, claim, why, give_back=False)
+                # Given back too: admission then keeps it waiting, in its namespace's
+                # place, until a worker that may run that namespace connects (coverage).
+                return self._not_sent(
+                    claim,
+                    f"not sent: no worker serving {worker_type!r} may run jobs of namespace "
+                    f"{job.namespace!r} (their tokens' scope)",
+                )
             return self._not_sent(
                 claim, f"not sent: no worker serving {worker_type!r} is connected"
             )
@@ -630,11 +642,11 @@ class WorkerExecutor:
         return self._not_sent(claim, "not sent: the stop timeout passed before a worker slot freed")
 
     def _not_sent(self, claim: Claim, why: str) -> Outcome:
-        """A claimed run that cannot be sent now (no worker serves its type any more,
-        the lead was lost, the stop timeout passed): nothing of it ran, so it is given
-        back (``queued`` again; a run of the schedule leaves its deadline saved), to be
-        claimed again when it can be sent (:func:`~.outcomes.not_sent` says which runs
-        pause or fail instead)."""
+        """A claimed run that cannot be sent now (no worker serves its type, or may run
+        its namespace, any more; the lead was lost; the stop timeout passed): nothing of
+        it ran, so it is given back (``queued`` again; a run of the schedule leaves its
+        deadline saved), to be claimed again when it can be sent
+        (:func:`~.outcomes.not_sent` says which runs pause or fail instead)."""
         return not_sent(self.clock, claim, why)
 
     def _unstarted(self, claim: Claim, stop: str) -> Outcome:
@@ -1157,15 +1169,29 @@ class WorkerExecutor:
 
     def _inventory_changed(self) -> None:
         capacity: dict[str, int] = {}
+        everywhere: dict[str, int] = {}
+        scoped: dict[str, dict[str, int]] = {}
         for conn in self._conns.values():
+            namespaces = None if conn.scope is None else conn.scope.namespaces
             for worker_type in conn.types:
                 capacity[worker_type] = capacity.get(worker_type, 0) + conn.capacity
+                if namespaces is None:
+                    everywhere[worker_type] = everywhere.get(worker_type, 0) + conn.capacity
+                    continue
+                shares = scoped.setdefault(worker_type, {})
+                for namespace in namespaces:
+                    shares[namespace] = shares.get(namespace, 0) + conn.capacity
         self._capacity = capacity  # (available(): a run claimed before a stop is still sent)
         self._wake_all_waiters()  # (who serves what, where, changed: all look again)
         reported = {} if self._detached else capacity
-        if reported == self._reported:
+        coverage = {
+            worker_type: Coverage(everywhere.get(worker_type, 0), shares)
+            for worker_type, shares in scoped.items()
+            if worker_type in reported
+        }
+        if reported == self._reported and coverage == self._coverage:
             return
-        self._reported = reported
+        self._reported, self._coverage = reported, coverage
         if self.hooks is None:
             return
         try:

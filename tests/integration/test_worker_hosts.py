@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -139,11 +139,12 @@ async def test_a_tls_worker_connects_and_runs_its_namespaces_jobs(
         seen.append(f"{ctx.namespace}/{ctx.job}")
         return 1
 
-    await define(
-        conn, "daily", namespace="reports", target={"kind": "worker", "type": "reports.daily"}
-    )
-    await define(
-        conn, "daily", namespace="billing", target={"kind": "worker", "type": "reports.daily"}
+    target = {"kind": "worker", "type": "reports.daily"}
+    await define(conn, "daily", namespace="reports", target=target)
+    await define(conn, "daily", namespace="billing", target=target)
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    nightly = await define(
+        conn, "nightly", namespace="billing", target=target, schedule_kind="once", schedule=later
     )
     await run_worker(
         nursery, worker, address, token=REPORTS_TOKEN, tls=tls_context(ca_file),
@@ -154,15 +155,47 @@ async def test_a_tls_worker_connects_and_runs_its_namespaces_jobs(
     reports_run = await aio(client.trigger)(conn, "daily", namespace="reports")
     billing_run = await aio(client.trigger)(conn, "daily", namespace="billing")
     await harness.wait_event("job.run", run=reports_run, outcome="succeeded")
-    # The worker's token reaches reports only: billing's call never goes to it.
-    await harness.wait_event("job.run", run=billing_run, outcome="failed")
-    billing = await aio(client.get_run)(conn, billing_run)
-    assert billing.error_message == (
-        "no worker serving 'reports.daily': none may run jobs of namespace 'billing' "
+    # The worker's token reaches reports only: billing's call never goes to it. The run
+    # was claimed (a manual job's namespace is not in the trigger's wake) and given back:
+    # it waits, queued, as when no worker serves its type.
+    [back] = await harness.wait_event("run.given_back", run=billing_run)
+    assert back["became"] == "queued"
+    assert back["reason"] == (
+        "not sent: no worker serving 'reports.daily' may run jobs of namespace 'billing' "
         "(their tokens' scope)"
     )
-    assert seen == ["reports/daily"]
+    # A scheduled billing job falls due: admission knows its namespace and keeps it
+    # waiting, unclaimed. Reports runs meanwhile, and nothing of billing's is claimed again.
+    refreshed = len(harness.named("refresh"))
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = now() - interval '1 second' WHERE id = $1",
+        nightly,
+    )
+    await harness.wait_event("refresh", count=refreshed + 1)
+    assert harness.daemon.admission.is_waiting(nightly)
+    again = await aio(client.trigger)(conn, "daily", namespace="reports")
+    await harness.wait_event("job.run", run=again, outcome="succeeded")
+    assert len(harness.named("run.given_back")) == 1
+    assert harness.named("job.run", job="billing/daily") == []
+    assert (await aio(client.get_run)(conn, billing_run)).status == "queued"
+    assert (
+        await aio(conn.fetchval)("SELECT count(*) FROM coordinator.runs WHERE job_id = $1", nightly)
+        == 0
+    )
+    assert seen == ["reports/daily", "reports/daily"]
+    # A worker whose token reaches billing connects: both of billing's runs go to it.
+    billing = Worker(worker_id="billing-1")
+    billing.job("reports.daily")(daily)
+    await run_worker(
+        nursery, billing, address, token=BILLING_TOKEN, tls=tls_context(ca_file),
+        server_hostname="localhost",
+    )  # fmt: skip
+    await harness.wait_event("job.run", run=billing_run, outcome="succeeded")
+    await harness.wait_event("job.run", job="billing/nightly", outcome="succeeded")
+    assert sorted(seen[2:]) == ["billing/daily", "billing/nightly"]
+    assert len(harness.named("run.given_back")) == 1
     worker.stop()
+    billing.stop()
 
 
 async def test_plain_tcp_a_wrong_token_and_a_foreign_type_are_refused(

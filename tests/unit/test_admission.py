@@ -14,7 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from coordinator.core.admission import Admission, Ticket
+from coordinator.core.admission import Admission, Coverage, Ticket
 
 
 def ticket(job_id: int, **kwargs: Any) -> Ticket:
@@ -168,6 +168,46 @@ def test_claim_ahead_admits_beyond_a_pool_capacity_within_the_global_slots() -> 
     assert ids(list(admission.waiting())) == [20, 6, 7]
 
 
+def test_a_namespace_no_worker_may_run_waits_and_the_others_go_on() -> None:
+    """Workers confined to namespaces (their tokens' scope) split a pool: a namespace
+    none of them may run waits, keeping its place, as a type without a worker does; a
+    ticket whose namespace is not known counts against the pool's total only."""
+    admission = Admission(slots=10)
+    admission.set_capacity("t", 3)
+    admission.set_coverage("t", Coverage(everywhere=0, scoped={"reports": 2, "hr": 1}))
+    admission.offer(ticket(1, pool="t", namespace="billing", due=1.0))
+    admission.offer(ticket(2, pool="t", namespace="reports", due=2.0))
+    admission.offer(ticket(3, pool="t", namespace="reports", due=3.0))
+    admission.offer(ticket(4, pool="t", namespace="reports", due=4.0))  # past its share
+    admission.offer(ticket(5, pool="t", due=5.0))  # namespace not known
+    assert ids(admission.admit()) == [2, 3, 5]  # the pool's 3: billing still waits
+    assert ids(list(admission.waiting())) == [1, 4]
+    admission.release(5)
+    admission.offer(ticket(6, pool="t", namespace="hr", due=6.0))
+    assert ids(admission.admit()) == [6]
+    admission.release(2)
+    assert ids(admission.admit()) == [4]
+    # A worker reaching every namespace connects: billing's ticket goes first, in its place.
+    admission.set_capacity("t", 4)
+    admission.set_coverage("t", Coverage(everywhere=1, scoped={"reports": 2, "hr": 1}))
+    assert ids(admission.admit()) == [1]
+    # No confined worker any more: every namespace shares the pool.
+    admission.set_coverage("t", None)
+    admission.release(1)
+    admission.offer(ticket(7, pool="t", namespace="billing", due=7.0))
+    assert ids(admission.admit()) == [7]
+
+
+def test_claim_ahead_applies_to_a_namespaces_share_too() -> None:
+    admission = Admission(slots=10, ahead=1)
+    admission.set_capacity("t", 4)
+    admission.set_coverage("t", Coverage(everywhere=0, scoped={"a": 1, "b": 3}))
+    for job_id in range(4):
+        admission.offer(ticket(job_id, pool="t", namespace="a", due=float(job_id)))
+    admission.offer(ticket(9, pool="t", namespace="c", due=9.0))  # no worker: no ahead
+    assert ids(admission.admit()) == [0, 1]  # a's one slot, and one ahead
+
+
 def test_claim_ahead_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="ahead"):
         Admission(slots=1, ahead=-1)
@@ -245,6 +285,7 @@ def test_close_stops_admission_for_good_but_keeps_tickets_visible() -> None:
 # -- property: bounds, no starvation, order ---------------------------------------------
 
 _POOLS: list[str | None] = [None, "a", "b", "c"]
+_NAMESPACES: list[str | None] = [None, "x", "y"]
 
 
 class AdmissionMachine(RuleBasedStateMachine):
@@ -258,6 +299,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.slots = 3
         self.admission = Admission(slots=self.slots, ahead=self.AHEAD)
         self.capacity: dict[str, int] = {}
+        self.coverage: dict[str, Coverage] = {}
         # job_id -> (ticket, arrival) for waiting tickets; running tickets by job.
         self.waiting: dict[int, tuple[Ticket, int]] = {}
         self.running: dict[int, Ticket] = {}
@@ -266,19 +308,28 @@ class AdmissionMachine(RuleBasedStateMachine):
     def pool_running(self, pool: str | None) -> int:
         return sum(1 for t in self.running.values() if t.pool == pool)
 
-    def has_room(self, pool: str | None) -> bool:
+    def has_room(self, t: Ticket) -> bool:
+        pool = t.pool
         if len(self.running) >= self.slots:
             return False
-        if pool is None or pool not in self.capacity:
+        if pool is None:
             return True
-        capacity = self.capacity[pool]
-        return capacity > 0 and self.pool_running(pool) < capacity + self.AHEAD
+        if pool in self.capacity:
+            capacity = self.capacity[pool]
+            if not (capacity > 0 and self.pool_running(pool) < capacity + self.AHEAD):
+                return False
+        coverage = self.coverage.get(pool)
+        if coverage is None or t.namespace is None:
+            return True
+        share = coverage.capacity(t.namespace)
+        here = sum(1 for r in self.running.values() if (r.pool, r.namespace) == (pool, t.namespace))
+        return share > 0 and here < share + self.AHEAD
 
     def eligible(self) -> list[tuple[int, float, int, int]]:
         return [
             (0 if t.priority == "interactive" else 1, t.due, arrival, job_id)
             for job_id, (t, arrival) in self.waiting.items()
-            if self.has_room(t.pool)
+            if self.has_room(t)
         ]
 
     @rule(
@@ -286,9 +337,12 @@ class AdmissionMachine(RuleBasedStateMachine):
         priority=st.sampled_from(["interactive", "background"]),
         due=st.integers(0, 5).map(float),
         pool=st.sampled_from(_POOLS),
+        namespace=st.sampled_from(_NAMESPACES),
     )
-    def offer(self, job_id: int, priority: str, due: float, pool: str | None) -> None:
-        t = Ticket(job_id=job_id, priority=priority, due=due, pool=pool)  # type: ignore[arg-type]
+    def offer(
+        self, job_id: int, priority: str, due: float, pool: str | None, namespace: str | None
+    ) -> None:
+        t = Ticket(job_id=job_id, priority=priority, due=due, pool=pool, namespace=namespace)  # type: ignore[arg-type]
         expected = job_id not in self.waiting and job_id not in self.running
         assert self.admission.offer(t) == expected
         if expected:
@@ -313,6 +367,21 @@ class AdmissionMachine(RuleBasedStateMachine):
             self.capacity.pop(pool, None)
         else:
             self.capacity[pool] = capacity
+
+    @rule(
+        pool=st.sampled_from(["a", "b", "c"]),
+        everywhere=st.integers(0, 2),
+        x=st.integers(0, 2),
+        y=st.integers(0, 2),
+        clear=st.booleans(),
+    )
+    def set_coverage(self, pool: str, everywhere: int, x: int, y: int, clear: bool) -> None:
+        coverage = None if clear else Coverage(everywhere, {"x": x, "y": y})
+        self.admission.set_coverage(pool, coverage)
+        if coverage is None:
+            self.coverage.pop(pool, None)
+        else:
+            self.coverage[pool] = coverage
 
     @rule()
     def admit(self) -> None:
