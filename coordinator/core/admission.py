@@ -124,8 +124,9 @@ class Admission:
 
     Costs: :meth:`offer` and :meth:`withdraw` O(log n) (withdrawal is lazy; heaps are
     rebuilt when stale entries outnumber live ones two to one); :meth:`admit` is
-    O(p + k log n) for p pools with waiting work and k tickets admitted, however many
-    tickets wait behind full pools.
+    O(h + k log n) for h heaps with waiting work (one per pool, and per namespace of a
+    worker type's tickets) and k tickets admitted, however many tickets wait behind full
+    pools.
     """
 
     #: Concurrent runs allowed in total.

@@ -322,6 +322,11 @@ class _Conn:
         return worker_type in self.types and self.may_run(namespace)
 
 
+def _everywhere(conn: _Conn) -> bool:
+    """Whether ``conn``'s token reaches every namespace."""
+    return conn.scope is None or conn.scope.namespaces is None
+
+
 @attrs.define(eq=False)
 class _Waiter:
     """A call waiting in :meth:`WorkerExecutor._reserve` for a free slot on a worker that
@@ -1325,16 +1330,20 @@ class WorkerExecutor:
 
     def _free_slot(self, worker_type: str, namespace: str) -> _Conn | None:
         """The least busy registered worker serving ``worker_type`` and ``namespace``
-        with a free slot, if any."""
+        with a free slot, if any; one confined to some namespaces before one reaching
+        them all, which stays free for the namespaces only it may run (admission counts
+        on that: :class:`~coordinator.core.admission.Coverage`)."""
         best: _Conn | None = None
+        best_key: tuple[bool, int, int] | None = None
         for conn in self._conns.values():
             if not conn.serves(worker_type, namespace):
                 continue
             busy = len(conn.calls)
-            if busy < conn.capacity and (
-                best is None or (busy, -conn.capacity) < (len(best.calls), -best.capacity)
-            ):
-                best = conn
+            if busy >= conn.capacity:
+                continue
+            key = (_everywhere(conn), busy, -conn.capacity)
+            if best_key is None or key < best_key:
+                best, best_key = conn, key
         return best
 
     def _release(self, conn: _Conn, call: _Call) -> None:

@@ -26,6 +26,7 @@ import trio
 import trio.testing
 
 from coordinator.clock import SystemWallClock
+from coordinator.core.admission import Coverage
 from coordinator.daemon.dispatch import Turns, _Turn
 from coordinator.errors import InvalidInput
 from coordinator.events import EventBus
@@ -40,6 +41,7 @@ from coordinator.executors.worker import (
 from coordinator.log import EventLog
 from coordinator.model import CheckpointWrite, Claim, Cursor, Job, Outcome, Schedule, Target
 from coordinator.protocol import MAX_LINE
+from coordinator.tokens import hash_token, parse_tokens
 from coordinator.worker import Context, Worker
 
 if TYPE_CHECKING:
@@ -338,6 +340,67 @@ async def test_a_run_resumed_before_is_not_given_back_but_fails_as_before(
         "failed",
         "crashed",
         "not sent: no worker serving 'absent' is connected",
+    )
+
+
+async def test_a_recoverable_run_is_given_back_unless_it_was_resumed_before(
+    sock_path: Path,
+) -> None:
+    """A recoverable run never started has nothing to pause: it is given back like any
+    other. Resumed before, it pauses where it was (its cursor and count kept)."""
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            fresh = await h.call(make_claim(1, "absent", recoverable=True))
+            resumed = attrs.evolve(
+                make_claim(2, "absent", recoverable=True, cursor=Cursor(value="c2"), count=2),
+                resumes=1,
+            )
+            paused = await h.call(resumed)
+    assert (fresh.status, fresh.error_message) == (
+        "queued",
+        "not sent: no worker serving 'absent' is connected",
+    )
+    assert (paused.status, paused.error_message) == (
+        "paused",
+        "paused: not sent: no worker serving 'absent' is connected",
+    )
+    assert (paused.cursor, paused.count) == (Cursor(value="c2"), 2)
+
+
+async def test_workers_confined_to_namespaces_report_coverage_and_take_their_runs_first(
+    sock_path: Path,
+) -> None:
+    """A worker whose token reaches some namespaces only: the executor reports which
+    namespaces its types cover (admission keeps the others waiting), and a run it may
+    take goes to it before a worker reaching every namespace, which stays free for
+    the runs only it may take. A run no connected worker may take is given back."""
+    confined, everywhere = "confined-token-" + "c" * 20, "everywhere-token-" + "e" * 20
+    tokens = parse_tokens(
+        {
+            "billing-host": {"hash": hash_token(confined), "namespaces": ["billing"]},
+            "any-host": {"hash": hash_token(everywhere), "namespaces": ["*"]},
+        },
+        "worker_tokens",
+        kind="worker",
+    )
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, tokens=tokens) as h:
+            wide = await h.connect()
+            await wide.hello("wide", capacity=1, token=everywhere)
+            assert h.executor.coverage() == {}  # no confined worker: every namespace
+            narrow = await h.connect()
+            await narrow.hello("narrow", capacity=1, token=confined)
+            assert h.executor.coverage() == {"echo": Coverage(1, {"billing": 1})}
+            h.nursery.start_soon(h.call, make_claim(1))  # a billing run
+            assert (await narrow.recv() or {})["run"] == 1
+            await wide.aclose()
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.executor.coverage() == {"echo": Coverage(0, {"billing": 1})}
+            other = attrs.evolve(make_claim(2), job=attrs.evolve(make_claim(2).job, namespace="hr"))
+            outcome = await h.call(other)
+    assert (outcome.status, outcome.error_message) == (
+        "queued",
+        "not sent: no worker serving 'echo' may run jobs of namespace 'hr' (their tokens' scope)",
     )
 
 
