@@ -76,6 +76,21 @@ class Facts:
             return frozenset()  # no daemon: no worker is connected to anything
         return None
 
+    def may_run(self, kind: str, namespace: str) -> bool | None:
+        """Whether some connected (not draining) worker serving ``kind`` may run jobs of
+        ``namespace`` (its token's scope); ``None`` when only the API could tell and it
+        did not answer. (A daemon older than the ``namespaces`` of its workers' entries:
+        every namespace.)"""
+        if self.status is None:
+            return False if self.daemon_running is False else None
+        for worker in self.status.get("worker_connections") or ():
+            if not isinstance(worker, Mapping) or worker.get("draining"):
+                continue
+            reach = worker.get("namespaces")
+            if kind in (worker.get("types") or ()) and (reach is None or namespace in reach):
+                return True
+        return False
+
 
 async def gather(
     conn: Connection | None, config: Config, *, api: bool, leader: bool = True

@@ -82,11 +82,18 @@ class WorkerView:
     transport: str
     peer: str
     connected_at: datetime
+    #: The namespaces whose calls it may receive (its token's scope); ``None``: every one.
+    namespaces: tuple[str, ...] | None = None
+
+    def may_run(self, kind: str, namespace: str) -> bool:
+        """Whether a call of type ``kind`` in ``namespace`` may go to it (draining aside)."""
+        return kind in self.types and (self.namespaces is None or namespace in self.namespaces)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "types": list(self.types),
+            "namespaces": None if self.namespaces is None else list(self.namespaces),
             "capacity": self.capacity,
             "busy": self.busy,
             "draining": self.draining,
@@ -156,6 +163,11 @@ class DaemonStatus:
     def served_types(self) -> tuple[str, ...]:
         """Job types some connected (not draining) worker serves."""
         return tuple(sorted({t for w in self.workers if not w.draining for t in w.types}))
+
+    def serves(self, kind: str, namespace: str) -> bool:
+        """Some connected (not draining) worker serves ``kind`` and may run jobs of
+        ``namespace`` (its token's scope)."""
+        return any(not w.draining and w.may_run(kind, namespace) for w in self.workers)
 
     @property
     def running_calls(self) -> int:

@@ -63,8 +63,12 @@ def unserved(target: dict[str, Any] | Target, facts: Facts) -> str | None:
     return kind
 
 
-def waiting_for_worker(kind: str) -> str:
-    return f"waiting for a worker serving {kind}"
+def waiting_for_worker(kind: str, namespace: str | None = None) -> str:
+    """What a worker job waits for: a worker serving its type (``namespace``: one whose
+    token reaches that namespace, when the type's connected workers may not run it)."""
+    if namespace is None:
+        return f"waiting for a worker serving {kind}"
+    return f"waiting for a worker serving {kind} that may run namespace {namespace}"
 
 
 def job_state(job: JobView, facts: Facts) -> str:
@@ -74,6 +78,9 @@ def job_state(job: JobView, facts: Facts) -> str:
         kind = unserved(job.target, facts)
         if kind is not None:
             return waiting_for_worker(kind)
+        kind = worker_type(job.target)
+        if kind is not None and facts.may_run(kind, job.namespace) is False:
+            return waiting_for_worker(kind, job.namespace)
     return state
 
 

@@ -107,6 +107,13 @@ def status_for(status: DaemonStatus, request: Request | TokenScope) -> DaemonSta
         next_job=status.next_job if next_visible else None,
         running=tuple(r for r in status.running if _key_visible(token, r.job)),
         held=tuple(h for h in status.held if _key_visible(token, h.job)),
+        # (A worker's other namespaces are not the token's to see.)
+        workers=tuple(
+            w
+            if w.namespaces is None
+            else attrs.evolve(w, namespaces=tuple(n for n in w.namespaces if token.allows(n)))
+            for w in status.workers
+        ),
     )
 
 

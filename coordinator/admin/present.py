@@ -183,13 +183,16 @@ def took(start: datetime | None, end: datetime | None) -> str:
 
 def waiting_for(job: JobView, status: DaemonStatus) -> str | None:
     """``waiting for a worker serving T`` when the job's worker type is served by no
-    connected worker (and the job would otherwise run), else ``None``."""
+    connected worker, or by none that may run its namespace (and the job would otherwise
+    run), else ``None``."""
     kind = why.worker_type(job.target)
     if kind is None or job.state not in ("active", "queued"):
         return None
-    if kind in status.served_types:
-        return None
-    return why.waiting_for_worker(kind)
+    if kind not in status.served_types:
+        return why.waiting_for_worker(kind)
+    if not status.serves(kind, job.namespace):
+        return why.waiting_for_worker(kind, job.namespace)
+    return None
 
 
 def job_state(job: JobView, status: DaemonStatus) -> str:

@@ -322,6 +322,13 @@ class _Conn:
         return worker_type in self.types and self.may_run(namespace)
 
 
+def _namespaces(conn: _Conn) -> tuple[str, ...] | None:
+    """The namespaces ``conn``'s token reaches, sorted; ``None``: every one."""
+    if conn.scope is None or conn.scope.namespaces is None:
+        return None
+    return tuple(sorted(conn.scope.namespaces))
+
+
 def _everywhere(conn: _Conn) -> bool:
     """Whether ``conn``'s token reaches every namespace."""
     return conn.scope is None or conn.scope.namespaces is None
@@ -479,6 +486,7 @@ class WorkerExecutor:
                 transport=conn.transport,
                 peer=conn.peer,
                 connected_at=conn.connected_at,
+                namespaces=_namespaces(conn),
             )
             for conn in [*self._conns.values(), *self._draining]
         ]

@@ -12,6 +12,7 @@ import re
 import secrets
 import stat
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -25,7 +26,7 @@ from coordinator.admin.access import status_for
 from coordinator.alerts import EmailSink, WebhookSink
 from coordinator.db import aio
 from coordinator.model import Schedule, Target
-from coordinator.status import DaemonStatus, HeldResultView, RunningCall
+from coordinator.status import DaemonStatus, HeldResultView, RunningCall, WorkerView
 from coordinator.tokens import TokenScope, TokenSet, hash_token, parse_tokens
 
 from .alerting import HttpReceiver, SmtpServer
@@ -192,10 +193,19 @@ def test_the_status_shows_only_the_tokens_namespaces() -> None:
             RunningCall(job="#3", job_id=3, run=12, running_s=1.0),
         ),
         held=(HeldResultView(run=9, job="reports/b", outcome="failed", attempts=2),),
-    )
+        workers=(
+            WorkerView(id="tenants", types=("t",), capacity=1, busy=0, draining=False,
+                       transport="tls", peer="-", connected_at=datetime.now(UTC),
+                       namespaces=("billing", "reports")),
+            WorkerView(id="any", types=("t",), capacity=1, busy=0, draining=False,
+                       transport="tls", peer="-", connected_at=datetime.now(UTC)),
+        ),
+    )  # fmt: skip
     billing = TOKENS.named("billing-ops")
     assert billing is not None
     seen = status_for(status, billing)
+    # Workers are shown, but not the namespaces beyond the token's.
+    assert [w.namespaces for w in seen.workers] == [("billing",), None]
     assert [r.job for r in seen.running] == ["billing/a"]
     assert seen.held == ()
     assert seen.next_job is None

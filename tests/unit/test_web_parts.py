@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import attrs
 import pytest
 
 from coordinator import buckets
@@ -123,6 +124,22 @@ def test_worker_jobs_nobody_serves_say_so() -> None:
     assert present.matches(images, "waiting", status())
     assert not present.matches(images, "waiting", served)
     assert present.job_state(job(paused=True), status()) == "paused"
+
+
+def test_worker_jobs_no_worker_may_run_for_their_namespace_say_so() -> None:
+    images = job(target={"kind": "worker", "type": "images"}, namespace="billing",
+                 schedule_kind="interval", schedule="1h")  # fmt: skip
+    confined = WorkerView(id="w", types=("images",), capacity=1, busy=0, draining=False,
+                          transport="tls", peer="-", connected_at=NOW,
+                          namespaces=("reports",))  # fmt: skip
+    waiting = "waiting for a worker serving images that may run namespace billing"
+    assert present.job_state(images, status(workers=(confined,))) == waiting
+    assert present.matches(images, "waiting", status(workers=(confined,)))
+    reaching = attrs.evolve(confined, namespaces=("billing", "reports"))
+    assert present.job_state(images, status(workers=(confined, reaching))) == "active"
+    # A draining worker takes no new call: it counts for nothing.
+    gone = attrs.evolve(reaching, draining=True)
+    assert present.job_state(images, status(workers=(confined, gone))) == waiting
 
 
 def stats_for(counts: list[dict[str, int]]) -> RunStats:

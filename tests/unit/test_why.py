@@ -139,6 +139,27 @@ def test_hints_name_the_namespace_and_quote_for_the_shell() -> None:
     ) == "manual: it runs when triggered (coordinator jobs trigger often -n billing)"  # fmt: skip
 
 
+def test_the_state_column_names_a_namespace_no_worker_may_run() -> None:
+    def connected(*namespaces: str | None) -> Facts:
+        workers: list[dict[str, Any]] = []
+        for reach in namespaces:
+            entry: dict[str, Any] = {"id": "w", "types": ["images"], "draining": False}
+            if reach != "old":  # (a daemon before this field: every namespace)
+                entry["namespaces"] = None if reach is None else [reach]
+            workers.append(entry)
+        status = {"state": "leader", "workers": ["images"], "worker_connections": workers}
+        return Facts(leader=LEADER, leader_known=True, api=ApiAnswer(status=status, label="x"))
+
+    billing_job = job(target=WORKER, namespace="billing", schedule_kind="interval", schedule="5m")
+    assert why.job_state(billing_job, connected("reports")) == (
+        "waiting for a worker serving images that may run namespace billing"
+    )
+    assert why.job_state(billing_job, connected("reports", "billing")) == "active"
+    assert why.job_state(billing_job, connected(None)) == "active"
+    assert why.job_state(billing_job, connected("old")) == "active"
+    assert why.job_state(billing_job, LEADING) == "active"  # unknown: no guess
+
+
 def test_state_and_next_run_columns() -> None:
     unserved = Facts(leader=LEADER, leader_known=True, api=api(["other"]))
     worker_job = job(target=WORKER, schedule_kind="interval", schedule="5m")
