@@ -180,7 +180,7 @@ class _Turn:
     async def reached(self) -> None:
         if not self.done and self.place is not None:
             await self.turns.wait_for(self.place)
-        self.take(_no_step)
+        self.take(_no_step, starts=False)  # (told by the step that starts the call)
 
     def _tell(self) -> None:
         if not self.told:

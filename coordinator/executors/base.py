@@ -90,7 +90,8 @@ class Turn(Protocol):
 
     async def reached(self) -> None:
         """Wait until the calls granted before this one have started; the caller starts
-        its own before it next yields (spawns the process)."""
+        its own before it next yields (spawns the process), with a :meth:`take` that
+        tells it started (not taken if it stops first: it never started)."""
         ...
 
     def alone(self) -> bool:

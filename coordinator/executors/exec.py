@@ -51,6 +51,11 @@ if TYPE_CHECKING:
     from ..status import WorkerView
     from .base import ExecutorHooks
 
+
+def _spawning() -> None:
+    """The step that starts a command: nothing to queue, its spawn follows at once."""
+
+
 #: Seconds stdout/stderr may stay open after the main process has exited.
 PIPE_GRACE: Final = 1.0
 #: Seconds to keep reading after the leftover group was killed with SIGKILL.
@@ -119,6 +124,7 @@ class ExecExecutor:
         started_at = self.clock.now()
         if abandon.is_set():
             return cancelled(self.clock, started_at, _io_extra(None, "", ""))
+        turn.take(_spawning)  # (run.started: the spawn follows, before anything yields)
         target = claim.job.target
         try:
             if not target.argv:

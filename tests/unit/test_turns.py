@@ -70,7 +70,7 @@ async def test_waiting_calls_start_in_order_whatever_order_they_run_in() -> None
     async def call(rank: int) -> None:
         turn = _turn(turns, rank, size, log)
         await turn.reached()  # a process to spawn: waits for the ones before it
-        log.append(f"spawn {rank}")
+        turn.take(lambda: log.append(f"spawn {rank}"))  # (told as started, then spawned)
         if len(log) == 2 * size:
             done.set()
 
@@ -91,6 +91,7 @@ async def test_calls_waiting_before_anyone_took_a_turn_wait_for_the_first() -> N
     async def wait(turn: _Turn) -> None:
         nonlocal finished
         await turn.reached()
+        turn.take(lambda: None)
         finished += 1
 
     async with trio.open_nursery() as nursery:
@@ -101,3 +102,15 @@ async def test_calls_waiting_before_anyone_took_a_turn_wait_for_the_first() -> N
         _turn(turns, 0, size, log).take(lambda: None)
     assert finished == size - 1
     assert log == [f"started {rank}" for rank in range(size)]
+
+
+async def test_a_call_that_reached_its_turn_and_stops_is_not_told_started() -> None:
+    """A command abandoned once its turn came never spawned: no ``run.started``, and the
+    calls after it go on."""
+    turns, log = Turns(), []
+    first, second = _turn(turns, 0, 2, log), _turn(turns, 1, 2, log)
+    await first.reached()
+    # (abandoned here: it returns without taking a step that starts it)
+    await second.reached()
+    second.take(lambda: log.append("spawn 1"))
+    assert log == ["started 1", "spawn 1"]
