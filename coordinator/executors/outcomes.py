@@ -80,19 +80,22 @@ def given_back(clock: WallClock, why: str) -> Outcome:
 
 def not_sent(clock: WallClock, claim: Claim, why: str, *, give_back: bool = True) -> Outcome:
     """A claimed run whose call was never sent and cannot be now (``why``), for every
-    executor and the dispatcher alike: given back (``queued`` again, as before its
-    claim), recoverable or not. Except a run resumed before, which keeps its first start
-    and so cannot be ``queued`` again, and one whose give-back would only be claimed
-    again at once (``give_back=False``): a recoverable job's pauses where it was (a
-    trigger or its next tick resumes it), any other fails (``crashed``)."""
-    if give_back and not claim.resumes:
-        return given_back(clock, why)
+    executor and the dispatcher alike: a recoverable run pauses where it was (a trigger
+    or its next tick resumes it); a run resumed before keeps its first start, so it
+    cannot be ``queued`` again and fails (``crashed``), as does one whose give-back would
+    only be claimed again at once (``give_back=False``); any other is given back.
+
+    (A recoverable run is paused rather than given back even when it never started: an
+    operator may have asked to pause it meanwhile (``cancel_requested``), which a pause
+    settles and a give-back, acting on a ``running`` run only, would leave for good.)"""
     now = clock.now()
     if claim.job.recoverable:
         return ended(
             clock, now, "paused", None, f"paused: {why}", count=claim.count, cursor=claim.cursor
         )
-    return ended(clock, now, "failed", "crashed", why)
+    if claim.resumes or not give_back:
+        return ended(clock, now, "failed", "crashed", why)
+    return given_back(clock, why)
 
 
 def timed_out_message(timeout: timedelta) -> str:

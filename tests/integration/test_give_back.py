@@ -107,24 +107,6 @@ async def test_a_manual_run_given_back_is_queued_again_as_before_its_claim(
         assert (row["status"], row["claimed_at"]) == ("running", again.claimed_at)
 
 
-async def test_a_recoverable_run_never_started_is_given_back_like_any_other(
-    aio_loop: Any, conn: asyncpg.Connection, database: str
-) -> None:
-    job = await define(conn, "r", target={"kind": "worker", "type": "t"}, recoverable=True)
-    run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'r')")
-    columns = "status, claimed_at, started_at, instance, cursor, count, resumes"
-    query = f"SELECT {columns} FROM coordinator.runs WHERE id = $1"
-    before = dict(await aio(conn.fetchrow)(query, run))
-    async with serving(database) as store:
-        claim = await claim_run(store, job, run)
-        assert claim.job.recoverable
-        state = await store.settle(held(claim))
-        assert (state.outcome, state.retry_run_id) == ("saved", run)
-        assert dict(await aio(conn.fetchrow)(query, run)) == before
-        again = await claim_run(store, job, run)
-        assert (again.run_id, again.resumes, again.cursor) == (run, 0, None)
-
-
 async def test_a_run_of_the_schedule_given_back_is_removed_and_its_deadline_stands(
     aio_loop: Any, conn: asyncpg.Connection, database: str
 ) -> None:

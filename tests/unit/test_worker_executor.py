@@ -343,11 +343,10 @@ async def test_a_run_resumed_before_is_not_given_back_but_fails_as_before(
     )
 
 
-async def test_a_recoverable_run_is_given_back_unless_it_was_resumed_before(
-    sock_path: Path,
-) -> None:
-    """A recoverable run never started has nothing to pause: it is given back like any
-    other. Resumed before, it pauses where it was (its cursor and count kept)."""
+async def test_a_recoverable_run_not_sent_pauses_where_it_was(sock_path: Path) -> None:
+    """A recoverable run is paused unsent, not given back, whether it ran before or not:
+    an operator's pause asked meanwhile is then settled (a give-back acts on a running
+    run only). Its cursor and count are kept."""
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
             fresh = await h.call(make_claim(1, "absent", recoverable=True))
@@ -356,14 +355,9 @@ async def test_a_recoverable_run_is_given_back_unless_it_was_resumed_before(
                 resumes=1,
             )
             paused = await h.call(resumed)
-    assert (fresh.status, fresh.error_message) == (
-        "queued",
-        "not sent: no worker serving 'absent' is connected",
-    )
-    assert (paused.status, paused.error_message) == (
-        "paused",
-        "paused: not sent: no worker serving 'absent' is connected",
-    )
+    reason = "paused: not sent: no worker serving 'absent' is connected"
+    assert (fresh.status, fresh.error_message) == ("paused", reason)
+    assert (paused.status, paused.error_message) == ("paused", reason)
     assert (paused.cursor, paused.count) == (Cursor(value="c2"), 2)
 
 
