@@ -79,11 +79,14 @@ class Facts:
     def may_run(self, kind: str, namespace: str) -> bool | None:
         """Whether some connected (not draining) worker serving ``kind`` may run jobs of
         ``namespace`` (its token's scope); ``None`` when only the API could tell and it
-        did not answer. (A daemon older than the ``namespaces`` of its workers' entries:
-        every namespace.)"""
+        did not answer, or answered without its workers' entries. (A daemon older than
+        the ``namespaces`` of those entries: every namespace.)"""
         if self.status is None:
             return False if self.daemon_running is False else None
-        for worker in self.status.get("worker_connections") or ():
+        workers = self.status.get("worker_connections")
+        if workers is None:
+            return None
+        for worker in workers:
             if not isinstance(worker, Mapping) or worker.get("draining"):
                 continue
             reach = worker.get("namespaces")

@@ -178,9 +178,10 @@ class _Turn:
             self.turns.take(self.place, step)
 
     async def reached(self) -> None:
+        # The turn is this call's now, and stays so until its step that starts it (or
+        # pass_, if it stops first): the calls after it are not told started before it.
         if not self.done and self.place is not None:
             await self.turns.wait_for(self.place)
-        self.take(_no_step, starts=False)  # (told by the step that starts the call)
 
     def _tell(self) -> None:
         if not self.told:

@@ -90,8 +90,9 @@ class Turn(Protocol):
 
     async def reached(self) -> None:
         """Wait until the calls granted before this one have started; the caller starts
-        its own before it next yields (spawns the process), with a :meth:`take` that
-        tells it started (not taken if it stops first: it never started)."""
+        its own with a :meth:`take` before it next yields (spawns the process). The turn
+        stays this call's until then: if it stops first (it never started), the
+        dispatcher passes the turn on."""
         ...
 
     def alone(self) -> bool:

@@ -105,12 +105,23 @@ async def test_calls_waiting_before_anyone_took_a_turn_wait_for_the_first() -> N
 
 
 async def test_a_call_that_reached_its_turn_and_stops_is_not_told_started() -> None:
-    """A command abandoned once its turn came never spawned: no ``run.started``, and the
-    calls after it go on."""
+    """A command abandoned once its turn came never spawned: no ``run.started``; the
+    dispatch passes its turn on, and the calls after it go."""
     turns, log = Turns(), []
     first, second = _turn(turns, 0, 2, log), _turn(turns, 1, 2, log)
+    second.take(lambda: log.append("send 1"))  # a worker's call, kept for its turn
     await first.reached()
-    # (abandoned here: it returns without taking a step that starts it)
-    await second.reached()
-    second.take(lambda: log.append("spawn 1"))
-    assert log == ["started 1", "spawn 1"]
+    assert log == []  # the turn is still the first call's
+    first.pass_()  # (it stopped without starting: Dispatcher.dispatch's finally)
+    assert log == ["started 1", "send 1"]
+
+
+async def test_a_command_is_told_started_before_the_calls_after_it() -> None:
+    """A batch mixing a command and a worker's call: the command, first in the batch,
+    is told started and spawns before the call kept after it goes."""
+    turns, log = Turns(), []
+    command, call = _turn(turns, 0, 2, log), _turn(turns, 1, 2, log)
+    call.take(lambda: log.append("send 1"))
+    await command.reached()
+    command.take(lambda: log.append("spawn 0"))
+    assert log == ["started 0", "spawn 0", "started 1", "send 1"]

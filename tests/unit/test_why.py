@@ -157,6 +157,9 @@ def test_the_state_column_names_a_namespace_no_worker_may_run() -> None:
     assert why.job_state(billing_job, connected("reports", "billing")) == "active"
     assert why.job_state(billing_job, connected(None)) == "active"
     assert why.job_state(billing_job, connected("old")) == "active"
+    no_entries = {"state": "leader", "workers": ["images"]}  # (older still: no entries)
+    oldest = Facts(leader=LEADER, leader_known=True, api=ApiAnswer(status=no_entries, label="x"))
+    assert why.job_state(billing_job, oldest) == "active"
     assert why.job_state(billing_job, LEADING) == "active"  # unknown: no guess
 
 
