@@ -469,6 +469,38 @@ async def test_a_scheduled_tick_resumes_a_paused_run_but_a_paused_job_never_does
     assert len(scan.starts) == 1
 
 
+async def test_a_tick_resumes_a_run_paused_before_it_started_and_it_starts_then(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """A queued run an operator paused never started: the tick that resumes it starts
+    it, as a trigger would (migrations/0024): a start, a duration, no resume counted."""
+    job = await recoverable(conn, schedule_kind="interval", schedule="1h")
+    run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'scan')")
+    assert await aio(conn.fetchval)("SELECT coordinator.pause_run($1)", run) == "paused"
+    assert (
+        await aio(conn.fetchval)("SELECT started_at FROM coordinator.runs WHERE id = $1", run)
+        is None
+    )
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = now() - interval '1 second' WHERE id = $1",
+        job,
+    )
+    harness = await start_daemon()
+    scan = Scan()
+    await run_worker(nursery, scan.worker(), harness)
+    done = (await harness.wait_event("job.run", run=run))[0]
+    assert done["outcome"] == "succeeded"
+    assert scan.starts == [(run, None, None)]
+    row = await aio(conn.fetchrow)(
+        "SELECT status, resumes, started_at, finished_at, trigger FROM coordinator.runs "
+        "WHERE id = $1",
+        run,
+    )
+    assert (row["status"], row["resumes"], row["trigger"]) == ("succeeded", 0, "manual")
+    assert row["started_at"] is not None
+    assert row["started_at"] <= row["finished_at"]
+
+
 async def test_pause_refuses_bad_requests_and_disturbs_nothing(
     start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
 ) -> None:
