@@ -322,16 +322,15 @@ class _Conn:
         return worker_type in self.types and self.may_run(namespace)
 
 
+def _reach(conn: _Conn) -> frozenset[str] | None:
+    """The namespaces whose calls may go to ``conn`` (its token's); ``None``: every one."""
+    return None if conn.scope is None else conn.scope.namespaces
+
+
 def _namespaces(conn: _Conn) -> tuple[str, ...] | None:
-    """The namespaces ``conn``'s token reaches, sorted; ``None``: every one."""
-    if conn.scope is None or conn.scope.namespaces is None:
-        return None
-    return tuple(sorted(conn.scope.namespaces))
-
-
-def _everywhere(conn: _Conn) -> bool:
-    """Whether ``conn``'s token reaches every namespace."""
-    return conn.scope is None or conn.scope.namespaces is None
+    """:func:`_reach`, sorted, for the status snapshot."""
+    reach = _reach(conn)
+    return None if reach is None else tuple(sorted(reach))
 
 
 @attrs.define(eq=False)
@@ -1185,7 +1184,7 @@ class WorkerExecutor:
         everywhere: dict[str, int] = {}
         scoped: dict[str, dict[str, int]] = {}
         for conn in self._conns.values():
-            namespaces = None if conn.scope is None else conn.scope.namespaces
+            namespaces = _reach(conn)
             for worker_type in conn.types:
                 capacity[worker_type] = capacity.get(worker_type, 0) + conn.capacity
                 if namespaces is None:
@@ -1349,7 +1348,7 @@ class WorkerExecutor:
             busy = len(conn.calls)
             if busy >= conn.capacity:
                 continue
-            key = (_everywhere(conn), busy, -conn.capacity)
+            key = (_reach(conn) is None, busy, -conn.capacity)
             if best_key is None or key < best_key:
                 best, best_key = conn, key
         return best
