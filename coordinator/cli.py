@@ -201,7 +201,7 @@ class CommandContext:
 
     def config(self) -> config_mod.Config:
         if self._config is None:
-            self._config = _load_config(self.args)
+            self._config, self._own_database = _with_demo(_load_config(self.args))
             # What the command prints is redacted by the configured rules too.
             redact.install(self._config.redactor())
         return self._config
@@ -665,6 +665,40 @@ def _daemon_settings(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-format", metavar="FORMAT", help="logfmt (default) or json")
     parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning, error")
+
+
+def _with_demo(config: config_mod.Config) -> tuple[config_mod.Config, bool]:
+    """``config`` for a ``--state-dir`` that is a demo's directory (``coordinator.demo``):
+    the demo's own database (its embedded PostgreSQL there; not the service's DSN from
+    the file or environment, unless ``--dsn`` says otherwise) and, while the demo runs,
+    its admin API, so that ``jobs list``, ``status`` and ``top`` show the demo, as it
+    tells them to. The flag: the database is the demo's own (no check against the
+    service's)."""
+    from .demo import MARKER, admin_api
+
+    chosen = config.state_dir
+    if config.source("state_dir").layer != "flag" or not (chosen / MARKER).exists():
+        return config, False
+    changes: dict[str, Any] = {}
+    sources = dict(config.sources)
+    own = config.source("dsn").layer != "flag" and config.embedded_root.is_dir()
+    if own:
+        changes |= {"dsn": None, "dsn_password_file": None}
+        sources["dsn"] = config_mod.Source(layer="demo", origin=str(chosen))
+        sources.pop("dsn_password_file", None)
+    found = admin_api(chosen)
+    if found is not None:
+        listen, token, path = found
+        changes |= {
+            "admin_listen": listen,
+            "admin_token": token,
+            "admin_token_file": None,
+            "admin_tokens": tokens.TokenSet(),
+        }
+        for name in ("admin_listen", "admin_token", "admin_tokens"):
+            sources[name] = config_mod.Source(layer="demo", origin=str(path))
+        sources.pop("admin_token_file", None)
+    return attrs.evolve(config, **changes, sources=sources), own
 
 
 def _load_config(args: argparse.Namespace) -> config_mod.Config:
@@ -1173,7 +1207,7 @@ def _status_of_database(
 
 
 async def _config(args: argparse.Namespace, ctx: CommandContext) -> int:
-    config = _load_config(args)
+    config, _ = _with_demo(_load_config(args))
     if config.admin_listen:
         # Checked by `run` (whose environment may differ: a service's env file); said here.
         try:

@@ -650,7 +650,8 @@ _BY_NAME: Final = {s.name: s for s in SETTINGS}
 class Source:
     """Which layer set a value, and where exactly."""
 
-    #: ``default``, ``file``, ``env``, ``flag`` or ``credential``.
+    #: ``default``, ``file``, ``env``, ``flag``, ``credential``, or ``demo`` (the admin
+    #: API of a demo running in the ``--state-dir`` given: ``coordinator.demo``).
     layer: str
     #: The file, variable, flag or credential; empty for a default.
     origin: str = ""

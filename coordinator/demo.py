@@ -16,6 +16,7 @@ The steps are separate methods so that more can plug in.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -57,6 +58,28 @@ DEMO_JOBS: Final = (
 MARKER: Final = ".coordinator-demo"
 #: Lines of a run's output shown (the end of it).
 OUTPUT_LINES: Final = 20
+#: Where a running demo leaves its admin API's address and token (a file only its owner
+#: may read, removed when the demo stops), so that ``coordinator status`` and
+#: ``coordinator top`` given the demo's ``--state-dir`` talk to the demo's daemon.
+ADMIN_FILE: Final = "admin-api.json"
+
+
+def admin_api(state_dir: Path) -> tuple[str, str, Path] | None:
+    """The admin API a demo serves from ``state_dir``: its ``host:port``, its token and
+    the file that says so; None unless the directory is a demo's and the file is whole."""
+    path = state_dir / ADMIN_FILE
+    if not (state_dir / MARKER).exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    listen, token = data.get("listen"), data.get("token")
+    if not isinstance(listen, str) or not isinstance(token, str) or not listen or not token:
+        return None
+    return listen, token, path
 
 
 def say(message: str) -> None:
@@ -138,8 +161,25 @@ class Demo:
         """An :class:`~coordinator.log.EventLog` observer: when the admin server listens,
         say where and with which token to sign in."""
         if record.get("event") == "admin.listening" and isinstance(record.get("address"), str):
-            say(f"admin web page: {record['address']}/ (sign in with the token below)")
+            address = record["address"]
+            self._leave_admin_api(address)
+            say(f"admin web page: {address}/ (sign in with the token below)")
             say(f"admin token: {self.admin_token}")
+            look = f" --state-dir {self.state_dir}"
+            say(
+                f"`coordinator status{look}` and `coordinator top{look}` ask this "
+                "daemon (the address and token are in its directory meanwhile)"
+            )
+
+    def _leave_admin_api(self, address: str) -> None:
+        """Write :data:`ADMIN_FILE` (readable by its owner only) for the CLI to find."""
+        listen = address.removeprefix("http://").rstrip("/")
+        text = json.dumps({"listen": listen, "token": self.admin_token})
+        path = self.state_dir / ADMIN_FILE
+        with contextlib.suppress(OSError):  # the page is still served; the CLI just won't know
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as file:
+                file.write(text)
 
     def started(self, run_id: int) -> None:
         """Tell where everything is."""
@@ -178,6 +218,8 @@ class Demo:
 
     def finished(self) -> None:
         """Remove the directory (unless kept) and say what became of it."""
+        with contextlib.suppress(OSError):  # its daemon is gone: nobody answers there now
+            (self.state_dir / ADMIN_FILE).unlink(missing_ok=True)
         if self.keep:
             say(
                 f"kept {self.state_dir}: look with `coordinator runs list --state-dir "

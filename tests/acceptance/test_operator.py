@@ -262,6 +262,31 @@ def test_demo_uses_its_own_directory_shows_output_and_cleans_up(
         assert demo.read_until("hello from a manual run").startswith("  | ")
         server = postmaster_pid(root)
         assert server is not None
+        # `status` and `top` given the demo's directory ask the demo's daemon, not the
+        # service's configured admin API (nothing listens there).
+        hint = "`coordinator status --state-dir"
+        said = next((x for x in demo.lines if hint in x), None) or demo.read_until(hint)
+        assert f"`coordinator top --state-dir {where}` ask this daemon" in said
+        pages = [
+            re.match(r"demo: admin web page: (http://127\.0\.0\.1:\d+)/", x) for x in demo.lines
+        ]
+        demo_api = next(found for found in pages if found)
+        status = run_cli("status", "--state-dir", str(where), config=config)
+        assert status.code == 0, status.err
+        assert f"the daemon's admin API at {demo_api[1]}/api/status" in status.out
+        assert "demo/" in run_cli("top", "--once", "--state-dir", str(where), config=config).out
+        shown = run_cli("config", "--state-dir", str(where), config=config).out
+        assert f"demo {where / 'admin-api.json'}" in shown
+        # ... and its database, not the one the service's configuration names.
+        assert f"demo {where}\n" in shown
+        listed = run_cli(
+            "jobs", "list", "--state-dir", str(where), config=config, COORDINATOR_PG_BIN=bin_dir
+        )
+        assert [line.split()[1] for line in listed.out.splitlines()[1:]] == [
+            "heartbeat",
+            "hello",
+            "tick",
+        ]
         out = demo.stop()
         assert demo.proc.returncode == 0
         assert f"demo: deleted {where} (its jobs, runs and PostgreSQL)" in out
@@ -291,6 +316,7 @@ def test_demo_with_a_dsn_removes_its_jobs_unless_kept(database: str, tmp_path: P
     demo.read_until("hello from a manual run")
     assert f"demo: kept {kept}" in demo.stop()
     assert kept.is_dir()
+    assert not (kept / "admin-api.json").exists()  # its daemon no longer answers
     names = sql(database, "SELECT name FROM coordinator.jobs WHERE namespace = 'demo'")
     assert sorted(r["name"] for r in names) == ["heartbeat", "hello", "tick"]
 
