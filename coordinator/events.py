@@ -194,9 +194,11 @@ class RunGivenBack(Event):
     #: Why it could not be sent.
     reason: str | None
     #: ``queued`` (a manual run or a retry waits again), ``removed`` (a run of the
-    #: schedule: its deadline stands), ``cancelled`` (its job was removed meanwhile,
-    #: history kept), ``already`` (settled or swept meanwhile: left as it was), ``gone``
-    #: (its job was deleted); ``None`` while the give-back is held (not saved yet).
+    #: schedule: its deadline stands), ``paused`` (an operator paused it meanwhile, a
+    #: recoverable job's: paused as asked, never started), ``cancelled`` (its job was
+    #: removed meanwhile, history kept), ``already`` (settled or swept meanwhile: left as
+    #: it was), ``gone`` (its job was deleted); ``None`` while the give-back is held (not
+    #: saved yet).
     became: str | None = None
 
 

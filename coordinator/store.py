@@ -178,7 +178,8 @@ class ClaimResult:
 class JobState:
     """The job's deadline state right after a settlement, so it can be re-armed at once."""
 
-    #: ``saved`` | ``already`` (saved before: a retry or replay) | ``gone`` (job removed).
+    #: ``saved`` | ``already`` (saved before: a retry or replay) | ``gone`` (job removed)
+    #: | ``paused`` (a give-back of a run an operator paused meanwhile: migrations/0025).
     outcome: str
     job_id: int | None = None
     paused: bool = False

@@ -786,6 +786,8 @@ def _became(claim: Claim, state: JobState | None) -> str | None:
         return None  # held: saved later, or spooled
     if state.retry_run_id == claim.run_id:
         return "queued"  # (or was, by a first try whose answer was lost)
+    if state.outcome == "paused":
+        return "paused"  # an operator's pause asked meanwhile (migrations/0025)
     if state.outcome == "saved":
         # (Only a cancelled run has a category: its job was removed, history kept.)
         return "cancelled" if state.category is not None else "removed"

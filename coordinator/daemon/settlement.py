@@ -268,7 +268,7 @@ class Settlement:
             outcome, problem = await self._replay_one(record)
             if problem is not None:
                 refused.append((record, problem))
-            elif outcome == "saved":
+            elif outcome in ("saved", "paused"):  # ("paused": a give-back, paused as asked)
                 saved += 1
             else:
                 already += 1

@@ -80,22 +80,24 @@ def given_back(clock: WallClock, why: str) -> Outcome:
 
 def not_sent(clock: WallClock, claim: Claim, why: str, *, give_back: bool = True) -> Outcome:
     """A claimed run whose call was never sent and cannot be now (``why``), for every
-    executor and the dispatcher alike: a recoverable run pauses where it was (a trigger
-    or its next tick resumes it); a run resumed before keeps its first start, so it
-    cannot be ``queued`` again and fails (``crashed``), as does one whose give-back would
-    only be claimed again at once (``give_back=False``); any other is given back.
+    executor and the dispatcher alike: a run that never started is given back (``queued``
+    again, or a run of the schedule removed so that its deadline stands), a recoverable
+    job's too. A run resumed before keeps its first start and cursor, so it cannot be
+    ``queued`` again: a recoverable one pauses where it was (a trigger or its next tick
+    resumes it), any other fails (``crashed``). So does one whose give-back would only be
+    claimed again at once (``give_back=False``).
 
-    (A recoverable run is paused rather than given back even when it never started: an
-    operator may have asked to pause it meanwhile (``cancel_requested``), which a pause
-    settles and a give-back, acting on a ``running`` run only, would leave for good.)"""
+    (An operator's pause asked while the run was claimed leaves it ``cancel_requested``;
+    the give-back then ends it ``paused``, as asked: migrations/0025.)"""
     now = clock.now()
+    started_before = bool(claim.resumes) or claim.cursor is not None
+    if give_back and not started_before:
+        return given_back(clock, why)
     if claim.job.recoverable:
         return ended(
             clock, now, "paused", None, f"paused: {why}", count=claim.count, cursor=claim.cursor
         )
-    if claim.resumes or not give_back:
-        return ended(clock, now, "failed", "crashed", why)
-    return given_back(clock, why)
+    return ended(clock, now, "failed", "crashed", why)
 
 
 def timed_out_message(timeout: timedelta) -> str:

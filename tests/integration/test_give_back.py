@@ -212,8 +212,8 @@ async def test_give_backs_and_results_settle_together(
 async def test_a_resumed_run_is_never_given_back(
     aio_loop: Any, conn: asyncpg.Connection, database: str
 ) -> None:
-    """Only recoverable runs are resumed, and those pause unsent instead; were one given
-    back by mistake, the database refuses it (its first start must not be lost)."""
+    """A run resumed before (recoverable) pauses unsent instead; were one given back by
+    mistake, the database refuses it (its first start must not be lost)."""
     job = await define(conn, "r")
     run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'r')")
     async with serving(database) as store:
@@ -224,6 +224,53 @@ async def test_a_resumed_run_is_never_given_back(
     row = await run_row(conn, run)
     assert row is not None
     assert row["status"] == "running"
+
+
+async def test_a_recoverable_run_paused_while_claimed_is_paused_by_its_give_back(
+    aio_loop: Any, conn: asyncpg.Connection, database: str
+) -> None:
+    """A recoverable job's run that never started is given back like any other. An
+    operator's pause asked while it was claimed, before it was sent, leaves it
+    ``cancel_requested``: its give-back ends it ``paused``, as pause_run pauses a queued
+    run (migrations/0025), where it used to answer ``already`` and leave it so."""
+    target = {"kind": "worker", "type": "t"}
+    job = await define(conn, "rec", target=target, recoverable=True)
+    trigger = "SELECT coordinator.trigger('default', 'rec')"
+    run = await aio(conn.fetchval)(trigger)
+    before = await run_row(conn, run)
+    async with serving(database) as store:
+        claim = await claim_run(store, job, run)
+        state = await store.settle(held(claim))
+        assert (state.outcome, state.retry_run_id) == ("saved", run)
+        assert await run_row(conn, run) == before
+        claim = await claim_run(store, job, run)
+        paused = await aio(conn.fetchval)("SELECT coordinator.pause_run($1)", run)
+        assert paused == "cancel_requested"
+        state = await store.settle(held(claim))
+        assert (state.outcome, state.retry_run_id, state.job_id) == ("paused", None, job)
+        row = await run_row(conn, run)
+        assert row is not None
+        assert (row["status"], row["claimed_at"], row["started_at"], row["instance"]) == (
+            "paused",
+            None,
+            None,
+            None,
+        )
+        assert row["error_message"] == "paused by operator before it started"
+        # Sent again (its first answer lost): left as it is.
+        assert (await store.settle(held(claim))).outcome == "already"
+        # A trigger resumes it; never started, it counts no resume.
+        assert await aio(conn.fetchval)(trigger) == run
+        resumed = await claim_run(store, job, run)
+        assert (resumed.run_id, resumed.resumes, resumed.cursor) == (run, 0, None)
+        # Paused again while claimed, its job then removed (history kept): cancelled.
+        await aio(conn.fetchval)("SELECT coordinator.pause_run($1)", run)
+        await aio(conn.execute)("SELECT coordinator.remove('default', 'rec', true)")
+        state = await store.settle(held(resumed))
+    assert (state.outcome, state.category) == ("saved", "cancellation")
+    row = await run_row(conn, run)
+    assert row is not None
+    assert row["status"] == "cancelled"
 
 
 async def test_a_run_of_a_job_removed_meanwhile_is_cancelled_not_queued(

@@ -288,11 +288,16 @@ async def test_progress_is_coalesced_flagged_and_saved_with_the_result(
 
 
 async def _claimed_ahead(
-    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery, **settings: Any
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    nursery: trio.Nursery,
+    *,
+    recoverable: bool = False,
+    **settings: Any,
 ) -> tuple[Harness, list[int], list[str], dict[str, trio.Event], dict[str, int], Worker]:
     """Three manual runs for a worker of capacity 1, with ``claim_ahead`` 2: one call
     runs (held until its gate is set), two runs are claimed and wait for the slot
-    (``concurrency`` 3: they count against it)."""
+    (``concurrency`` 3: they count against it). The jobs are ``recoverable`` if asked."""
     harness = await start_daemon(concurrency=3, claim_ahead=2, **settings)
     worker = Worker(worker_id="w1", capacity=1)
     started: list[str] = []
@@ -309,7 +314,7 @@ async def _claimed_ahead(
         return 1
 
     for name in gates:
-        await define(conn, name, target={"kind": "worker", "type": "t"})
+        await define(conn, name, target={"kind": "worker", "type": "t"}, recoverable=recoverable)
     await run_worker(nursery, worker, harness)
     runs = []
     for name in gates:
@@ -354,13 +359,17 @@ async def test_claim_ahead_claims_runs_that_then_wait_their_turn_for_a_worker_sl
     assert [r["status"] for r in statuses] == ["succeeded"] * 3
 
 
+@pytest.mark.parametrize("recoverable", [False, True], ids=["plain", "recoverable"])
 async def test_runs_claimed_ahead_are_given_back_when_their_worker_leaves(
-    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery, recoverable: bool
 ) -> None:
     """Runs that waited for a slot of a worker that then left were never sent: they are
     given back (``queued`` again, not failed) and run once a worker serves their type
-    (before, they failed: "no worker serving 't': none is connected")."""
-    harness, runs, started, gates, _, worker = await _claimed_ahead(start_daemon, conn, nursery)
+    (before, they failed: "no worker serving 't': none is connected"). A recoverable
+    job's too (before migrations/0025 they paused, to wait for a trigger)."""
+    harness, runs, started, gates, _, worker = await _claimed_ahead(
+        start_daemon, conn, nursery, recoverable=recoverable
+    )
     worker.stop()  # bye: its call goes on, no new call comes to it
     await harness.wait_event("run.given_back", count=2)
     given = harness.named("run.given_back")

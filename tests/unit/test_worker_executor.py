@@ -343,10 +343,12 @@ async def test_a_run_resumed_before_is_not_given_back_but_fails_as_before(
     )
 
 
-async def test_a_recoverable_run_not_sent_pauses_where_it_was(sock_path: Path) -> None:
-    """A recoverable run is paused unsent, not given back, whether it ran before or not:
-    an operator's pause asked meanwhile is then settled (a give-back acts on a running
-    run only). Its cursor and count are kept."""
+async def test_a_recoverable_run_not_sent_is_given_back_unless_it_ran_before(
+    sock_path: Path,
+) -> None:
+    """A recoverable job's run that never started is given back like any other (an
+    operator's pause asked meanwhile is then settled by the give-back: migrations/0025);
+    one resumed before pauses where it was, its cursor and count kept."""
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
             fresh = await h.call(make_claim(1, "absent", recoverable=True))
@@ -355,9 +357,9 @@ async def test_a_recoverable_run_not_sent_pauses_where_it_was(sock_path: Path) -
                 resumes=1,
             )
             paused = await h.call(resumed)
-    reason = "paused: not sent: no worker serving 'absent' is connected"
-    assert (fresh.status, fresh.error_message) == ("paused", reason)
-    assert (paused.status, paused.error_message) == ("paused", reason)
+    reason = "not sent: no worker serving 'absent' is connected"
+    assert (fresh.status, fresh.error_cause, fresh.error_message) == ("queued", None, reason)
+    assert (paused.status, paused.error_message) == ("paused", f"paused: {reason}")
     assert (paused.cursor, paused.count) == (Cursor(value="c2"), 2)
 
 
