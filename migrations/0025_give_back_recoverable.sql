@@ -14,15 +14,27 @@
 -- _give_back ends a never-started `cancel_requested` run under the claim it names as the
 -- operator asked: `paused`, as pause_run pauses a queued run ("paused by operator before
 -- it started", no start, no claim), answering the new outcome 'paused' (the daemon logs
--- `became=paused`; nothing is queued or armed for it).
+-- `became=paused`; nothing is queued for it). The deadline the run served, or one
+-- overdue now, is spent as _settle spends it for a paused result, so that its job's
+-- next tick resumes it, not the tick just paused: the give-back now carries the schedule
+-- version it was claimed under and the next deadline, as every settlement item does.
 --
--- Redefined from 0023: _give_back (same signature: its grants stay).
+-- A recoverable job's run of the schedule whose deadline was spent (it paused before,
+-- and a trigger queued it again; it never started) is queued again when given back, not
+-- removed: the run id the trigger returned stays.
+--
+-- Redefined from 0023: _give_back (two trailing parameters: dropped and re-created,
+-- granted again) and _settle_each (passes them on; same signature, its grants stay).
 -- Every function runs with enable_seqscan = off (0004).
 
-CREATE OR REPLACE FUNCTION coordinator._give_back(
+DROP FUNCTION coordinator._give_back(bigint, bigint, timestamptz);
+
+CREATE FUNCTION coordinator._give_back(
     p_run_id             bigint,
     p_job_id             bigint,   -- the job it was claimed for (NULL: the run's)
     p_claimed_at         timestamptz,  -- the claim it undoes (NULL: whichever)
+    p_version            integer DEFAULT NULL,      -- the schedule version it was claimed under
+    p_next_run_at        timestamptz DEFAULT NULL,  -- the deadline after now, by that schedule
     OUT outcome          text,     -- 'saved' | 'paused' | 'already' | 'gone'
     OUT job_id           bigint,
     OUT paused           boolean,
@@ -69,6 +81,16 @@ BEGIN
                error_message = 'paused by operator before it started', category = NULL,
                retryable = NULL
          WHERE runs.id = p_run_id;
+        -- The deadline it served (or one overdue now) is spent, as _settle spends it for
+        -- a paused result: its job's next tick resumes it, not the tick just paused.
+        IF j.schedule_version = p_version
+           AND (r.trigger = 'schedule'
+                OR (r.scheduled_for IS NOT NULL AND j.next_run_at = r.scheduled_for)
+                OR j.next_run_at <= now()) THEN
+            UPDATE coordinator.jobs SET next_run_at = p_next_run_at, updated_at = now()
+             WHERE jobs.id = j.id
+            RETURNING * INTO j;
+        END IF;
         outcome := 'paused';
     ELSIF NOT FOUND OR (r.status <> 'running' AND NOT paused_unsent)
        OR (p_claimed_at IS NOT NULL AND r.claimed_at IS DISTINCT FROM p_claimed_at) THEN
@@ -93,9 +115,12 @@ BEGIN
          WHERE runs.id = p_run_id
         RETURNING runs.category INTO category;  -- (set: how the daemon tells this case)
         outcome := 'saved';
-    ELSIF r.trigger = 'schedule' THEN
+    ELSIF r.trigger = 'schedule'
+          AND (NOT j.recoverable OR r.scheduled_for IS NOT DISTINCT FROM j.next_run_at) THEN
         -- The deadline it served is still the job's saved one (the claim does not move it):
-        -- it stands, to be claimed again.
+        -- it stands, to be claimed again. (A recoverable job's run of the schedule whose
+        -- deadline was spent -- it paused before, and a trigger queued it again -- is
+        -- queued again below: the id the trigger returned must stay.)
         DELETE FROM coordinator.runs WHERE runs.id = p_run_id;
         outcome := 'saved';
     ELSE
@@ -112,5 +137,88 @@ BEGIN
     invalid := j.invalid_reason IS NOT NULL;
     schedule_version := j.schedule_version;
     next_run_at := j.next_run_at;
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION coordinator._give_back(bigint, bigint, timestamptz, integer, timestamptz)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION coordinator._give_back(bigint, bigint, timestamptz, integer, timestamptz)
+    TO coordinator_daemon;
+
+-- As in 0023, but a give-back passes its schedule version and next deadline on.
+CREATE OR REPLACE FUNCTION coordinator._settle_each(p_items json, p_isolate boolean) RETURNS TABLE (
+    i                integer,
+    err_state        text,
+    err_message      text,
+    outcome          text,
+    job_id           bigint,
+    paused           boolean,
+    invalid          boolean,
+    schedule_version integer,
+    next_run_at      timestamptz,
+    retry_run_id     bigint,
+    retry_due_at     timestamptz,
+    exhausted        boolean,
+    category         text
+)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+    item record;
+    s    record;
+BEGIN
+    FOR item IN
+        SELECT x.*, r.job_id AS job
+          FROM json_to_recordset(p_items)
+               AS x(i integer, run bigint, status text, started timestamptz,
+                    finished timestamptz, count bigint, extra jsonb, cause text,
+                    message text, v integer, next timestamptz, category text,
+                    retryable boolean, jitter double precision, cursor jsonb, findings jsonb,
+                    jid bigint, ca timestamptz)
+          LEFT JOIN coordinator.runs r ON r.id = x.run
+         ORDER BY coalesce(r.job_id, x.jid), x.i
+    LOOP
+        i := item.i;
+        err_state := NULL;
+        err_message := NULL;
+        IF p_isolate THEN
+            BEGIN
+                IF item.status = 'queued' THEN
+                    SELECT * INTO s FROM coordinator._give_back(item.run, item.jid, item.ca, item.v,
+                                                             item.next);
+                ELSE
+                    SELECT * INTO s FROM coordinator._settle(item.run, item.status, item.started,
+                                                             item.finished, item.count, item.extra,
+                                                             item.cause, item.message, item.v,
+                                                             item.next, item.category,
+                                                             item.retryable, item.jitter,
+                                                             item.cursor -> 'v', item.findings);
+                END IF;
+            EXCEPTION WHEN others THEN
+                err_state := SQLSTATE;
+                err_message := SQLERRM;
+                outcome := NULL;
+                RETURN NEXT;
+                CONTINUE;
+            END;
+        ELSE
+            IF item.status = 'queued' THEN
+                SELECT * INTO s FROM coordinator._give_back(item.run, item.jid, item.ca, item.v,
+                                                             item.next);
+            ELSE
+                SELECT * INTO s FROM coordinator._settle(item.run, item.status, item.started,
+                                                         item.finished, item.count, item.extra,
+                                                         item.cause, item.message, item.v,
+                                                         item.next, item.category,
+                                                         item.retryable, item.jitter,
+                                                         item.cursor -> 'v', item.findings);
+            END IF;
+        END IF;
+        outcome := s.outcome; job_id := s.job_id; paused := s.paused;
+        invalid := s.invalid; schedule_version := s.schedule_version;
+        next_run_at := s.next_run_at;
+        retry_run_id := s.retry_run_id; retry_due_at := s.retry_due_at;
+        exhausted := s.exhausted; category := s.category;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;

@@ -15,7 +15,8 @@ event                  message    data
                                  ``paused`` too), ``attempt``, ``category``, ``retry`` (the
                                  run queued to retry it), ``retry_at``, ``resumes``, ...
 ``RunGivenBack``       ``run``    ``job_id``, ``job``, ``run``, ``status: queued`` (waits
-                                 again) or ``job`` (a run of the schedule: removed)
+                                 again) or ``paused`` (paused meanwhile), or ``job`` (a
+                                 run of the schedule: removed)
 ``RunProgress``        progress   ``run``, ``percent``, ``label``, ``message``
 ``ClaimRejected``      ``job``    ``job_id``, ``run``, ``reason``
 ``NotificationWake``   ``job``    ``job_id`` (one job changed), ``run`` (a queued run, or
@@ -107,12 +108,12 @@ def message(event: Event) -> tuple[str, dict[str, Any]] | None:
             "resumes": event.resumes,
         }
     if isinstance(event, RunGivenBack):
-        if event.became == "queued":
+        if event.became in ("queued", "paused"):
             return "run", {
                 "job_id": event.job_id,
                 "job": event.job,
                 "run": event.run,
-                "status": "queued",
+                "status": event.became,
             }
         return "job", {"job_id": event.job_id}
     if isinstance(event, RunProgress):

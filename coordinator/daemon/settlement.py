@@ -301,7 +301,7 @@ class Settlement:
         )
 
     async def _replay_one(self, record: HeldResult) -> tuple[str | None, str | None]:
-        """(``saved``/``already``, None) or (None, why PostgreSQL refused it)."""
+        """(``saved``/``paused``/``already``, None) or (None, why PostgreSQL refused it)."""
         for attempt in range(1, REPLAY_TRIES + 1):
             try:
                 state = await self.store.settle(record)

@@ -82,7 +82,7 @@ def not_sent(clock: WallClock, claim: Claim, why: str, *, give_back: bool = True
     """A claimed run whose call was never sent and cannot be now (``why``), for every
     executor and the dispatcher alike: a run that never started is given back (``queued``
     again, or a run of the schedule removed so that its deadline stands), a recoverable
-    job's too. A run resumed before keeps its first start and cursor, so it cannot be
+    job's too. A run resumed before keeps its first start, so it cannot be
     ``queued`` again: a recoverable one pauses where it was (a trigger or its next tick
     resumes it), any other fails (``crashed``). So does one whose give-back would only be
     claimed again at once (``give_back=False``).
@@ -90,8 +90,9 @@ def not_sent(clock: WallClock, claim: Claim, why: str, *, give_back: bool = True
     (An operator's pause asked while the run was claimed leaves it ``cancel_requested``;
     the give-back then ends it ``paused``, as asked: migrations/0025.)"""
     now = clock.now()
-    started_before = bool(claim.resumes) or claim.cursor is not None
-    if give_back and not started_before:
+    if give_back and not claim.resumes:
+        # (A recoverable job's retry is a new run, never started, that carries the failed
+        # attempt's cursor: given back, cursor kept, as the database allows.)
         return given_back(clock, why)
     if claim.job.recoverable:
         return ended(

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
+import attrs
 import pytest
 import trio
 
@@ -271,6 +272,56 @@ async def test_a_recoverable_run_paused_while_claimed_is_paused_by_its_give_back
     row = await run_row(conn, run)
     assert row is not None
     assert row["status"] == "cancelled"
+
+
+async def test_a_tick_paused_while_claimed_spends_its_deadline_and_a_trigger_keeps_its_run(
+    aio_loop: Any, conn: asyncpg.Connection, database: str
+) -> None:
+    """A recoverable job's tick paused while it was claimed: paused, like a paused result
+    it spends the deadline it served (else that overdue deadline, armed at once, would
+    resume it right away), and a trigger that queues it again later keeps its id even if
+    that run is given back in turn (queued again, not removed as a fresh tick is)."""
+    job = await define(
+        conn,
+        "rs",
+        schedule_kind="cron",
+        schedule="0 * * * *",
+        target={"kind": "worker", "type": "t"},
+        recoverable=True,
+    )
+    deadline = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
+    later = deadline + timedelta(hours=1)
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = $2 WHERE id = $1", job, deadline
+    )
+    version = await aio(conn.fetchval)(
+        "SELECT schedule_version FROM coordinator.jobs WHERE id = $1", job
+    )
+    ticket = Ticket(
+        job_id=job,
+        priority="background",
+        due=deadline.timestamp(),
+        scheduled_for=deadline,
+        schedule_version=version,
+    )
+    async with serving(database) as store:
+        result = await store.claim(ticket, workers=("t",))
+        assert result.claim is not None, result.reason
+        run = result.claim.run_id
+        await aio(conn.fetchval)("SELECT coordinator.pause_run($1)", run)
+        state = await store.settle(attrs.evolve(held(result.claim), next_run_at=later))
+        assert (state.outcome, state.next_run_at) == ("paused", later)
+        row = await run_row(conn, run)
+        assert row is not None
+        assert row["status"] == "paused"
+        # A trigger queues it again; claimed, then given back: still that run, queued.
+        assert await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'rs')") == run
+        claim = await claim_run(store, job, run)
+        state = await store.settle(held(claim))
+        assert (state.outcome, state.retry_run_id) == ("saved", run)
+        row = await run_row(conn, run)
+        assert row is not None
+        assert (row["status"], row["claimed_at"], row["started_at"]) == ("queued", None, None)
 
 
 async def test_a_run_of_a_job_removed_meanwhile_is_cancelled_not_queued(

@@ -346,12 +346,17 @@ async def test_a_run_resumed_before_is_not_given_back_but_fails_as_before(
 async def test_a_recoverable_run_not_sent_is_given_back_unless_it_ran_before(
     sock_path: Path,
 ) -> None:
-    """A recoverable job's run that never started is given back like any other (an
-    operator's pause asked meanwhile is then settled by the give-back: migrations/0025);
-    one resumed before pauses where it was, its cursor and count kept."""
+    """A recoverable job's run that never started is given back like any other, a retry
+    carrying its failed attempt's cursor included (an operator's pause asked meanwhile is
+    then settled by the give-back: migrations/0025); one resumed before pauses where it
+    was, its cursor and count kept."""
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
             fresh = await h.call(make_claim(1, "absent", recoverable=True))
+            # A retry: a new run, never started, carrying the failed attempt's cursor.
+            retry = await h.call(
+                make_claim(3, "absent", recoverable=True, cursor=Cursor(value="c3"), count=3)
+            )
             resumed = attrs.evolve(
                 make_claim(2, "absent", recoverable=True, cursor=Cursor(value="c2"), count=2),
                 resumes=1,
@@ -359,6 +364,7 @@ async def test_a_recoverable_run_not_sent_is_given_back_unless_it_ran_before(
             paused = await h.call(resumed)
     reason = "not sent: no worker serving 'absent' is connected"
     assert (fresh.status, fresh.error_cause, fresh.error_message) == ("queued", None, reason)
+    assert (retry.status, retry.error_message) == ("queued", reason)
     assert (paused.status, paused.error_message) == ("paused", f"paused: {reason}")
     assert (paused.cursor, paused.count) == (Cursor(value="c2"), 2)
 
@@ -1433,7 +1439,8 @@ async def test_a_pause_request_sends_cancel_pause_and_the_run_pauses(sock_path: 
             h.nursery.start_soon(lambda: _collect(h, claim, outcomes))
             assert (await raw.recv() or {})["type"] == "call"
             await raw.send({"type": "checkpoint", "run": 2, "cursor": "c1", "count": 1})
-            await trio.sleep(0.05)
+            while h.executor._calls[2].cursor != "c1":  # (read: the call keeps it)
+                await trio.sleep(0.01)
             assert h.executor.cancel(2, "pause") is True
             assert h.executor.cancel(3, "pause") is False  # not a call of ours
             assert await raw.recv() == {"v": 1, "type": "cancel", "run": 2, "reason": "pause"}
