@@ -198,10 +198,17 @@ class CommandContext:
     #: The command chose its own embedded database (the demo): no check against the
     #: service's configuration.
     _own_database: bool = False
+    #: ``--state-dir`` named a demo's directory whose jobs are in the database that demo
+    #: was given with ``--dsn``: a command needs that ``--dsn`` too.
+    _demo_elsewhere: Path | None = None
 
     def config(self) -> config_mod.Config:
         if self._config is None:
-            self._config, self._own_database = _with_demo(_load_config(self.args))
+            loaded = _load_config(self.args)
+            if self.args.group in ("run", "demo"):  # (a daemon of its own: not the demo's)
+                self._config = loaded
+            else:
+                self._config, self._own_database, self._demo_elsewhere = _with_demo(loaded)
             # What the command prints is redacted by the configured rules too.
             redact.install(self._config.redactor())
         return self._config
@@ -217,6 +224,11 @@ class CommandContext:
         directory, created and started on first use, unless the service's configuration
         names another database. The one place that decides it."""
         config = self.config()
+        if self._demo_elsewhere is not None and config.source("dsn").layer != "flag":
+            raise ConfigError(
+                f"{self._demo_elsewhere} is a demo's directory whose jobs are in the database "
+                "that demo was given with --dsn: pass that --dsn too"
+            )
         dsn = config.database_dsn()
         if dsn is not None:
             return dsn
@@ -667,38 +679,45 @@ def _daemon_settings(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning, error")
 
 
-def _with_demo(config: config_mod.Config) -> tuple[config_mod.Config, bool]:
+def _with_demo(config: config_mod.Config) -> tuple[config_mod.Config, bool, Path | None]:
     """``config`` for a ``--state-dir`` that is a demo's directory (``coordinator.demo``):
-    the demo's own database (its embedded PostgreSQL there; not the service's DSN from
-    the file or environment, unless ``--dsn`` says otherwise) and, while the demo runs,
-    its admin API, so that ``jobs list``, ``status`` and ``top`` show the demo, as it
-    tells them to. The flag: the database is the demo's own (no check against the
-    service's)."""
-    from .demo import MARKER, admin_api
+    the demo's own database (its embedded PostgreSQL there, not the service's DSN from
+    the file or environment, unless ``--dsn`` says otherwise), its worker socket and,
+    only while that demo runs, its admin API (else none: the service's would answer for
+    another daemon), so that ``jobs list``, ``status`` and ``top`` show the demo, as it
+    tells them to. Also: whether the database is the demo's own (no check against the
+    service's), and the directory if the demo was given its database with ``--dsn``
+    (a command then needs that ``--dsn`` too)."""
+    from .demo import read_state
 
     chosen = config.state_dir
-    if config.source("state_dir").layer != "flag" or not (chosen / MARKER).exists():
-        return config, False
-    changes: dict[str, Any] = {}
-    sources = dict(config.sources)
-    own = config.source("dsn").layer != "flag" and config.embedded_root.is_dir()
+    state = read_state(chosen) if config.source("state_dir").layer == "flag" else None
+    if state is None:
+        return config, False, None
+    demo = config_mod.Source(layer="demo", origin=str(state.path or chosen))
+    changes: dict[str, Any] = {"worker_socket": chosen / "worker.sock"}
+    sources = {**config.sources, "worker_socket": demo}
+    elsewhere = chosen if state.database == "given" else None
+    own = (
+        elsewhere is None
+        and config.source("dsn").layer != "flag"
+        and (state.database == "own" or config.embedded_root.is_dir())
+    )
     if own:
         changes |= {"dsn": None, "dsn_password_file": None}
-        sources["dsn"] = config_mod.Source(layer="demo", origin=str(chosen))
+        sources["dsn"] = demo
         sources.pop("dsn_password_file", None)
-    found = admin_api(chosen)
-    if found is not None:
-        listen, token, path = found
-        changes |= {
-            "admin_listen": listen,
-            "admin_token": token,
-            "admin_token_file": None,
-            "admin_tokens": tokens.TokenSet(),
-        }
-        for name in ("admin_listen", "admin_token", "admin_tokens"):
-            sources[name] = config_mod.Source(layer="demo", origin=str(path))
-        sources.pop("admin_token_file", None)
-    return attrs.evolve(config, **changes, sources=sources), own
+    listen, token = state.admin if state.admin is not None else (None, None)
+    changes |= {
+        "admin_listen": listen,
+        "admin_token": token,
+        "admin_token_file": None,
+        "admin_tokens": tokens.TokenSet(),
+    }
+    for name in ("admin_listen", "admin_token", "admin_tokens"):
+        sources[name] = demo
+    sources.pop("admin_token_file", None)
+    return attrs.evolve(config, **changes, sources=sources), own, elsewhere
 
 
 def _load_config(args: argparse.Namespace) -> config_mod.Config:
@@ -1207,7 +1226,7 @@ def _status_of_database(
 
 
 async def _config(args: argparse.Namespace, ctx: CommandContext) -> int:
-    config, _ = _with_demo(_load_config(args))
+    config, _, _ = _with_demo(_load_config(args))
     if config.admin_listen:
         # Checked by `run` (whose environment may differ: a service's env file); said here.
         try:

@@ -58,28 +58,61 @@ DEMO_JOBS: Final = (
 MARKER: Final = ".coordinator-demo"
 #: Lines of a run's output shown (the end of it).
 OUTPUT_LINES: Final = 20
-#: Where a running demo leaves its admin API's address and token (a file only its owner
-#: may read, removed when the demo stops), so that ``coordinator status`` and
-#: ``coordinator top`` given the demo's ``--state-dir`` talk to the demo's daemon.
-ADMIN_FILE: Final = "admin-api.json"
+#: What a demo says of itself in its directory, for the CLI given it with ``--state-dir``
+#: (:func:`read_state`): where its jobs are and, while it runs, its process and admin
+#: API (address and token: the file is readable by its owner only). Rewritten whole
+#: (a reader sees the old file or the new one), and without the running part on exit.
+STATE_FILE: Final = "demo.json"
 
 
-def admin_api(state_dir: Path) -> tuple[str, str, Path] | None:
-    """The admin API a demo serves from ``state_dir``: its ``host:port``, its token and
-    the file that says so; None unless the directory is a demo's and the file is whole."""
-    path = state_dir / ADMIN_FILE
+@attrs.frozen(kw_only=True)
+class DemoState:
+    """A demo directory's :data:`STATE_FILE`, as read by the CLI."""
+
+    #: ``own`` (its embedded PostgreSQL in the directory) or ``given`` (``--dsn``);
+    #: ``None`` for a directory an older demo left (no file).
+    database: str | None = None
+    #: The running demo's admin API (``host:port``, token), if one runs.
+    admin: tuple[str, str] | None = None
+    #: The file read.
+    path: Path | None = None
+
+
+def read_state(state_dir: Path) -> DemoState | None:
+    """What ``state_dir`` says of its demo; None unless it is a demo's directory. The
+    admin API is only given while the process that wrote it lives."""
     if not (state_dir / MARKER).exists():
         return None
+    path = state_dir / STATE_FILE
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None
+        return DemoState()
     if not isinstance(data, dict):
-        return None
-    listen, token = data.get("listen"), data.get("token")
-    if not isinstance(listen, str) or not isinstance(token, str) or not listen or not token:
-        return None
-    return listen, token, path
+        return DemoState()
+    database = data.get("database") if data.get("database") in ("own", "given") else None
+    admin = None
+    listen, token, pid = data.get("listen"), data.get("token"), data.get("pid")
+    if (
+        isinstance(listen, str)
+        and isinstance(token, str)
+        and listen
+        and token
+        and isinstance(pid, int)
+        and _alive(pid)
+    ):
+        admin = (listen, token)
+    return DemoState(database=database, admin=admin, path=path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return pid > 0
 
 
 def say(message: str) -> None:
@@ -105,6 +138,8 @@ class Demo:
     began: bool = False
     #: The admin web page's token (made up for this demo).
     admin_token: str = attrs.field(factory=lambda: secrets.token_urlsafe(24))
+    #: Where the admin API listens (``host:port``), once it does.
+    _listen: str | None = None
 
     @classmethod
     def prepare(
@@ -138,7 +173,9 @@ class Demo:
         (path / MARKER).write_text(
             "made by `coordinator demo`; deleted when the demo stops unless it runs with --keep\n"
         )
-        return cls(state_dir=path, keep=keep, external_database=external_database)
+        demo = cls(state_dir=path, keep=keep, external_database=external_database)
+        demo._write_state(running=True)
+        return demo
 
     def settings(self, base: Config) -> Config:
         """The demo's configuration: ``base`` (log format and level, a ``--dsn``) with
@@ -162,24 +199,32 @@ class Demo:
         say where and with which token to sign in."""
         if record.get("event") == "admin.listening" and isinstance(record.get("address"), str):
             address = record["address"]
-            self._leave_admin_api(address)
+            self._listen = address.removeprefix("http://").rstrip("/")
+            self._write_state(running=True)
             say(f"admin web page: {address}/ (sign in with the token below)")
             say(f"admin token: {self.admin_token}")
-            look = f" --state-dir {self.state_dir}"
-            say(
-                f"`coordinator status{look}` and `coordinator top{look}` ask this "
-                "daemon (the address and token are in its directory meanwhile)"
-            )
+            if not self.external_database:
+                look = f" --state-dir {self.state_dir}"
+                say(
+                    f"`coordinator status{look}` and `coordinator top{look}` ask this "
+                    "daemon (the address and token are in its directory meanwhile)"
+                )
 
-    def _leave_admin_api(self, address: str) -> None:
-        """Write :data:`ADMIN_FILE` (readable by its owner only) for the CLI to find."""
-        listen = address.removeprefix("http://").rstrip("/")
-        text = json.dumps({"listen": listen, "token": self.admin_token})
-        path = self.state_dir / ADMIN_FILE
-        with contextlib.suppress(OSError):  # the page is still served; the CLI just won't know
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    def _write_state(self, *, running: bool) -> None:
+        """Write :data:`STATE_FILE` whole (readable by its owner only): where the jobs
+        are and, if ``running``, this process and its admin API once it listens."""
+        data: dict[str, Any] = {"database": "given" if self.external_database else "own"}
+        if running:
+            data["pid"] = os.getpid()
+            if self._listen is not None:
+                data |= {"listen": self._listen, "token": self.admin_token}
+        path = self.state_dir / STATE_FILE
+        temporary = path.with_name(f".{STATE_FILE}.{os.getpid()}")
+        with contextlib.suppress(OSError):  # the page is still served; the CLI won't know
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as file:
-                file.write(text)
+                file.write(json.dumps(data))
+            os.replace(temporary, path)
 
     def started(self, run_id: int) -> None:
         """Tell where everything is."""
@@ -218,8 +263,9 @@ class Demo:
 
     def finished(self) -> None:
         """Remove the directory (unless kept) and say what became of it."""
-        with contextlib.suppress(OSError):  # its daemon is gone: nobody answers there now
-            (self.state_dir / ADMIN_FILE).unlink(missing_ok=True)
+        state = read_state(self.state_dir)
+        if state is None or state.admin is None or state.admin[1] == self.admin_token:
+            self._write_state(running=False)  # (not another demo's, run on this directory)
         if self.keep:
             say(
                 f"kept {self.state_dir}: look with `coordinator runs list --state-dir "

@@ -123,6 +123,8 @@ def api_url(listen: str, path: str) -> str:
 def fetch_status(config: Config) -> ApiAnswer:
     """``GET /api/status`` with the configured address and token (blocking)."""
     where = f"in {config.file}" if config.file is not None else "in the configuration"
+    if not config.admin_listen and config.source("admin_listen").layer == "demo":
+        return ApiAnswer(status=None, label=f"no demo runs in {config.state_dir} now")
     if not config.admin_listen:
         return ApiAnswer(status=None, label=f"no admin API is configured (admin_listen {where})")
     try:

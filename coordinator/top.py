@@ -342,6 +342,12 @@ class Api:
 def api_for(config: Config) -> Api:
     """The admin API the configuration names, or a one-line :class:`ConfigError`."""
     where = f"in {config.file}" if config.file is not None else "in the configuration"
+    if not config.admin_listen and config.source("admin_listen").layer == "demo":
+        raise ConfigError(
+            f"coordinator top follows the daemon's admin API, and no demo runs in "
+            f"{config.state_dir} now (start one: coordinator demo --state-dir "
+            f"{config.state_dir})"
+        )
     if not config.admin_listen:
         raise ConfigError(
             f"coordinator top follows the daemon's admin API, and none is configured "

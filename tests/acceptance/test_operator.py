@@ -271,14 +271,19 @@ def test_demo_uses_its_own_directory_shows_output_and_cleans_up(
             re.match(r"demo: admin web page: (http://127\.0\.0\.1:\d+)/", x) for x in demo.lines
         ]
         demo_api = next(found for found in pages if found)
-        status = run_cli("status", "--state-dir", str(where), config=config)
+        status = run_cli(
+            "status", "--state-dir", str(where), config=config, COORDINATOR_PG_BIN=bin_dir
+        )
         assert status.code == 0, status.err
         assert f"the daemon's admin API at {demo_api[1]}/api/status" in status.out
+        assert "(the database holds 3)" in status.out  # ... compared with the demo's database
         assert "demo/" in run_cli("top", "--once", "--state-dir", str(where), config=config).out
         shown = run_cli("config", "--state-dir", str(where), config=config).out
-        assert f"demo {where / 'admin-api.json'}" in shown
+        settings = {line.split()[0]: line for line in shown.splitlines()[1:]}
+        for name in ("dsn", "admin_listen", "admin_token", "worker_socket"):
+            assert settings[name].endswith(f"demo {where / 'demo.json'}"), settings[name]
+        assert (where / "demo.json").stat().st_mode & 0o777 == 0o600
         # ... and its database, not the one the service's configuration names.
-        assert f"demo {where}\n" in shown
         listed = run_cli(
             "jobs", "list", "--state-dir", str(where), config=config, COORDINATOR_PG_BIN=bin_dir
         )
@@ -314,9 +319,19 @@ def test_demo_with_a_dsn_removes_its_jobs_unless_kept(database: str, tmp_path: P
     demo = start_demo("--dsn", database, "--keep", "--state-dir", str(kept), config=config)
     assert _demo_dir(demo.read_until("demo: state directory")) == kept
     demo.read_until("hello from a manual run")
+    # Its jobs are in the database it was given: a command given its directory needs that
+    # --dsn too, and then asks the demo's daemon.
+    look = ("--state-dir", str(kept), "status")
+    refused = run_cli("--state-dir", str(kept), "jobs", "list", config=config)
+    one_line_error(refused, code=2, contains="given with --dsn: pass that --dsn too")
+    # (`status` still shows the daemon's view, and says why it compared no database.)
+    assert "pass that --dsn too" in run_cli(*look, config=config).out
+    assert "the daemon's admin API at" in run_cli("--dsn", database, *look, config=config).out
     assert f"demo: kept {kept}" in demo.stop()
     assert kept.is_dir()
-    assert not (kept / "admin-api.json").exists()  # its daemon no longer answers
+    stopped = run_cli("--dsn", database, *look, config=config)
+    assert f"(no daemon view: no demo runs in {kept} now)" in stopped.out
+    assert "token" not in (kept / "demo.json").read_text()
     names = sql(database, "SELECT name FROM coordinator.jobs WHERE namespace = 'demo'")
     assert sorted(r["name"] for r in names) == ["heartbeat", "hello", "tick"]
 
@@ -677,3 +692,4 @@ def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(
         wait_until(lambda: not alive(server), 10, "the orphan's exit")
     finally:
         stop_leftover(root)
+

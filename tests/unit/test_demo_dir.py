@@ -1,0 +1,133 @@
+"""The CLI given a demo's directory with ``--state-dir`` (``coordinator.demo``): the demo's
+database, worker socket and, only while that demo runs, its admin API. The demo itself
+is driven end to end in tests/acceptance/test_operator.py; here, each state a directory
+can be left in, without a daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+
+from coordinator import cli, demo, probe, top
+from coordinator.config import Config, load
+from coordinator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+SERVICE = """
+dsn = "postgresql://app@db.example/app"
+admin_listen = "127.0.0.1:9999"
+admin_token = "service-token-0123456789"
+"""
+
+
+def _config(tmp_path: Path, state_dir: Path, **flags: str) -> tuple[Config, bool, Path | None]:
+    file = tmp_path / "coordinator.toml"
+    file.write_text(SERVICE)
+    loaded = load(file=file, environ={}, flags={"state_dir": str(state_dir), **flags})
+    return cli._with_demo(loaded)
+
+
+def _demo_dir(tmp_path: Path, state: dict[str, object] | None, *, cluster: bool) -> Path:
+    where = tmp_path / "demo"
+    where.mkdir()
+    (where / demo.MARKER).write_text("made by `coordinator demo`\n")
+    if cluster:
+        (where / "postgres").mkdir()
+    if state is not None:
+        (where / demo.STATE_FILE).write_text(json.dumps(state))
+    return where
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_running_demo_is_asked_for_its_database_socket_and_admin_api(tmp_path: Path) -> None:
+    state = {"database": "own", "pid": os.getpid(), "listen": "127.0.0.1:4321", "token": "t" * 32}
+    where = _demo_dir(tmp_path, state, cluster=True)
+    config, own, elsewhere = _config(tmp_path, where)
+    assert (own, elsewhere) == (True, None)
+    assert config.dsn is None
+    assert config.admin_listen == "127.0.0.1:4321"
+    assert config.admin_token_value() == "t" * 32
+    assert config.worker_socket == where / "worker.sock"
+    assert str(config.source("admin_listen")) == f"demo {where / demo.STATE_FILE}"
+    # --dsn still wins for the database.
+    config, own, _ = _config(tmp_path, where, dsn="postgresql://me@elsewhere/db")
+    assert not own
+    assert config.dsn == "postgresql://me@elsewhere/db"
+
+
+@pytest.mark.parametrize("left", ["stopped", "killed", "older demo"])
+def test_a_demo_that_no_longer_runs_has_no_admin_api_not_the_services(
+    tmp_path: Path, left: str
+) -> None:
+    """Its database is still the demo's; the service's admin API would answer for another
+    daemon, so none is used: ``status`` shows the database, ``top`` says no demo runs."""
+    state: dict[str, object] | None = {
+        "stopped": {"database": "own"},
+        "killed": {
+            "database": "own",
+            "pid": _dead_pid(),
+            "listen": "127.0.0.1:4321",
+            "token": "t" * 32,
+        },
+        "older demo": None,
+    }[left]
+    where = _demo_dir(tmp_path, state, cluster=True)
+    config, own, elsewhere = _config(tmp_path, where)
+    assert (own, elsewhere) == (True, None)
+    assert config.admin_listen is None
+    assert config.admin_token_value() is None
+    answer = probe.fetch_status(config)
+    assert answer.label == f"no demo runs in {where} now"
+    with pytest.raises(ConfigError, match=f"no demo runs in {where} now"):
+        top.api_for(config)
+
+
+def test_a_demo_given_a_dsn_needs_that_dsn_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its jobs are in the database it was given: not the service's, nor a cluster that
+    happens to be in its directory."""
+    where = _demo_dir(tmp_path, {"database": "given"}, cluster=True)
+    _, own, elsewhere = _config(tmp_path, where)
+    assert (own, elsewhere) == (False, where)
+    monkeypatch.setenv("COORDINATOR_CONFIG", str(tmp_path / "coordinator.toml"))
+    args = cli.build_parser().parse_args(["--state-dir", str(where), "jobs", "list"])
+    with pytest.raises(ConfigError, match="given with --dsn: pass that --dsn too"):
+        trio.run(cli.CommandContext(args=args).database)
+
+
+def test_the_daemon_and_the_demo_never_take_a_demos_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = {"database": "own", "pid": os.getpid(), "listen": "127.0.0.1:4321", "token": "t" * 32}
+    where = _demo_dir(tmp_path, state, cluster=True)
+    file = tmp_path / "coordinator.toml"
+    file.write_text(SERVICE)
+    monkeypatch.setenv("COORDINATOR_CONFIG", str(file))
+    for command in (["run"], ["demo"], ["status"]):
+        args = cli.build_parser().parse_args(["--state-dir", str(where), *command])
+        config = cli.CommandContext(args=args).config()
+        demo_api = config.admin_listen == "127.0.0.1:4321"
+        assert demo_api == (command == ["status"]), command
+
+
+def test_not_a_demos_directory_is_left_alone(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    (plain / "postgres").mkdir(parents=True)
+    config, own, elsewhere = _config(tmp_path, plain)
+    assert (own, elsewhere) == (False, None)
+    assert config.admin_listen == "127.0.0.1:9999"
+    assert config.dsn == "postgresql://app@db.example/app"
