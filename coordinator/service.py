@@ -296,9 +296,18 @@ async def _start_admin(
         log=log,
     )
     daemon.events.subscribe(metrics.observe)
+    from .admin.session import Sessions, bound_to
+
+    try:
+        # Kept in the state directory: a restart signs nobody out (nor back in).
+        sessions: Sessions | None = Sessions.kept_in(config.state_dir, bound_to(tokens))
+    except OSError as exc:
+        log.warning("admin.sessions", error=f"web sessions end with this process: {exc}")
+        sessions = None
     app = make_app(
         dsn=dsn,
         tokens=tokens,
+        sessions=sessions,
         status=daemon.status,
         metrics=metrics,
         audit=audit_to(log),

@@ -649,6 +649,7 @@ def make_app(
     metrics_public: bool = False,
     events: EventBus | None = None,
     clock: WallClock | None = None,
+    sessions: Sessions | None = None,
 ) -> Starlette:
     """The admin API and web page as an ASGI app (serve it with :func:`serve_admin`).
 
@@ -659,9 +660,11 @@ def make_app(
     ``metrics_public`` lets ``/metrics`` be scraped without the token. ``events`` is the
     daemon's bus: the live page and ``/api/events`` follow it (without it they have no
     stream). ``clock`` gives wall time (ages, sessions, the stats' default span).
+    ``sessions`` signs the page's sessions (the service's: :meth:`Sessions.kept_in` its
+    state directory); by default, keys derived from ``token``, else of this process.
     """
     scopes = tokens if tokens is not None else TokenSet()
-    sessions = Sessions.random()
+    given, sessions = sessions, Sessions.random()
     if token is not None:
         try:
             token = check_token(token, "admin token")
@@ -669,6 +672,7 @@ def make_app(
             raise ConfigError(str(exc)) from None
         scopes = scopes.with_scope(single(token, name="admin"))
         sessions = Sessions.for_token(token)  # sessions outlive a restart, not a new token
+    sessions = given if given is not None else sessions
     if not scopes:
         raise ConfigError("admin API: no token (admin_token, admin_token_file or admin_tokens)")
     wall = clock if clock is not None else SystemWallClock()

@@ -5,30 +5,44 @@ cookie (``HttpOnly``, ``SameSite=Strict``, ``Secure`` over HTTPS), so the token 
 never in a URL, in page source, or in the cookie. A session is stateless and signed:
 ``v1.<expires>.<nonce>.<mac>``, the MAC an HMAC-SHA256 under a key derived from the
 token ``make_app(token=...)`` is given (an embedding's single token: sessions survive a
-restart and die with a token change) or else from a random key of the process, as the
-service does (it passes every token as a named scope, whose hashes are no secret):
-sessions end with the process, and so do sign-outs, which are kept in memory only. The nonce names
-the token the session signed in with (``<random>~<name>``, the name base64url-encoded),
-so the page shows only what that token may see (:mod:`coordinator.admin.access`).
-Signing out revokes the session's nonce in memory (until it would have expired anyway).
+restart and die with a token change), or from a random key of the process, or, as the
+service does (it passes every token as a named scope, whose hashes are no secret), from
+a random key kept in its state directory (:meth:`Sessions.kept_in`: ``web-session.key``,
+readable by its owner only), so that a restart of the daemon signs nobody out. The
+nonce names the token the session signed in with (``<random>~<name>``, the name
+base64url-encoded), so the page shows only what that token may see
+(:mod:`coordinator.admin.access`); with a kept key the MAC also covers that token's hash
+and scope as configured, so a session ends when its token is removed, replaced or given
+another scope, restart or not. Signing out revokes the session's nonce (until it would
+have expired anyway): in memory, and with a kept key in ``web-signouts.jsonl`` beside
+it too, so that a sign-out outlives a restart as the session would have.
 
 Every POST of the page carries a CSRF token bound to its session (an HMAC of the nonce
 under another derived key); the sign-in form's token is bound to a short-lived
 pre-session cookie the same way. Comparisons are constant-time.
 
-Pure apart from :mod:`secrets`: the clock is passed in (seconds since the epoch).
+Pure apart from :mod:`secrets` and those two files: the clock is passed in (seconds
+since the epoch).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
+import json
+import os
 import secrets
-from typing import Final
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
 import attrs
+
+if TYPE_CHECKING:
+    from ..tokens import TokenSet
 
 #: Session cookie (signed in) and pre-session cookie (the sign-in form).
 SESSION_COOKIE: Final = "coordinator_session"
@@ -38,6 +52,9 @@ SESSION_SECONDS: Final = 12 * 3600
 PRESESSION_SECONDS: Final = 3600
 #: Revoked nonces remembered at most (the oldest are forgotten first).
 MAX_REVOKED: Final = 10_000
+#: The kept key and sign-outs (:meth:`Sessions.kept_in`), in the daemon's state directory.
+KEY_FILE: Final = "web-session.key"
+SIGNOUTS_FILE: Final = "web-signouts.jsonl"
 
 
 def _key(token: str, purpose: str) -> bytes:
@@ -55,6 +72,12 @@ class Sessions:
     _session_key: bytes
     _csrf_key: bytes
     _revoked: dict[str, int] = attrs.field(factory=dict)
+    #: What a session of a token (by name) is bound to besides the key: its hash and
+    #: scope as configured (``None``: no such token now, no session of it is valid).
+    _binding: Callable[[str | None], str | None] = attrs.field(default=lambda _name: "")
+    #: Where sign-outs are written too (:meth:`kept_in`), and the lines it holds.
+    _signouts: Path | None = None
+    _signout_lines: int = 0
 
     @classmethod
     def for_token(cls, token: str) -> Sessions:
@@ -64,6 +87,21 @@ class Sessions:
     def random(cls) -> Sessions:
         """Keys of this process only (no secret token to derive them from)."""
         return cls.for_token(secrets.token_urlsafe(32))
+
+    @classmethod
+    def kept_in(cls, directory: Path, binding: Callable[[str | None], str | None]) -> Sessions:
+        """Keys from a random secret kept in ``directory`` (made on first use, readable by
+        its owner only), sessions bound to their token's ``binding``, sign-outs written
+        there too: both outlive a restart. ``OSError`` if the directory will not do."""
+        secret = _kept_secret(directory / KEY_FILE)
+        sessions = cls(
+            _key(secret, "session"),
+            _key(secret, "csrf"),
+            binding=binding,
+            signouts=directory / SIGNOUTS_FILE,
+        )
+        sessions._read_signouts()
+        return sessions
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -81,7 +119,11 @@ class Sessions:
         if holder is not None:
             nonce += "~" + base64.urlsafe_b64encode(holder.encode()).decode().rstrip("=")
         body = f"v1{kind}.{int(now) + lifetime}.{nonce}"
-        return f"{body}.{_mac(self._session_key, body)}"
+        return f"{body}.{self._sign(body, nonce)}"
+
+    def _sign(self, body: str, nonce: str) -> str | None:
+        bound = self._binding(holder(nonce))
+        return None if bound is None else _mac(self._session_key, f"{body}|{bound}")
 
     def nonce(self, value: str | None, now: float, *, kind: str = "s") -> str | None:
         """The nonce of a valid, unexpired, unrevoked ``value``, else ``None``."""
@@ -91,7 +133,8 @@ class Sessions:
         parts = body.split(".")
         if len(parts) != 3 or parts[0] != f"v1{kind}" or not parts[1].isdigit():
             return None
-        if not hmac.compare_digest(mac, _mac(self._session_key, body)):
+        expected = self._sign(body, parts[2])
+        if expected is None or not hmac.compare_digest(mac, expected):
             return None
         if int(parts[1]) <= now or parts[2] in self._revoked:
             return None
@@ -105,7 +148,43 @@ class Sessions:
         self._revoked = {n: t for n, t in self._revoked.items() if t > now}
         while len(self._revoked) >= MAX_REVOKED:
             self._revoked.pop(next(iter(self._revoked)))
-        self._revoked[nonce] = int(value.split(".")[1]) if value else int(now)
+        until = int(value.split(".")[1]) if value else int(now)
+        self._revoked[nonce] = until
+        self._write_signout(nonce, until)
+
+    # -- kept sign-outs -------------------------------------------------------------------
+
+    def _read_signouts(self) -> None:
+        if self._signouts is None:
+            return
+        try:
+            lines = self._signouts.read_text().splitlines()
+        except FileNotFoundError:
+            return
+        for line in lines[-MAX_REVOKED:]:
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                entry = json.loads(line)
+                self._revoked[str(entry["nonce"])] = int(entry["until"])
+        self._signout_lines = len(lines)
+
+    def _write_signout(self, nonce: str, until: int) -> None:
+        """Append the sign-out; rewrite the file whole (only the sign-outs not expired)
+        once it holds twice as many lines as those."""
+        if self._signouts is None:
+            return
+        if self._signout_lines > 2 * len(self._revoked) + 100:
+            text = "".join(
+                json.dumps({"nonce": n, "until": t}) + "\n" for n, t in self._revoked.items()
+            )
+            _write_private(self._signouts, text)
+            self._signout_lines = len(self._revoked)
+            return
+        fd = os.open(self._signouts, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "a") as file:
+            file.write(json.dumps({"nonce": nonce, "until": until}) + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        self._signout_lines += 1
 
     # -- CSRF ---------------------------------------------------------------------------
 
@@ -117,6 +196,46 @@ class Sessions:
         if not nonce or not token:
             return False
         return hmac.compare_digest(token.encode(), self.csrf(nonce).encode())
+
+
+def _kept_secret(path: Path) -> str:
+    """The secret kept in ``path``; made (at random) if there is none, or none readable."""
+    with contextlib.suppress(FileNotFoundError, UnicodeDecodeError):
+        secret = path.read_text().strip()
+        if len(secret) >= 32:
+            return secret
+    secret = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_private(path, secret + "\n")
+    return secret
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``path`` whole, readable by its owner only (a reader sees all or nothing)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def bound_to(tokens: TokenSet) -> Callable[[str | None], str | None]:
+    """A session's binding for :meth:`Sessions.kept_in`: its token's hash and scope as
+    ``tokens`` configure them now (``None`` for a token no longer there; ``""`` for a
+    sign-in form's pre-session, which names none)."""
+
+    def binding(name: str | None) -> str | None:
+        if name is None:
+            return ""
+        scope = tokens.named(name)
+        if scope is None:
+            return None
+        where = "*" if scope.namespaces is None else ",".join(sorted(scope.namespaces))
+        return f"{scope.digest}|{scope.access}|{where}"
+
+    return binding
 
 
 def holder(nonce: str | None) -> str | None:
@@ -141,6 +260,7 @@ __all__ = [
     "SESSION_COOKIE",
     "SESSION_SECONDS",
     "Sessions",
+    "bound_to",
     "holder",
     "token_matches",
 ]

@@ -9,6 +9,7 @@ nothing here reads or writes /etc.
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import tempfile
 import textwrap
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -693,3 +695,71 @@ def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(
     finally:
         stop_leftover(root)
 
+
+# --------------------------------------------------------------------------- 5. the web page
+
+
+class Browser:
+    """A cookie-keeping client of the web page, as a person's browser is."""
+
+    def __init__(self, listen: str) -> None:
+        self.url = f"http://{listen}/"
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+
+    def _csrf(self, path: str) -> str:
+        page = self.opener.open(self.url + path, timeout=10).read().decode()
+        found = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert found is not None, page[:2000]
+        return found[1]
+
+    def sign_in(self, token: str = TOKEN) -> None:
+        body = urllib.parse.urlencode({"token": token, "csrf": self._csrf("signin")})
+        assert self.opener.open(self.url + "signin", data=body.encode(), timeout=10).geturl() == (
+            self.url
+        )
+
+    def sign_out(self) -> None:
+        body = urllib.parse.urlencode({"csrf": self._csrf("")}).encode()
+        self.opener.open(self.url + "signout", data=body, timeout=10).read()
+
+    def signed_in(self) -> bool:
+        """The jobs view answers (else the page sends the browser to sign in)."""
+        return self.opener.open(self.url, timeout=10).geturl() == self.url
+
+
+def _restart(daemon: Daemon, start_daemon: Any) -> Daemon:
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(30) == 0
+    started: Daemon = start_daemon()
+    return started
+
+
+def test_web_sessions_outlive_a_restart_as_sign_outs_do_but_not_a_new_token(
+    start_daemon: Any, tmp_path: Path
+) -> None:
+    """The service keeps the key that signs the page's sessions in its state directory
+    (readable by its owner only), and sign-outs beside it: a restart (a deploy) signs
+    nobody out and nobody back in. A session is bound to its token as configured, so a
+    replaced token ends it, restart or not."""
+    daemon = start_daemon()
+    stays, leaves = Browser(daemon.listen), Browser(daemon.listen)
+    stays.sign_in()
+    leaves.sign_in()
+    daemon = _restart(daemon, start_daemon)
+    assert stays.signed_in()
+    assert leaves.signed_in()
+    leaves.sign_out()
+    assert not leaves.signed_in()
+    daemon = _restart(daemon, start_daemon)
+    assert stays.signed_in()
+    assert not leaves.signed_in()
+    key = tmp_path / "state" / "web-session.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "state" / "web-signouts.jsonl").stat().st_mode & 0o777 == 0o600
+    # A new token (the same name, admin): the sessions of the old one end.
+    (tmp_path / "admin-token").write_text("another-admin-token-for-the-tests\n")
+    daemon = _restart(daemon, start_daemon)
+    assert not stays.signed_in()
+    stays.sign_in("another-admin-token-for-the-tests")
+    assert stays.signed_in()

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
 
 from coordinator import buckets
 from coordinator.admin import live, present
-from coordinator.admin.session import Sessions, token_matches
+from coordinator.admin.session import (
+    KEY_FILE,
+    SIGNOUTS_FILE,
+    Sessions,
+    bound_to,
+    token_matches,
+)
 from coordinator.client import JobView, RunStats
 from coordinator.events import (
     DispatchWake,
@@ -27,6 +33,10 @@ from coordinator.events import (
     WorkerConnected,
 )
 from coordinator.status import DaemonStatus, WorkerView
+from coordinator.tokens import TokenScope, TokenSet, hash_token
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
@@ -193,6 +203,57 @@ def test_sessions_are_signed_expire_and_can_be_revoked() -> None:
     assert sessions.nonce(value, 1001.0, kind="p") is None
     sessions.revoke(value, 1002.0)
     assert sessions.nonce(value, 1003.0) is None
+
+
+def test_kept_sessions_outlive_the_process_and_end_with_their_tokens_scope(
+    tmp_path: Path,
+) -> None:
+    """Keys from a secret kept in the state directory; a session is bound to its token's
+    hash and scope as configured, and a sign-out is kept there too."""
+    admin = TokenScope(name="ops", digest=hash_token("o" * 20))
+    tokens = TokenSet((admin,))
+    first = Sessions.kept_in(tmp_path, bound_to(tokens))
+    value = first.issue(1000.0, holder="ops")
+    other = first.issue(1000.0, holder="ops")
+    form = first.issue(1000.0, kind="p", lifetime=3600)
+    assert (tmp_path / KEY_FILE).stat().st_mode & 0o777 == 0o600
+    again = Sessions.kept_in(tmp_path, bound_to(tokens))  # a restart
+    assert again.nonce(value, 1001.0) is not None
+    assert again.nonce(form, 1001.0, kind="p") is not None
+    assert again.csrf(str(again.nonce(value, 1001.0))) == first.csrf(str(first.nonce(value, 1.0)))
+    again.revoke(value, 1002.0)
+    assert (tmp_path / SIGNOUTS_FILE).stat().st_mode & 0o777 == 0o600
+    third = Sessions.kept_in(tmp_path, bound_to(tokens))
+    assert third.nonce(value, 1003.0) is None  # signed out, before the restart
+    assert third.nonce(other, 1003.0) is not None
+    # Another token under that name, another scope, or no such token: no session.
+    for changed in (
+        TokenSet((TokenScope(name="ops", digest=hash_token("n" * 20)),)),
+        TokenSet((attrs.evolve(admin, access="read"),)),
+        TokenSet((attrs.evolve(admin, namespaces=frozenset({"billing"})),)),
+        TokenSet((TokenScope(name="dev", digest=hash_token("d" * 20)),)),
+    ):
+        assert Sessions.kept_in(tmp_path, bound_to(changed)).nonce(other, 1003.0) is None
+    # Another directory's secret signs nothing of this one.
+    elsewhere = tmp_path / "elsewhere"
+    assert Sessions.kept_in(elsewhere, bound_to(tokens)).nonce(other, 1003.0) is None
+
+
+def test_kept_sign_outs_are_compacted_to_those_not_expired(tmp_path: Path) -> None:
+    tokens = TokenSet((TokenScope(name="ops", digest=hash_token("o" * 20)),))
+    sessions = Sessions.kept_in(tmp_path, bound_to(tokens))
+    revoked = []
+    for n in range(400):  # each expires at 1000 + n + 60: about 60 live at a time
+        revoked.append(sessions.issue(1000.0 + n, holder="ops", lifetime=60))
+        sessions.revoke(revoked[-1], 1000.0 + n)
+    lines = (tmp_path / SIGNOUTS_FILE).read_text().splitlines()
+    # Rewritten once it held more than twice the live ones (+100): only those kept.
+    assert len(lines) < 400 - 150
+    assert min(json.loads(line)["until"] for line in lines) > 1060  # the first ones went
+    live = Sessions.kept_in(tmp_path, bound_to(tokens))
+    last = sessions.issue(1399.0, holder="ops", lifetime=60)
+    assert live.nonce(last, 1400.0) is not None
+    assert [live.nonce(value, 1400.0) for value in revoked[-59:]] == [None] * 59
 
 
 def test_csrf_tokens_are_bound_to_the_session() -> None:
