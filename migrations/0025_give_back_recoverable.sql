@@ -19,9 +19,10 @@
 -- next tick resumes it, not the tick just paused: the give-back now carries the schedule
 -- version it was claimed under and the next deadline, as every settlement item does.
 --
--- A recoverable job's run of the schedule whose deadline was spent (it paused before,
--- and a trigger queued it again; it never started) is queued again when given back, not
--- removed: the run id the trigger returned stays.
+-- A run of the schedule whose deadline was spent under the same schedule (it paused
+-- before, and a trigger queued it again; it never started) is queued again when given
+-- back, not removed: the run id the trigger returned stays. (One whose schedule was
+-- edited since, or whose job was resumed, dropping the ticks owed, is removed as before.)
 --
 -- Redefined from 0023: _give_back (two trailing parameters: dropped and re-created,
 -- granted again) and _settle_each (passes them on; same signature, its grants stay).
@@ -116,11 +117,14 @@ BEGIN
         RETURNING runs.category INTO category;  -- (set: how the daemon tells this case)
         outcome := 'saved';
     ELSIF r.trigger = 'schedule'
-          AND (NOT j.recoverable OR r.scheduled_for IS NOT DISTINCT FROM j.next_run_at) THEN
+          AND NOT coalesce(j.schedule_version = p_version
+                           AND r.scheduled_for < j.next_run_at, false) THEN
         -- The deadline it served is still the job's saved one (the claim does not move it):
-        -- it stands, to be claimed again. (A recoverable job's run of the schedule whose
-        -- deadline was spent -- it paused before, and a trigger queued it again -- is
-        -- queued again below: the id the trigger returned must stay.)
+        -- it stands, to be claimed again; or the schedule changed, or a resume of the job
+        -- dropped the ticks owed, since: nothing of it is owed. (A run of the schedule
+        -- whose deadline was spent, under the same schedule -- it paused before, and a
+        -- trigger queued it again -- is queued again below: the id the trigger returned
+        -- must stay.)
         DELETE FROM coordinator.runs WHERE runs.id = p_run_id;
         outcome := 'saved';
     ELSE

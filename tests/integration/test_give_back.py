@@ -322,6 +322,20 @@ async def test_a_tick_paused_while_claimed_spends_its_deadline_and_a_trigger_kee
         row = await run_row(conn, run)
         assert row is not None
         assert (row["status"], row["claimed_at"], row["started_at"]) == ("queued", None, None)
+        # Its schedule edited while it is claimed again: nothing of the old one is owed,
+        # so given back now, it is removed (as a fresh tick is), not queued to run.
+        claim = await claim_run(store, job, run)
+        await define(
+            conn,
+            "rs",
+            schedule_kind="cron",
+            schedule="30 * * * *",
+            target={"kind": "worker", "type": "t"},
+            recoverable=True,
+        )
+        state = await store.settle(held(claim))
+        assert (state.outcome, state.retry_run_id) == ("saved", None)
+        assert await run_row(conn, run) is None
 
 
 async def test_a_run_of_a_job_removed_meanwhile_is_cancelled_not_queued(
