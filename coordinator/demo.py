@@ -29,6 +29,7 @@ import trio
 
 from . import client, db
 from .errors import InvalidInput
+from .files import private_text, write_private
 from .model import Schedule, Target
 
 if TYPE_CHECKING:
@@ -72,7 +73,9 @@ class DemoState:
     #: ``own`` (its embedded PostgreSQL in the directory) or ``given`` (``--dsn``);
     #: ``None`` for a directory an older demo left (no file).
     database: str | None = None
-    #: The running demo's admin API (``host:port``, token), if one runs.
+    #: The process of the demo running there, if one runs.
+    pid: int | None = None
+    #: The running demo's admin API (``host:port``, token), once it listens.
     admin: tuple[str, str] | None = None
     #: The file read.
     path: Path | None = None
@@ -80,39 +83,52 @@ class DemoState:
 
 def read_state(state_dir: Path) -> DemoState | None:
     """What ``state_dir`` says of its demo; None unless it is a demo's directory. The
-    admin API is only given while the process that wrote it lives."""
+    process and its admin API are only given while that process lives (the same one:
+    its start time is kept too, so a reused pid is not taken for it), and only from a
+    file its owner alone may read."""
     if not (state_dir / MARKER).exists():
         return None
     path = state_dir / STATE_FILE
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return DemoState()
+        data = json.loads(private_text(path) or "null")
+    except ValueError:
+        data = None
     if not isinstance(data, dict):
         return DemoState()
     database = data.get("database") if data.get("database") in ("own", "given") else None
+    pid = data.get("pid")
+    if not isinstance(pid, int) or not _alive(pid, data.get("started")):
+        return DemoState(database=database, path=path)
     admin = None
-    listen, token, pid = data.get("listen"), data.get("token"), data.get("pid")
-    if (
-        isinstance(listen, str)
-        and isinstance(token, str)
-        and listen
-        and token
-        and isinstance(pid, int)
-        and _alive(pid)
-    ):
+    listen, token = data.get("listen"), data.get("token")
+    if isinstance(listen, str) and isinstance(token, str) and listen and token:
         admin = (listen, token)
-    return DemoState(database=database, admin=admin, path=path)
+    return DemoState(database=database, pid=pid, admin=admin, path=path)
 
 
-def _alive(pid: int) -> bool:
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``), if known."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            return file.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _alive(pid: int, started: object) -> bool:
+    """Process ``pid`` lives and is the one that started at ``started`` (if known)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return pid > 0
+    except PermissionError:
+        pass  # another user's process: alive, and not our demo unless its start matches
+    except (OverflowError, ValueError):
+        return False
+    now = _started(pid)
+    return started is None or now is None or now == started
 
 
 def say(message: str) -> None:
@@ -170,6 +186,13 @@ class Demo:
                     "directory and deletes it on exit (leave --state-dir out for a new one)",
                 )
             path.mkdir(parents=True, exist_ok=True)
+            running = read_state(path)
+            if running is not None and running.pid is not None:
+                raise InvalidInput(
+                    "--state-dir",
+                    f"{path} is the directory of a demo still running (pid {running.pid}): "
+                    "stop it first (leave --state-dir out for a new one)",
+                )
         (path / MARKER).write_text(
             "made by `coordinator demo`; deleted when the demo stops unless it runs with --keep\n"
         )
@@ -215,16 +238,11 @@ class Demo:
         are and, if ``running``, this process and its admin API once it listens."""
         data: dict[str, Any] = {"database": "given" if self.external_database else "own"}
         if running:
-            data["pid"] = os.getpid()
+            data |= {"pid": os.getpid(), "started": _started(os.getpid())}
             if self._listen is not None:
                 data |= {"listen": self._listen, "token": self.admin_token}
-        path = self.state_dir / STATE_FILE
-        temporary = path.with_name(f".{STATE_FILE}.{os.getpid()}")
         with contextlib.suppress(OSError):  # the page is still served; the CLI won't know
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as file:
-                file.write(json.dumps(data))
-            os.replace(temporary, path)
+            write_private(self.state_dir / STATE_FILE, json.dumps(data))
 
     def started(self, run_id: int) -> None:
         """Tell where everything is."""
@@ -240,10 +258,11 @@ class Demo:
             f"jobs defined in namespace '{DEMO_NAMESPACE}': a cron job each minute, an "
             f"interval job every 10 s, a manual job; run {run_id} queued for 'hello'"
         )
-        look = "" if self.external_database else f" --state-dir {self.state_dir}"
+        look = " --dsn DSN" if self.external_database else f" --state-dir {self.state_dir}"
+        given = " (DSN: the one given to the demo)" if self.external_database else ""
         say(
             "the daemon's log follows, and each run's output when it ends. In another "
-            f"shell: `coordinator jobs list{look}`, `coordinator runs list{look}`. "
+            f"shell: `coordinator jobs list{look}`, `coordinator runs list{look}`{given}. "
             "Ctrl-C stops it."
         )
 
@@ -264,13 +283,15 @@ class Demo:
     def finished(self) -> None:
         """Remove the directory (unless kept) and say what became of it."""
         state = read_state(self.state_dir)
-        if state is None or state.admin is None or state.admin[1] == self.admin_token:
+        if state is None or state.pid in (None, os.getpid()):
             self._write_state(running=False)  # (not another demo's, run on this directory)
         if self.keep:
+            dsn = " --dsn DSN" if self.external_database else ""
             say(
-                f"kept {self.state_dir}: look with `coordinator runs list --state-dir "
-                f"{self.state_dir}`, run it again with `coordinator demo --state-dir "
+                f"kept {self.state_dir}: look with `coordinator runs list{dsn} --state-dir "
+                f"{self.state_dir}`, run it again with `coordinator demo{dsn} --state-dir "
                 f"{self.state_dir}`, delete it with `rm -rf {self.state_dir}`"
+                + (" (DSN: the one given to the demo)" if dsn else "")
             )
             return
         if (self.state_dir / "postgres" / "data" / "postmaster.pid").exists():

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hashlib
 import hmac
 import json
@@ -40,6 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import attrs
+
+from ..files import private_text, write_private
 
 if TYPE_CHECKING:
     from ..tokens import TokenSet
@@ -78,6 +79,8 @@ class Sessions:
     #: Where sign-outs are written too (:meth:`kept_in`), and the lines it holds.
     _signouts: Path | None = None
     _signout_lines: int = 0
+    #: Its last line has no end (a crash mid-write): the next one starts on a new line.
+    _torn: bool = False
 
     @classmethod
     def for_token(cls, token: str) -> Sessions:
@@ -119,10 +122,18 @@ class Sessions:
         if holder is not None:
             nonce += "~" + base64.urlsafe_b64encode(holder.encode()).decode().rstrip("=")
         body = f"v1{kind}.{int(now) + lifetime}.{nonce}"
-        return f"{body}.{self._sign(body, nonce)}"
+        mac = self._sign(body, nonce)
+        if mac is None:
+            raise ValueError(f"no token named {holder!r} to bind a session to")
+        return f"{body}.{mac}"
 
     def _sign(self, body: str, nonce: str) -> str | None:
-        bound = self._binding(holder(nonce))
+        """The MAC of ``body``, bound to its holder's token (``None``: none is there).
+        (``|`` separates the two: neither a body nor a nonce ever holds one.)"""
+        name = holder(nonce)
+        if "|" in nonce or (name is None and "~" in nonce):
+            return None  # (not issued here: a holder that does not decode names nobody)
+        bound = self._binding(name)
         return None if bound is None else _mac(self._session_key, f"{body}|{bound}")
 
     def nonce(self, value: str | None, now: float, *, kind: str = "s") -> str | None:
@@ -155,36 +166,48 @@ class Sessions:
     # -- kept sign-outs -------------------------------------------------------------------
 
     def _read_signouts(self) -> None:
+        """The sign-outs kept; a line that does not read is skipped (a torn last line,
+        or garbage: a housekeeping file never stops the page)."""
         if self._signouts is None:
             return
         try:
-            lines = self._signouts.read_text().splitlines()
+            data = self._signouts.read_bytes()
         except FileNotFoundError:
             return
+        lines = data.decode(errors="replace").splitlines()
         for line in lines[-MAX_REVOKED:]:
-            with contextlib.suppress(ValueError, TypeError, KeyError):
+            try:
                 entry = json.loads(line)
                 self._revoked[str(entry["nonce"])] = int(entry["until"])
+            except Exception:
+                continue
         self._signout_lines = len(lines)
+        self._torn = bool(data) and not data.endswith(b"\n")
 
     def _write_signout(self, nonce: str, until: int) -> None:
         """Append the sign-out; rewrite the file whole (only the sign-outs not expired)
         once it holds twice as many lines as those."""
         if self._signouts is None:
             return
-        if self._signout_lines > 2 * len(self._revoked) + 100:
-            text = "".join(
-                json.dumps({"nonce": n, "until": t}) + "\n" for n, t in self._revoked.items()
-            )
-            _write_private(self._signouts, text)
-            self._signout_lines = len(self._revoked)
+        try:
+            if self._signout_lines > 2 * len(self._revoked) + 100:
+                text = "".join(
+                    json.dumps({"nonce": n, "until": t}) + "\n" for n, t in self._revoked.items()
+                )
+                write_private(self._signouts, text)
+                self._signout_lines, self._torn = len(self._revoked), False
+                return
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+            with os.fdopen(os.open(self._signouts, flags, 0o600), "a") as file:
+                line = json.dumps({"nonce": nonce, "until": until}) + "\n"
+                file.write("\n" + line if self._torn else line)
+                file.flush()
+                os.fsync(file.fileno())
+            self._signout_lines, self._torn = self._signout_lines + 1, False
+        except OSError:
+            # (Disk full, a file another user owns: the sign-out holds in this process,
+            # not across its restart. The person is signed out either way.)
             return
-        fd = os.open(self._signouts, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "a") as file:
-            file.write(json.dumps({"nonce": nonce, "until": until}) + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-        self._signout_lines += 1
 
     # -- CSRF ---------------------------------------------------------------------------
 
@@ -199,26 +222,15 @@ class Sessions:
 
 
 def _kept_secret(path: Path) -> str:
-    """The secret kept in ``path``; made (at random) if there is none, or none readable."""
-    with contextlib.suppress(FileNotFoundError, UnicodeDecodeError):
-        secret = path.read_text().strip()
-        if len(secret) >= 32:
-            return secret
+    """The secret kept in ``path``; made (at random) if there is none, or none only its
+    owner may read (a key another user could read, or have put there, is no secret)."""
+    secret = (private_text(path) or "").strip()
+    if len(secret) >= 32:
+        return secret
     secret = secrets.token_urlsafe(32)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_private(path, secret + "\n")
+    write_private(path, secret + "\n")
     return secret
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``path`` whole, readable by its owner only (a reader sees all or nothing)."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
 
 
 def bound_to(tokens: TokenSet) -> Callable[[str | None], str | None]:

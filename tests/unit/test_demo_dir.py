@@ -16,7 +16,8 @@ import trio
 
 from coordinator import cli, demo, probe, top
 from coordinator.config import Config, load
-from coordinator.errors import ConfigError
+from coordinator.errors import ConfigError, InvalidInput
+from coordinator.files import write_private
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -42,7 +43,7 @@ def _demo_dir(tmp_path: Path, state: dict[str, object] | None, *, cluster: bool)
     if cluster:
         (where / "postgres").mkdir()
     if state is not None:
-        (where / demo.STATE_FILE).write_text(json.dumps(state))
+        write_private(where / demo.STATE_FILE, json.dumps(state))
     return where
 
 
@@ -68,7 +69,7 @@ def test_a_running_demo_is_asked_for_its_database_socket_and_admin_api(tmp_path:
     assert config.dsn == "postgresql://me@elsewhere/db"
 
 
-@pytest.mark.parametrize("left", ["stopped", "killed", "older demo"])
+@pytest.mark.parametrize("left", ["stopped", "killed", "pid reused", "shared file", "older demo"])
 def test_a_demo_that_no_longer_runs_has_no_admin_api_not_the_services(
     tmp_path: Path, left: str
 ) -> None:
@@ -82,9 +83,23 @@ def test_a_demo_that_no_longer_runs_has_no_admin_api_not_the_services(
             "listen": "127.0.0.1:4321",
             "token": "t" * 32,
         },
+        # Its pid now another process's (this one's): not the demo, which started earlier.
+        "pid reused": {
+            "database": "own",
+            "pid": os.getpid(),
+            "started": "1",
+            "listen": "127.0.0.1:4321",
+            "token": "t" * 32,
+        },
+        "shared file": None,
         "older demo": None,
     }[left]
     where = _demo_dir(tmp_path, state, cluster=True)
+    if left == "shared file":  # readable by others: not trusted with a token
+        (where / demo.STATE_FILE).write_text(
+            json.dumps({"pid": os.getpid(), "listen": "127.0.0.1:1", "token": "t" * 32})
+        )
+        (where / demo.STATE_FILE).chmod(0o644)
     config, own, elsewhere = _config(tmp_path, where)
     assert (own, elsewhere) == (True, None)
     assert config.admin_listen is None
@@ -131,3 +146,13 @@ def test_not_a_demos_directory_is_left_alone(tmp_path: Path) -> None:
     assert (own, elsewhere) == (False, None)
     assert config.admin_listen == "127.0.0.1:9999"
     assert config.dsn == "postgresql://app@db.example/app"
+
+
+def test_a_demo_will_not_take_the_directory_of_a_demo_still_running(tmp_path: Path) -> None:
+    """Two demos on one directory would each write the other's address over its own."""
+    state = {"database": "own", "pid": os.getpid(), "started": demo._started(os.getpid())}
+    where = _demo_dir(tmp_path, state, cluster=False)
+    with pytest.raises(InvalidInput, match=f"pid {os.getpid()}"):
+        demo.Demo.prepare(where, keep=True, external_database=False)
+    write_private(where / demo.STATE_FILE, json.dumps({"database": "own", "pid": _dead_pid()}))
+    assert demo.Demo.prepare(where, keep=True, external_database=False).state_dir == where

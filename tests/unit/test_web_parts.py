@@ -256,6 +256,34 @@ def test_kept_sign_outs_are_compacted_to_those_not_expired(tmp_path: Path) -> No
     assert [live.nonce(value, 1400.0) for value in revoked[-59:]] == [None] * 59
 
 
+def test_kept_sessions_survive_garbage_and_refuse_a_shared_key(tmp_path: Path) -> None:
+    """A sign-outs file with garbage (bytes that are not UTF-8, a number JSON cannot make
+    an int of, a torn last line) never stops the page: that line is skipped, and the next
+    sign-out starts on a line of its own. A key another user could read is replaced."""
+    tokens = TokenSet((TokenScope(name="ops", digest=hash_token("o" * 20)),))
+    (tmp_path / SIGNOUTS_FILE).write_bytes(
+        b'\xff\xfe\n{"nonce": "a", "until": 1e999}\n[[[\n{"nonce": "b", "unt'
+    )
+    sessions = Sessions.kept_in(tmp_path, bound_to(tokens))
+    value = sessions.issue(1000.0, holder="ops")
+    nonce = sessions.nonce(value, 1000.5)
+    sessions.revoke(value, 1001.0)
+    last = (tmp_path / SIGNOUTS_FILE).read_text(errors="replace").splitlines()[-1]
+    assert json.loads(last) == {"nonce": nonce, "until": 1000 + 12 * 3600}
+    assert Sessions.kept_in(tmp_path, bound_to(tokens)).nonce(value, 1002.0) is None
+    # Not bound to a token there is: no session is issued for it, none verifies.
+    with pytest.raises(ValueError, match="no token named 'dev'"):
+        sessions.issue(1000.0, holder="dev")
+    forged = value.replace("~b3Bz", "|~b3Bz")
+    assert sessions.nonce(forged, 1002.0) is None
+    # A key file others may read is no secret: a new one is made, the old sessions end.
+    other = Sessions.kept_in(tmp_path, bound_to(tokens)).issue(1000.0, holder="ops")
+    (tmp_path / KEY_FILE).chmod(0o644)
+    renewed = Sessions.kept_in(tmp_path, bound_to(tokens))
+    assert renewed.nonce(other, 1001.0) is None
+    assert (tmp_path / KEY_FILE).stat().st_mode & 0o777 == 0o600
+
+
 def test_csrf_tokens_are_bound_to_the_session() -> None:
     sessions = Sessions.for_token("a-token-of-sixteen+")
     one = sessions.nonce(sessions.issue(0.0), 1.0)

@@ -1,0 +1,63 @@
+"""Small files kept beside the daemon's state: written whole, readable by their owner only.
+
+The web page's session key and sign-outs (:mod:`coordinator.admin.session`) and a
+demo's ``demo.json`` (:mod:`coordinator.demo`) hold secrets, and a reader must never see
+half of one. Each is written to a new temporary file in the same directory (created
+exclusively, mode 0600, so nothing already there, a link included, is written through),
+flushed to disk, and renamed over the old one.
+
+Layering: stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``, readable by its owner only (``OSError`` if the
+    directory will not do; nothing is left behind then)."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def private_text(path: Path) -> str | None:
+    """The text of ``path`` if it is a regular file only its owner may read or write (not
+    a link); None otherwise (absent, shared, or not text): a secret another user could
+    read, or have put there, is no secret."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as file:
+        status = os.fstat(file.fileno())
+        if not _private(status.st_mode, status.st_uid):
+            return None
+        try:
+            return file.read().decode()
+        except UnicodeDecodeError:
+            return None
+
+
+def _private(mode: int, uid: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(mode) and mode & 0o077 == 0 and uid == os.geteuid()
+
+
+__all__ = ["private_text", "write_private"]
