@@ -19,10 +19,11 @@
 -- next tick resumes it, not the tick just paused: the give-back now carries the schedule
 -- version it was claimed under and the next deadline, as every settlement item does.
 --
--- A run of the schedule whose deadline was spent under the same schedule (it paused
--- before, and a trigger queued it again; it never started) is queued again when given
--- back, not removed: the run id the trigger returned stays. (One whose schedule was
--- edited since, or whose job was resumed, dropping the ticks owed, is removed as before.)
+-- A run of the schedule is removed when given back only if the claim made it (a fresh
+-- tick: its deadline stands, or is owed no more): one that was there before the claim
+-- (it paused, then a trigger queued it again or a tick resumed it; it never started) is
+-- queued again, and the run id the trigger returned stays. (Made by the claim: created
+-- in the claim's transaction, created_at = claimed_at, both that transaction's now().)
 --
 -- Redefined from 0023: _give_back (two trailing parameters: dropped and re-created,
 -- granted again) and _settle_each (passes them on; same signature, its grants stay).
@@ -116,15 +117,13 @@ BEGIN
          WHERE runs.id = p_run_id
         RETURNING runs.category INTO category;  -- (set: how the daemon tells this case)
         outcome := 'saved';
-    ELSIF r.trigger = 'schedule'
-          AND NOT coalesce(j.schedule_version = p_version
-                           AND r.scheduled_for < j.next_run_at, false) THEN
-        -- The deadline it served is still the job's saved one (the claim does not move it):
-        -- it stands, to be claimed again; or the schedule changed, or a resume of the job
-        -- dropped the ticks owed, since: nothing of it is owed. (A run of the schedule
-        -- whose deadline was spent, under the same schedule -- it paused before, and a
-        -- trigger queued it again -- is queued again below: the id the trigger returned
-        -- must stay.)
+    ELSIF r.trigger = 'schedule' AND r.created_at = r.claimed_at THEN
+        -- Made by this claim (one transaction: the same now()): a tick whose deadline is
+        -- still the job's saved one (the claim does not move it), to be claimed again,
+        -- or, the schedule edited or the job resumed since, owed no more. (A run of the
+        -- schedule that was there before this claim -- paused, then queued again by a
+        -- trigger or resumed by a tick -- is queued again below: the id the trigger
+        -- returned must stay, and its deadline was spent when it paused.)
         DELETE FROM coordinator.runs WHERE runs.id = p_run_id;
         outcome := 'saved';
     ELSE

@@ -322,8 +322,8 @@ async def test_a_tick_paused_while_claimed_spends_its_deadline_and_a_trigger_kee
         row = await run_row(conn, run)
         assert row is not None
         assert (row["status"], row["claimed_at"], row["started_at"]) == ("queued", None, None)
-        # Its schedule edited while it is claimed again: nothing of the old one is owed,
-        # so given back now, it is removed (as a fresh tick is), not queued to run.
+        # Its schedule edited while it is claimed again: it is the run a trigger asked
+        # for, not a tick of the old schedule, so it is queued again still.
         claim = await claim_run(store, job, run)
         await define(
             conn,
@@ -334,8 +334,70 @@ async def test_a_tick_paused_while_claimed_spends_its_deadline_and_a_trigger_kee
             recoverable=True,
         )
         state = await store.settle(held(claim))
-        assert (state.outcome, state.retry_run_id) == ("saved", None)
-        assert await run_row(conn, run) is None
+        assert (state.outcome, state.retry_run_id) == ("saved", run)
+
+
+async def test_a_fresh_tick_given_back_is_removed_whatever_moved_its_jobs_deadline(
+    aio_loop: Any, conn: asyncpg.Connection, database: str
+) -> None:
+    """A tick the claim made is removed when given back, also once its job's deadline
+    moved on meanwhile (the job paused and resumed, dropping the ticks owed, and the
+    daemon saved the next one; the schedule edited): what is owed is the job's deadline,
+    not that tick. A one-shot job's tick paused while claimed, then queued again by a
+    trigger, is queued again when given back, though its job has no deadline left."""
+    once = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
+    jobs = {
+        "fresh": await define(
+            conn, "fresh", schedule_kind="cron", schedule="0 * * * *",
+            target={"kind": "worker", "type": "t"},
+        ),
+        "once": await define(
+            conn, "once", schedule_kind="once", schedule=once.isoformat(),
+            target={"kind": "worker", "type": "t"}, recoverable=True,
+        ),
+    }  # fmt: skip
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = $1 WHERE id = ANY ($2::bigint[])",
+        once,
+        list(jobs.values()),
+    )
+    version = 1
+
+    def tick(job: int) -> Ticket:
+        return Ticket(
+            job_id=job,
+            priority="background",
+            due=once.timestamp(),
+            scheduled_for=once,
+            schedule_version=version,
+        )
+
+    async with serving(database) as store:
+        fresh = await store.claim(tick(jobs["fresh"]), workers=("t",))
+        assert fresh.claim is not None, fresh.reason
+        later = once + timedelta(hours=2)
+        await aio(conn.execute)("SELECT coordinator.pause('default', 'fresh')")
+        await aio(conn.execute)("SELECT coordinator.resume('default', 'fresh')")
+        await aio(conn.execute)(  # (the daemon's next refresh saves the next deadline)
+            "UPDATE coordinator.jobs SET next_run_at = $2 WHERE id = $1", jobs["fresh"], later
+        )
+        state = await store.settle(held(fresh.claim))
+        assert (state.outcome, state.retry_run_id, state.next_run_at) == ("saved", None, later)
+        assert await run_row(conn, fresh.claim.run_id) is None
+
+        first = await store.claim(tick(jobs["once"]), workers=("t",))
+        assert first.claim is not None, first.reason
+        run = first.claim.run_id
+        await aio(conn.fetchval)("SELECT coordinator.pause_run($1)", run)
+        state = await store.settle(held(first.claim))  # (no next deadline: a one-shot)
+        assert (state.outcome, state.next_run_at) == ("paused", None)
+        assert await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'once')") == run
+        again = await claim_run(store, jobs["once"], run)
+        state = await store.settle(held(again))
+        assert (state.outcome, state.retry_run_id) == ("saved", run)
+        row = await run_row(conn, run)
+        assert row is not None
+        assert row["status"] == "queued"
 
 
 async def test_a_run_of_a_job_removed_meanwhile_is_cancelled_not_queued(
