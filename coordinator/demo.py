@@ -89,15 +89,20 @@ def read_state(state_dir: Path) -> DemoState | None:
     if not (state_dir / MARKER).exists():
         return None
     path = state_dir / STATE_FILE
+    text = private_text(path)
+    private = text is not None
+    if text is None:  # (where its jobs are is no secret: read that much of it anyway)
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            text = path.read_text() if path.is_file() else None
     try:
-        data = json.loads(private_text(path) or "null")
+        data = json.loads(text or "null")
     except ValueError:
         data = None
     if not isinstance(data, dict):
         return DemoState()
     database = data.get("database") if data.get("database") in ("own", "given") else None
     pid = data.get("pid")
-    if not isinstance(pid, int) or not _alive(pid, data.get("started")):
+    if not private or not isinstance(pid, int) or not _alive(pid, data.get("started")):
         return DemoState(database=database, path=path)
     admin = None
     listen, token = data.get("listen"), data.get("token")
@@ -121,11 +126,9 @@ def _alive(pid: int, started: object) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: alive, and not our demo unless its start matches
-    except (OverflowError, ValueError):
+    except (OSError, OverflowError, ValueError):
+        # (Gone; or another user's process, which our own demo never is: the file that
+        # names it is ours, 0600.)
         return False
     now = _started(pid)
     return started is None or now is None or now == started

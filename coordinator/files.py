@@ -41,7 +41,7 @@ def private_text(path: Path) -> str | None:
     a link); None otherwise (absent, shared, or not text): a secret another user could
     read, or have put there, is no secret."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # (a FIFO: no wait)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as file:

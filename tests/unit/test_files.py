@@ -34,3 +34,8 @@ def test_a_shared_file_or_a_link_is_not_read_as_private(tmp_path: Path) -> None:
     (tmp_path / "bytes").write_bytes(b"\xff")
     os.chmod(tmp_path / "bytes", 0o600)
     assert private_text(tmp_path / "bytes") is None
+
+
+def test_a_fifo_in_its_place_is_not_waited_on(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo", 0o600)
+    assert private_text(tmp_path / "fifo") is None  # (opening it blocked, without a writer)

@@ -274,8 +274,11 @@ def test_kept_sessions_survive_garbage_and_refuse_a_shared_key(tmp_path: Path) -
     # Not bound to a token there is: no session is issued for it, none verifies.
     with pytest.raises(ValueError, match="no token named 'dev'"):
         sessions.issue(1000.0, holder="dev")
-    forged = value.replace("~b3Bz", "|~b3Bz")
-    assert sessions.nonce(forged, 1002.0) is None
+    # A nonce with the separator of body and binding, or a holder that does not decode,
+    # is never signed (none is issued so: they could only be forged).
+    assert sessions._sign("v1s.2000.a|b~b3Bz", "a|b~b3Bz") is None
+    assert sessions._sign("v1s.2000.a~%%", "a~%%") is None
+    assert sessions._sign("v1s.2000.a~b3Bz", "a~b3Bz") is not None
     # A key file others may read is no secret: a new one is made, the old sessions end.
     other = Sessions.kept_in(tmp_path, bound_to(tokens)).issue(1000.0, holder="ops")
     (tmp_path / KEY_FILE).chmod(0o644)
