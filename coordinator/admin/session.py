@@ -51,6 +51,8 @@ PRESESSION_COOKIE: Final = "coordinator_signin"
 #: Seconds a session lasts, and a sign-in form stays valid.
 SESSION_SECONDS: Final = 12 * 3600
 PRESESSION_SECONDS: Final = 3600
+#: The longest signed value read (a cookie holds about 4 KB; a token's name is in it).
+MAX_VALUE: Final = 3500
 #: Revoked nonces remembered at most (the oldest are forgotten first).
 MAX_REVOKED: Final = 10_000
 #: The kept key and sign-outs (:meth:`Sessions.kept_in`), in the daemon's state directory.
@@ -125,6 +127,8 @@ class Sessions:
         mac = self._sign(body, nonce)
         if mac is None:
             raise ValueError(f"no token named {holder!r} to bind a session to")
+        if len(body) + 65 > MAX_VALUE:
+            raise ValueError(f"the token's name is too long for a session cookie: {holder!r}")
         return f"{body}.{mac}"
 
     def _sign(self, body: str, nonce: str) -> str | None:
@@ -138,7 +142,7 @@ class Sessions:
 
     def nonce(self, value: str | None, now: float, *, kind: str = "s") -> str | None:
         """The nonce of a valid, unexpired, unrevoked ``value``, else ``None``."""
-        if not value or len(value) > 400:
+        if not value or len(value) > MAX_VALUE:
             return None
         body, _, mac = value.rpartition(".")
         parts = body.split(".")

@@ -271,6 +271,10 @@ def test_kept_sessions_survive_garbage_and_refuse_a_shared_key(tmp_path: Path) -
     last = (tmp_path / SIGNOUTS_FILE).read_text(errors="replace").splitlines()[-1]
     assert json.loads(last) == {"nonce": nonce, "until": 1000 + 12 * 3600}
     assert Sessions.kept_in(tmp_path, bound_to(tokens)).nonce(value, 1002.0) is None
+    # A long token name (300 characters) still makes a session that verifies.
+    long = TokenSet((TokenScope(name="n" * 300, digest=hash_token("l" * 20)),))
+    wide = Sessions.kept_in(tmp_path / "long", bound_to(long))
+    assert wide.nonce(wide.issue(1000.0, holder="n" * 300), 1001.0) is not None
     # Not bound to a token there is: no session is issued for it, none verifies.
     with pytest.raises(ValueError, match="no token named 'dev'"):
         sessions.issue(1000.0, holder="dev")
