@@ -282,6 +282,7 @@ async def _start_admin(
     costs no SQL (an open page follows the daemon's events and reads only what they say
     changed)."""
     from .admin import Metrics, audit_to, make_app, serve_admin
+    from .admin.session import Sessions, bound_to
 
     tokens = config.admin_scopes()
     if not tokens:
@@ -296,8 +297,6 @@ async def _start_admin(
         log=log,
     )
     daemon.events.subscribe(metrics.observe)
-    from .admin.session import Sessions, bound_to
-
     try:
         # Kept in the state directory: a restart signs nobody out (nor back in).
         sessions: Sessions | None = Sessions.kept_in(config.state_dir, bound_to(tokens))

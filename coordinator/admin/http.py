@@ -664,15 +664,16 @@ def make_app(
     state directory); by default, keys derived from ``token``, else of this process.
     """
     scopes = tokens if tokens is not None else TokenSet()
-    given, sessions = sessions, Sessions.random()
+    signed_by = Sessions.random()
     if token is not None:
         try:
             token = check_token(token, "admin token")
         except InvalidInput as exc:
             raise ConfigError(str(exc)) from None
         scopes = scopes.with_scope(single(token, name="admin"))
-        sessions = Sessions.for_token(token)  # sessions outlive a restart, not a new token
-    sessions = given if given is not None else sessions
+        signed_by = Sessions.for_token(token)  # sessions outlive a restart, not a new token
+    if sessions is None:
+        sessions = signed_by
     if not scopes:
         raise ConfigError("admin API: no token (admin_token, admin_token_file or admin_tokens)")
     wall = clock if clock is not None else SystemWallClock()
