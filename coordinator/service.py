@@ -299,7 +299,11 @@ async def _start_admin(
     daemon.events.subscribe(metrics.observe)
     try:
         # Kept in the state directory: a restart signs nobody out (nor back in).
-        sessions: Sessions | None = Sessions.kept_in(config.state_dir, bound_to(tokens))
+        sessions: Sessions | None = Sessions.kept_in(
+            config.state_dir,
+            bound_to(tokens),
+            warn=lambda problem: log.warning("admin.sessions", error=problem),
+        )
     except OSError as exc:
         log.warning("admin.sessions", error=f"web sessions end with this process: {exc}")
         sessions = None

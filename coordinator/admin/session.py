@@ -83,6 +83,8 @@ class Sessions:
     _signout_lines: int = 0
     #: Its last line has no end (a crash mid-write): the next one starts on a new line.
     _torn: bool = False
+    #: Told why a sign-out could not be kept (the daemon logs it); it holds in memory.
+    _warn: Callable[[str], None] | None = None
 
     @classmethod
     def for_token(cls, token: str) -> Sessions:
@@ -94,16 +96,23 @@ class Sessions:
         return cls.for_token(secrets.token_urlsafe(32))
 
     @classmethod
-    def kept_in(cls, directory: Path, binding: Callable[[str | None], str | None]) -> Sessions:
+    def kept_in(
+        cls,
+        directory: Path,
+        binding: Callable[[str | None], str | None],
+        warn: Callable[[str], None] | None = None,
+    ) -> Sessions:
         """Keys from a random secret kept in ``directory`` (made on first use, readable by
         its owner only), sessions bound to their token's ``binding``, sign-outs written
-        there too: both outlive a restart. ``OSError`` if the directory will not do."""
+        there too: both outlive a restart. ``OSError`` if the directory will not do;
+        ``warn`` is told of a sign-out it could not keep (it holds until a restart)."""
         secret = _kept_secret(directory / KEY_FILE)
         sessions = cls(
             _key(secret, "session"),
             _key(secret, "csrf"),
             binding=binding,
             signouts=directory / SIGNOUTS_FILE,
+            warn=warn,
         )
         sessions._read_signouts()
         return sessions
@@ -208,10 +217,11 @@ class Sessions:
                 file.flush()
                 os.fsync(file.fileno())
             self._signout_lines, self._torn = self._signout_lines + 1, False
-        except OSError:
+        except OSError as exc:
             # (Disk full, a file another user owns: the sign-out holds in this process,
             # not across its restart. The person is signed out either way.)
-            return
+            if self._warn is not None:
+                self._warn(f"a sign-out is kept in memory only, until a restart: {exc}")
 
     # -- CSRF ---------------------------------------------------------------------------
 

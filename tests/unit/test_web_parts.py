@@ -271,6 +271,15 @@ def test_kept_sessions_survive_garbage_and_refuse_a_shared_key(tmp_path: Path) -
     last = (tmp_path / SIGNOUTS_FILE).read_text(errors="replace").splitlines()[-1]
     assert json.loads(last) == {"nonce": nonce, "until": 1000 + 12 * 3600}
     assert Sessions.kept_in(tmp_path, bound_to(tokens)).nonce(value, 1002.0) is None
+    # A sign-out the directory cannot take: it holds here, and the daemon is told.
+    told: list[str] = []
+    unkept = Sessions.kept_in(tmp_path / "unkept", bound_to(tokens), warn=told.append)
+    (tmp_path / "unkept" / SIGNOUTS_FILE).mkdir()
+    gone = unkept.issue(1000.0, holder="ops")
+    unkept.revoke(gone, 1001.0)
+    assert unkept.nonce(gone, 1002.0) is None
+    assert len(told) == 1
+    assert told[0].startswith("a sign-out is kept in memory only, until a restart: ")
     # A long token name (300 characters) still makes a session that verifies.
     long = TokenSet((TokenScope(name="n" * 300, digest=hash_token("l" * 20)),))
     wide = Sessions.kept_in(tmp_path / "long", bound_to(long))
