@@ -1226,7 +1226,7 @@ def _status_of_database(
 
 
 async def _config(args: argparse.Namespace, ctx: CommandContext) -> int:
-    config, _, _ = _with_demo(_load_config(args))
+    config = ctx.config()
     if config.admin_listen:
         # Checked by `run` (whose environment may differ: a service's env file); said here.
         try:
