@@ -28,7 +28,7 @@ import attrs
 import trio
 
 from . import client, db
-from .errors import InvalidInput
+from .errors import InvalidInput, RunNotFound
 from .files import private_text, write_private
 from .model import Schedule, Target
 
@@ -327,9 +327,17 @@ class OutputFollower:
         log.observers.append(self.observe)
 
     async def follow(self, conn: Connection, write: Callable[[str], None] = _print) -> None:
-        """Forever: read each announced run once and print its output."""
+        """Forever: read each announced run once and print its output.
+
+        A run may be gone by the time it is read (its job removed meanwhile, with its
+        history): that is said in a line, never the end of the demo and its directory.
+        """
         async for run_id in self._receive:
-            run = await db.aio(client.get_run)(conn, run_id)
+            try:
+                run = await db.aio(client.get_run)(conn, run_id)
+            except RunNotFound:
+                write(f"demo: run {run_id} ended, and is gone: its job was removed with it")
+                continue
             for line in describe_run(run):
                 write(line)
 

@@ -644,3 +644,27 @@ async def test_findings_newest_first_by_pages(conn: asyncpg.Connection) -> None:
         await aio(client.list_findings)(conn, run_id, before=3)
     with pytest.raises(InvalidInput, match="after"):
         await aio(client.list_findings)(conn, run_id, after=1, newest_first=True)
+
+
+async def test_the_demo_says_a_run_removed_with_its_job_is_gone_and_goes_on(
+    conn: asyncpg.Connection,
+) -> None:
+    """A job removed while its run ended (logged as ``job.run`` after ``settle.orphaned``)
+    left nothing for the demo to read: the demo's follower stopped the demo, which then
+    deleted its directory. It says so in a line and follows the next run."""
+    from coordinator.demo import OutputFollower
+
+    job = await _define(conn, "kept")
+    kept = await _insert_run(conn, job, "succeeded")
+    follower = OutputFollower()
+    lines: list[str] = []
+    follower.observe({"event": "job.run", "run": kept + 1000})
+    follower.observe({"event": "job.run", "run": kept})
+    with trio.move_on_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follower.follow, conn, lines.append)
+            while len(lines) < 2:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert lines[0] == f"demo: run {kept + 1000} ended, and is gone: its job was removed with it"
+    assert lines[1].startswith(f"demo: run {kept} default/kept (schedule) succeeded")
