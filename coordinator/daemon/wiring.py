@@ -81,6 +81,10 @@ COMPANION_FINISH: Final = 10.0
 #: Least seconds between two STATUS= updates while only counts change.
 STATUS_EVERY: Final = 1.0
 
+#: Manual runs parked at most while nobody serves their worker type (see
+#: ``Daemon._park``): beyond it the oldest is left to the coalesced refresh.
+PARKED_LIMIT: Final = 10_000
+
 #: Exit statuses of ``coordinator run`` (README, "Exit status").
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -203,6 +207,9 @@ class Daemon:
     _flushed_report: FlushReport = attrs.field(factory=FlushReport, init=False)
     #: Why the database could not be reached at start (while it cannot).
     _unavailable: str | None = attrs.field(default=None, init=False)
+    #: Manual runs of jobs not read yet whose worker type nobody served when their wake
+    #: came, by job id (oldest first): offered as soon as a worker serves the type.
+    _parked: dict[int, wakes.Dispatch] = attrs.field(factory=dict, init=False)
     #: The companions were started (once: a re-taken lead keeps them).
     _companions_started: bool = attrs.field(default=False, init=False)
     #: Schedule -> its typical gap between deadlines (seconds), for the metrics.
@@ -378,10 +385,13 @@ class Daemon:
 
         Capacities are updated at once; deadlines of worker jobs are armed or disarmed
         from memory (an overdue one then runs once), with no SQL; and a lifecycle wake
-        asks for a coalesced refresh so queued manual runs for new types are found.
+        asks for a coalesced refresh so queued manual runs for new types are found. The
+        runs whose wakes came while nobody served their type, for jobs not read yet, are
+        offered at once instead of at that refresh (:meth:`_offer_parked`).
         """
         self.dispatcher.pools_changed()
         self.inventory.workers_changed()
+        self._offer_parked()
         self._lifecycle_wake("workers.changed")
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -604,7 +614,10 @@ class Daemon:
             and hint.worker_type is not None
             and hint.worker_type not in self.dispatcher.served()
         ):
-            return False  # nobody serves it: the refresh offers the run if it is real
+            # Nobody serves it: the refresh offers the run if it is real, or a worker of
+            # its type connects first and offers it then.
+            self._park(hint)
+            return False
         known = self.inventory.jobs.get(hint.job_id)
         self.dispatcher.offer_manual(
             job_id=hint.job_id,
@@ -616,6 +629,29 @@ class Daemon:
         self.events.emit(DispatchWake(dispatch=hint.run_id, job_id=hint.job_id))
         self.loop.turn_now()
         return True
+
+    def _park(self, hint: wakes.Dispatch) -> None:
+        parked = self._parked
+        parked.pop(hint.job_id, None)  # (a newer wake of the job goes last)
+        if len(parked) >= PARKED_LIMIT:
+            del parked[next(iter(parked))]  # the oldest: the refresh finds its run anyway
+        parked[hint.job_id] = hint
+
+    def _offer_parked(self) -> None:
+        """Offer the parked manual runs whose type a worker serves now, without waiting
+        for the coalesced refresh (up to its spacing, 30 s by default, after the worker
+        connected). A hint is only a hint: the claim checks the run under its row lock,
+        and one gone or no longer queued is refused, at the cost of that claim. A job the
+        inventory has read since is dropped: that refresh offered its queued run."""
+        if not self._parked:
+            return
+        served = self.dispatcher.served()
+        for job_id, hint in list(self._parked.items()):
+            if job_id in self.inventory.jobs:
+                del self._parked[job_id]
+            elif hint.worker_type in served:
+                del self._parked[job_id]
+                self._dispatch_hint(hint)
 
     def _lifecycle_wake(self, reason: str, *, urgent: bool = False) -> None:
         self.events.emit(LifecycleWake(reason=reason, urgent=urgent or None))

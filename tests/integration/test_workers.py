@@ -122,6 +122,32 @@ async def test_absent_worker_costs_no_sql_and_overdue_jobs_run_once_on_arrival(
     worker.stop()
 
 
+async def test_a_run_triggered_before_its_worker_came_starts_when_it_connects(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """A job defined after the daemon's last refresh, triggered while nobody serves its
+    type: its run waited for the next coalesced refresh (up to 30 s) even once a worker
+    of its type had connected. It starts when the worker connects, with no refresh."""
+    harness = await start_daemon()  # the default spacing: the next refresh is 30 s away
+    job = await define(conn, "late", target={"kind": "worker", "type": "later"})
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'late')")
+    await harness.wait_event("wake", payload={"run": run_id, "job": job})
+    worker = Worker(worker_id="w-late", capacity=1)
+
+    @worker.job("later")
+    async def handle(ctx: Context) -> int:
+        return 1
+
+    await run_worker(nursery, worker, harness)
+    await harness.wait_event("job.run", run=run_id, timeout=60)
+    names = [e["event"] for e in harness.events]
+    ready = names.index("ready")
+    assert "refresh" not in names[ready : names.index("job.run", ready)]
+    [r] = await runs_of(conn, job)
+    assert (r["id"], r["status"]) == (run_id, "succeeded")
+    worker.stop()
+
+
 async def test_worker_killed_mid_call_fails_the_run_and_the_job_turns_inert(
     start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
