@@ -111,7 +111,7 @@ def _seconds(value: Any, name: str) -> float:
 
 def _whole_number(value: Any, name: str, least: int) -> int:
     try:
-        if isinstance(value, bool):
+        if isinstance(value, bool | float):  # (1.9 is not 1: refused, not truncated)
             raise ValueError
         number = int(value)
     except (TypeError, ValueError):
@@ -163,6 +163,12 @@ def _optional_text(value: Any, name: str) -> str | None:
 
 def _path(value: Any, name: str) -> Path:
     return Path(_text(value, name)).expanduser()
+
+
+def _directory(value: Any, name: str) -> Path:
+    """A path made absolute as it is read: what is built on it (the embedded cluster's
+    socket, the worker socket) must not depend on where a command later runs."""
+    return _path(value, name).absolute()
 
 
 def _port(value: Any, name: str) -> int:
@@ -391,7 +397,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     ),
     Setting(
         name="state_dir",
-        convert=_path,
+        convert=_directory,
         default=None,
         help="spool and embedded database ($STATE_DIRECTORY under systemd)",
     ),

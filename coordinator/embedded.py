@@ -124,6 +124,10 @@ def free_port() -> int:
         return port
 
 
+def _absolute(path: str | os.PathLike[str]) -> Path:
+    return Path(path).absolute()
+
+
 @attrs.define(eq=False)
 class Cluster:
     """One PostgreSQL cluster in ``root`` (data in ``root/data``, socket and log beside it).
@@ -132,7 +136,9 @@ class Cluster:
     also listen on 127.0.0.1 so that TCP-only code paths (keepalive) run.
     """
 
-    root: Path
+    #: Made absolute: the server runs in its data directory, and a libpq host that does
+    #: not start with ``/`` is a host name.
+    root: Path = attrs.field(converter=_absolute)
     port: int | None = None
     settings: Mapping[str, str] = attrs.field(factory=dict)
     bin_dir: Path = attrs.field(factory=find_bin_dir)

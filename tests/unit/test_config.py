@@ -92,6 +92,27 @@ def test_claim_ahead_is_a_count_from_zero(tmp_path: Path) -> None:
         load(file=None, environ={"COORDINATOR_CLAIM_AHEAD": "lots"}, flags={})
 
 
+def test_a_fraction_is_not_a_whole_number(tmp_path: Path) -> None:
+    """A TOML float was truncated: ``concurrency = 1.9`` gave one call at once."""
+    file = tmp_path / "c.toml"
+    for text in ("concurrency = 1.9\n", "pool_size = 2.7\n", "concurrency = 2.0\n"):
+        file.write_text(text)
+        name, value = text.strip().split(" = ")
+        with pytest.raises(ConfigError, match=f"{name}: expected a whole number, got {value}"):
+            load(file=file, environ={}, flags={})
+
+
+def test_a_relative_state_dir_is_made_absolute_where_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded cluster's socket is a libpq host: ``demo`` (relative) was taken for a
+    host name, and every command given ``--state-dir demo`` failed to connect."""
+    monkeypatch.chdir(tmp_path)
+    config = load(file=None, environ={}, flags={"state_dir": "demo"})
+    assert config.state_dir == tmp_path / "demo"
+    assert str(config.embedded_root).startswith("/")
+
+
 def test_unknown_environment_setting_is_named() -> None:
     with pytest.raises(ConfigError, match="COORDINATOR_CONCURENCY"):
         load(file=None, environ={"COORDINATOR_CONCURENCY": "3"}, flags={})
