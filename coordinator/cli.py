@@ -103,7 +103,8 @@ from .model import (
     Target,
 )
 from .protocol import SEVERITIES
-from .text import check_job_name, check_namespace, printable
+from .text import check_job_name, check_namespace, pad, printable
+from .text import width as text_width
 
 if TYPE_CHECKING:
     from asyncpg import Connection
@@ -597,6 +598,10 @@ def _retries(text: str) -> int:
     return value
 
 
+#: The largest id (and limit) PostgreSQL's bigint holds: beyond it an id names nothing.
+BIGINT_MAX: Final = 2**63 - 1
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -604,6 +609,8 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    if value > BIGINT_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {BIGINT_MAX}, not {value}")
     return value
 
 
@@ -857,11 +864,11 @@ def _duration(value: timedelta | None) -> str:
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """Aligned columns, one line per row: control characters in cells are escaped."""
     rows = [[printable(cell) for cell in row] for row in rows]
-    widths = [len(h) for h in headers]
+    widths = [text_width(h) for h in headers]
     for row in rows:
-        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+        widths = [max(w, text_width(cell)) for w, cell in zip(widths, row, strict=True)]
     for row in (headers, *rows):
-        cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=True)]
+        cells = [pad(cell, w) for cell, w in zip(row, widths, strict=True)]
         print("  ".join(cells).rstrip())
 
 
@@ -1329,10 +1336,8 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
             retention=retention,
             **policies,
         )
-        paused = args.paused
-        if paused is None:
-            job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
-            paused = job.paused
+        job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
+        paused = job.paused if args.paused is None else args.paused
         facts = await probe.gather(conn, ctx.config(), api=target.kind == "worker" and not paused)
     _say(f"defined {args.namespace}/{args.name} (job {job_id})")
     if paused and args.paused is None:
@@ -1346,6 +1351,7 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
             paused=paused,
             facts=facts,
             now=datetime.now(UTC),
+            done=why.one_shot_done(job),
         )
     )
     return 0

@@ -31,6 +31,7 @@ from . import client, db
 from .errors import InvalidInput, RunNotFound
 from .files import private_text, write_private
 from .model import Schedule, Target
+from .text import printable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -350,8 +351,11 @@ def describe_run(run: client.RunView) -> list[str]:
         ms = (run.finished_at - run.started_at).total_seconds() * 1000
         elapsed = f" in {ms:.0f} ms"
     error = f" ({run.error_cause}: {run.error_message})" if run.error_cause else ""
-    lines = [f"demo: run {run.id} {run.job_key} ({run.trigger}) {run.status}{elapsed}{error}"]
+    lines = [
+        printable(f"demo: run {run.id} {run.job_key} ({run.trigger}) {run.status}{elapsed}{error}")
+    ]
     for key, prefix in (("stdout_tail", "  | "), ("stderr_tail", "  ! ")):
         text = str(extra.get(key) or "")
-        lines += [prefix + line for line in text.splitlines()[-OUTPUT_LINES:]]
+        # Escaped like every output the CLI prints: a job's bytes never drive the terminal.
+        lines += [prefix + printable(line) for line in text.splitlines()[-OUTPUT_LINES:]]
     return lines

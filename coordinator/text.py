@@ -21,6 +21,7 @@ Layering: stdlib and :mod:`coordinator.errors` only (the worker SDK imports it).
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import TYPE_CHECKING, Any, Final
 
 from .errors import InvalidInput
@@ -65,6 +66,20 @@ def printable(text: str) -> str:
     """``text`` with every control character written as an escape (``\\n``, ``\\x1b``,
     ``\\u2028``): one line, nothing a terminal acts on. Other text is unchanged."""
     return CONTROL.sub(_escape, text)
+
+
+def width(text: str) -> int:
+    """Terminal columns ``text`` takes: two for a wide (East Asian) character, none for a
+    combining mark, one for any other (after :func:`printable`, no control is left)."""
+    return sum(
+        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        for ch in text
+    )
+
+
+def pad(text: str, columns: int) -> str:
+    """``text`` padded with spaces to ``columns`` terminal columns (:func:`width`)."""
+    return text + " " * (columns - width(text))
 
 
 def _quoted(value: str) -> str:

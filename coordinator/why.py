@@ -87,18 +87,34 @@ def job_state(job: JobView, facts: Facts) -> str:
 def next_run(job: JobView, facts: Facts) -> str:
     """The NEXT RUN column: a waiting retry's due time, the saved deadline, or why
     there is none yet."""
+    if job.paused or job.invalid_reason is not None:
+        return "-"  # (a saved deadline stays saved, but it does not run; resuming forgets it)
     if job.outstanding_due_at is not None and job.outstanding_status == "queued":
         return f"retry {when(job.outstanding_due_at)}"
     if job.next_run_at is not None:
         return when(job.next_run_at)
-    if job.schedule_kind == "manual" or job.paused or job.invalid_reason is not None:
+    if job.schedule_kind == "manual":
         return "-"
+    if one_shot_done(job):
+        return "done"
     if unserved(job.target, facts) is not None:
         return "-"
     running = facts.daemon_running
     if running is False:
         return "no daemon"
     return "next refresh"
+
+
+def one_shot_done(job: JobView) -> bool:
+    """A one-shot job whose instant was served: its saved deadline is spent, and nothing
+    arms it again until it is defined with another instant (a daemon's refresh reads a
+    one-shot job only while it has a deadline or a run to offer)."""
+    return (
+        job.schedule_kind == "once"
+        and job.next_run_at is None
+        and not job.paused
+        and job.invalid_reason is None
+    )
 
 
 def command(verb: str, namespace: str, name: str) -> str:
@@ -119,16 +135,21 @@ def after_define(
     paused: bool,
     facts: Facts,
     now: datetime,
+    done: bool = False,
 ) -> str:
-    """The line ``jobs define`` prints after ``defined ...``: when it will first run."""
+    """The line ``jobs define`` prints after ``defined ...``: when it will first run.
+    ``done``: a one-shot job left as it was, whose instant was served already."""
     if paused:
         return f"paused: it runs once resumed ({command('resume', namespace, name)})"
     if schedule.kind == "manual":
         return f"manual: it runs when triggered ({command('trigger', namespace, name)})"
-    try:
-        first = schedules.initial_deadline(schedule, now)
-    except (CoordinatorError, ValueError):
-        first = None
+    if done:
+        return (
+            f"done: it ran at {when(initial_deadline_or_none(schedule, now))} and does not "
+            f"run again unless defined with another --at, or triggered "
+            f"({command('trigger', namespace, name)})"
+        )
+    first = initial_deadline_or_none(schedule, now)
     about = "about " if schedule.kind == "interval" else ""
     text = f"next run {about}{when(first)}"
     missing = []
@@ -144,6 +165,13 @@ def after_define(
     if schedule.kind == "interval":
         return f"{text} ({schedule.expression} after it is {armed})"
     return f"{text}, {armed}"
+
+
+def initial_deadline_or_none(schedule: Schedule, now: datetime) -> datetime | None:
+    try:
+        return schedules.initial_deadline(schedule, now)
+    except (CoordinatorError, ValueError):
+        return None
 
 
 def still_waiting(job: JobView, run: RunView, facts: Facts, *, now: datetime) -> str:

@@ -210,19 +210,20 @@ def state_class(state: str) -> str:
 
 
 def next_run(job: JobView, status: DaemonStatus) -> str | None:
-    """Why a job has no saved deadline (``None`` when it has one)."""
-    if job.next_run_at is not None:
-        return None
-    if job.schedule_kind == "manual":
-        return "when triggered"
+    """Why a job will not run at a saved deadline (``None`` when it will). A paused
+    job's saved deadline stays saved but is not served (resuming forgets it)."""
     if job.paused:
         return "paused"
     if job.invalid_reason is not None:
         return "never (invalid)"
+    if job.next_run_at is not None:
+        return None
+    if job.schedule_kind == "manual":
+        return "when triggered"
+    if job.schedule_kind == "once":  # (its instant served: the refresh arms it no more)
+        return "done"
     if waiting_for(job, status) is not None:
         return "when a worker connects"
-    if job.schedule_kind == "once" and job.last_run is not None:
-        return "done"
     if not status.leading:
         return "when a daemon leads"
     return "at the next refresh"

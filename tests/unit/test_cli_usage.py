@@ -39,6 +39,12 @@ if TYPE_CHECKING:
             "coordinator runs list: unrecognized arguments: --statuss failed (did you mean "
             "--status?) (see 'coordinator runs list --help')",
         ),
+        # An id beyond PostgreSQL's bigint: refused here, not by the driver's words.
+        (
+            ["runs", "show", "99999999999999999999"],
+            "coordinator runs show: argument ID: must be at most 9223372036854775807, not "
+            "99999999999999999999 (see 'coordinator runs show --help')",
+        ),
         # Nothing close: no guess.
         (
             ["runs", "list", "--zzz"],

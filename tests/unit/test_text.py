@@ -154,3 +154,15 @@ def test_json_log_escapes_control_characters() -> None:
     line = stream.getvalue()
     assert CONTROL.search(line[:-1]) is None
     assert json.loads(line)["job"] == "a\x7fb\x1b\u2028"
+
+
+def test_width_counts_terminal_columns() -> None:
+    """``jobs list`` padded cells by characters: a wide name pushed its row's later columns
+    right of the others'."""
+    from coordinator.text import pad, width
+
+    assert width("abc") == 3
+    assert width("日本語ジョブ") == 12
+    assert width("e\u0301") == 1  # e and a combining acute accent
+    assert pad("日本", 6) == "日本  "
+    assert width(pad("ab", 6)) == width(pad("日本語", 6)) == 6

@@ -134,6 +134,10 @@ def test_worker_jobs_nobody_serves_say_so() -> None:
     assert present.matches(images, "waiting", status())
     assert not present.matches(images, "waiting", served)
     assert present.job_state(job(paused=True), status()) == "paused"
+    # A paused job's saved deadline is not served; a served one-shot is done.
+    assert present.next_run(job(paused=True, next_run_at=NOW), served) == "paused"
+    assert present.next_run(job(schedule_kind="once", schedule="2020-01-01T00:00:00Z"),
+                            status()) == "done"  # fmt: skip
 
 
 def test_worker_jobs_no_worker_may_run_for_their_namespace_say_so() -> None:

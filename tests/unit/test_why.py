@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import attrs
 import pytest
 
 from coordinator import why
@@ -178,6 +179,27 @@ def test_state_and_next_run_columns() -> None:
     )
 
 
+def test_a_paused_job_and_a_served_one_shot_have_no_next_run() -> None:
+    """A paused job showed its saved deadline, past or not; a one-shot job whose instant
+    was served said "next refresh" for ever."""
+    paused = job(schedule_kind="interval", schedule="5m", next_run_at=NOW, paused=True)
+    assert why.next_run(paused, LEADING) == "-"
+    done = job(schedule_kind="once", schedule="2020-01-01T00:00:00Z", last_run=7)
+    assert why.next_run(done, LEADING) == why.next_run(done, NO_DAEMON) == "done"
+    assert why.one_shot_done(done)
+    assert not why.one_shot_done(attrs.evolve(done, next_run_at=NOW))
+    assert not why.one_shot_done(attrs.evolve(done, paused=True))
+    once = Schedule(kind="once", expression="2020-01-01T00:00:00Z")
+    said = why.after_define(
+        once, Target(kind="exec", argv=("true",)), namespace="default", name="o",
+        paused=False, facts=LEADING, now=NOW, done=True,
+    )  # fmt: skip
+    assert said == (
+        "done: it ran at 2020-01-01 00:00:00Z and does not run again unless defined with "
+        "another --at, or triggered (coordinator jobs trigger o)"
+    )
+
+
 def test_after_define() -> None:
     cron = Schedule(kind="cron", expression="30 2 * * *")
     exec_target = Target(kind="exec", argv=("true",))
@@ -234,3 +256,24 @@ def test_a_waiting_retry_is_what_comes_next() -> None:
     facts = Facts(leader=LEADER, leader_known=True)
     assert why.next_run(waiting, facts) == "retry 2026-11-30 08:00:30Z"
     assert why.job_state(waiting, facts) == "retry waiting"
+
+
+def test_the_demo_prints_a_run_s_output_escaped() -> None:
+    """The demo printed a job's output raw: an escape sequence reached the terminal,
+    where every other command escapes it."""
+    from coordinator.demo import describe_run
+
+    shown = attrs.evolve(
+        run(status="failed"),
+        extra={"stdout_tail": "\x1b[31mRED\x1b[0m\nplain", "stderr_tail": "bell\x07"},
+        error_cause="handler",
+        error_message="exit 1\x1b]0;title\x07",
+    )
+    lines = describe_run(shown)
+    assert lines == [
+        "demo: run 7 default/j (manual) failed (handler: exit 1\\x1b]0;title\\x07)",
+        "  | \\x1b[31mRED\\x1b[0m",
+        "  | plain",
+        "  ! bell\\x07",
+    ]
+    assert not any(ch < " " for line in lines for ch in line)
