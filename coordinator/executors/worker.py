@@ -1155,6 +1155,9 @@ class WorkerExecutor:
             del self._conns[conn.worker]
         calls = list(conn.calls.values())
         conn.calls.clear()
+        if lost is None and error is not None and reason == "rejected":
+            # What the run's reader needs: not that the worker went, but why it was sent.
+            lost = f"worker {conn.label()} was disconnected for breaking the protocol: {error}"
         message = lost or f"worker {conn.label()} disconnected"
         for call in calls:
             call.lost = message

@@ -693,6 +693,31 @@ async def test_disconnect_mid_call_is_crashed(sock_path: Path) -> None:
             assert sorted(h.executor.capacities()) == []
 
 
+async def test_a_call_of_a_worker_cut_off_for_a_bad_line_says_why(sock_path: Path) -> None:
+    """The run said "worker w8 disconnected", the reason only in the daemon's log."""
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello("w8")
+            outcomes: list[Outcome] = []
+
+            async def call() -> None:
+                outcomes.append(await h.call(make_claim(3)))
+
+            h.nursery.start_soon(call)
+            assert (await raw.recv() or {})["type"] == "call"
+            await raw.send({"type": "result", "run": 3, "ok": True, "count": 1.5})
+            await raw.expect_error_and_close("'count' must be an integer")
+            while not outcomes:
+                await trio.sleep(0.01)
+            outcome = outcomes[0]
+            assert (outcome.status, outcome.error_cause) == ("failed", "crashed")
+            assert outcome.error_message == (
+                "worker w8 was disconnected for breaking the protocol: "
+                "result: 'count' must be an integer, not 1.5"
+            )
+
+
 async def test_reregistration_replaces_the_old_connection(sock_path: Path) -> None:
     with trio.fail_after(GUARD):
         async with harness(sock_path) as h:
