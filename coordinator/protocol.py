@@ -854,8 +854,25 @@ def encode_success(run: int, count: int | None, extra: dict[str, Any] | None) ->
     if count is not None:
         line += b',"count":%d' % count
     if extra:
-        line += b',"extra":' + _LENIENT.encode(extra).encode()
+        try:
+            text = _LENIENT.encode(extra)
+        except ValueError:  # NaN or an infinity (``default`` is not asked for floats)
+            text = _LENIENT.encode(_finite(extra))
+        line += b',"extra":' + text.encode()
     return line + _RESULT_TAIL
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN and infinity written as its ``str()`` (``nan``, ``inf``),
+    as :data:`_LENIENT` writes what JSON cannot say. (A cycle recurses until
+    :class:`RecursionError`, which the caller reports as a bad return value.)"""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 #: :func:`encode_success`'s view of ``Result``'s fields (their validators name them) and

@@ -165,6 +165,11 @@ RETURNS: list[tuple[Any, dict[str, Any]]] = [
     ({"count": 1, "extra": [1, 2]}, {"ok": True, "count": 1, "extra": {"extra": [1, 2]}}),
     ({"city": "Zürich", 3: None}, {"ok": True, "extra": {"city": "Zürich", "3": None}}),
     ((6, {}), {"ok": True, "count": 6}),
+    # NaN and infinities, which JSON cannot say either (they failed the run).
+    (
+        (1, {"ratio": float("nan"), "deep": [{"top": float("-inf")}], "ok": 0.5}),
+        {"ok": True, "count": 1, "extra": {"ratio": "nan", "deep": [{"top": "-inf"}], "ok": 0.5}},
+    ),
 ]
 
 
@@ -199,7 +204,6 @@ BAD_RETURNS: list[tuple[Any, str]] = [
     ("done", "not str"),
     ((1, 2), "extra must be a dict"),
     ({"count": "many"}, "'count' must be a 64-bit integer"),
-    ({"x": float("nan")}, "bad return value"),
     ({(1, 2): "tuple key"}, "bad return value"),
     ({"x": "\ud800"}, "bad return value"),
     ({"big": "x" * MAX_LINE}, f"exceeds the {MAX_LINE}-byte limit"),
@@ -755,7 +759,23 @@ def test_load_and_main_report_bad_targets(
     assert "has no attribute" in capsys.readouterr().err
     assert main(["cw_app_bad:worker", "--tcp", "127.0.0.1:1"]) == 2
     assert "needs --token" in capsys.readouterr().err
+    # --state-dir: only a demo's directory holds a worker socket.
+    assert main(["cw_app_bad:worker", "--state-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"--state-dir: {tmp_path} is not a coordinator demo's directory (no demo.json); a "
+        "service's worker socket is its worker_socket: pass --socket"
+    )
     sys.modules.pop("cw_app_bad", None)
+
+
+def test_a_demo_s_directory_names_its_worker_socket(tmp_path: Path) -> None:
+    from coordinator.worker import _address, build_parser
+
+    (tmp_path / "demo.json").write_text("{}")
+    args = build_parser().parse_args(["m:w", "--state-dir", str(tmp_path)])
+    assert _address(args) == tmp_path / "worker.sock"
+    with pytest.raises(SystemExit):  # one place to connect to, not two
+        build_parser().parse_args(["m:w", "--state-dir", str(tmp_path), "--socket", "/x"])
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="signals and sockets: Linux")
