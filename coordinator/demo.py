@@ -266,8 +266,9 @@ class Demo:
         given = " (DSN: the one given to the demo)" if self.external_database else ""
         say(
             "the daemon's log follows, and each run's output when it ends. In another "
-            f"shell: `coordinator jobs list{look}`, `coordinator runs list{look}`{given}. "
-            "Ctrl-C stops it."
+            f"shell: `coordinator jobs list{look}`, `coordinator runs list{look}`{given}; "
+            f"a worker of yours: `coordinator worker MODULE:OBJECT --state-dir "
+            f"{self.state_dir}`. Ctrl-C stops it."
         )
 
     async def define(self, conn: Connection) -> int:

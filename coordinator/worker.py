@@ -1072,6 +1072,11 @@ def build_parser(prog: str = "coordinator worker") -> argparse.ArgumentParser:
     where.add_argument(
         "--tcp", metavar="HOST:PORT", help="connect over TCP instead (another host: with TLS)"
     )
+    where.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="a `coordinator demo`'s directory: connect to its worker socket (DIR/worker.sock)",
+    )
     parser.add_argument(
         "--token",
         help="the token for --tcp (default: $COORDINATOR_WORKER_TOKEN; --token-file keeps it "
@@ -1229,6 +1234,15 @@ def _address(args: argparse.Namespace) -> Path | tuple[str, int]:
         return (host.strip("[]"), int(port))
     if args.socket:
         return Path(args.socket)
+    if args.state_dir:
+        # Only a demo keeps its socket there (a service's is in its runtime directory).
+        state_dir = Path(args.state_dir).expanduser()
+        if not (state_dir / "demo.json").is_file():
+            raise ValueError(
+                f"--state-dir: {state_dir} is not a coordinator demo's directory (no "
+                "demo.json); a service's worker socket is its worker_socket: pass --socket"
+            )
+        return state_dir.absolute() / "worker.sock"
     env = os.environ.get("COORDINATOR_WORKER_SOCKET")
     if env:
         return Path(env)
