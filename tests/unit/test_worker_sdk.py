@@ -761,9 +761,13 @@ def test_load_and_main_report_bad_targets(
     assert "needs --token" in capsys.readouterr().err
     # --state-dir: only a demo's directory holds a worker socket.
     assert main(["cw_app_bad:worker", "--state-dir", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip().endswith(
-        f"--state-dir: {tmp_path} is not a coordinator demo's directory (no demo.json); a "
-        "service's worker socket is its worker_socket: pass --socket"
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            f"--state-dir: {tmp_path} is not a coordinator demo's directory (no demo.json); a "
+            "service's worker socket is its worker_socket: pass --socket"
+        )
     )
     sys.modules.pop("cw_app_bad", None)
 
