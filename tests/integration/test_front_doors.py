@@ -290,6 +290,24 @@ OUT_OF_BOUNDS: list[tuple[dict[str, Any], str, str]] = [
         "the years 1970 to 9999",
     ),
     ({"schedule_kind": "once", "schedule": "infinity"}, "at", "out of range"),
+    # (0026: the table's CHECK constraints said these, naming a constraint, not the argument.)
+    (
+        {"schedule_kind": "weekly", "schedule": "x"},
+        "schedule_kind",
+        "schedule_kind: must be cron, interval, once or manual, not 'weekly'",
+    ),
+    ({"priority": "urgent"}, "priority", "priority: must be interactive or background, not"),
+    ({"params": "[1]"}, "params", "params: must be a JSON object, not array"),
+    (
+        {"schedule": "5m"},
+        "schedule",
+        "schedule: a manual job has none (it runs when triggered), not '5m'",
+    ),
+    # Zero or less, in any unit: below the least interval (stored inert before 0026).
+    *(
+        ({"schedule_kind": "interval", "schedule": every}, "every", "at least 1s")
+        for every in ("0", "0s", "-5", "-5m", " 0.0 h", ".0")
+    ),
 ]
 
 
@@ -305,6 +323,15 @@ async def test_define_job_refuses_out_of_bounds(conn: asyncpg.Connection) -> Non
             await _define(conn, **kw)
         assert translated.value.field == column
         assert str(translated.value).count(f"{column}:") == 1, str(translated.value)
+    assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.jobs") == 0
+
+
+async def test_define_job_asks_for_a_schedule_by_its_name(conn: asyncpg.Connection) -> None:
+    for kind in ("cron", "interval", "once"):
+        with pytest.raises(asyncpg.PostgresError) as info:
+            await _define(conn, schedule_kind=kind)
+        assert (info.value.sqlstate, info.value.column_name) == ("22004", "schedule")
+        assert info.value.message == f"schedule: required for a {kind} job"
     assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.jobs") == 0
 
 
@@ -457,6 +484,32 @@ async def test_sync_refuses_a_bad_namespace_and_bad_entries(conn: asyncpg.Connec
     assert error.message == "schedule_kind: must not be NULL"
     error = await refused(conn, "SELECT * FROM coordinator.sync('ns', '[{\"name\": null}]')")
     assert error.message == "jobs[0].name: required"
+    # (0026) What a manifest and a worker's declaration refuse, SQL's sync refuses too:
+    # an unknown key, a name listed twice, a value of another type; naming the entry.
+    ok = {"name": "a", "schedule_kind": "manual", "target": json.loads(EXEC)}
+    for entries, message in [
+        ([ok, {**ok, "name": "b", "retires": 3}], "jobs[1]: unknown key 'retires'"),
+        ([ok, {**ok, "name": "b"}, ok], "jobs[2].name: 'a' is listed twice (also jobs[0])"),
+        ([{**ok, "retries": "three"}], 'jobs[0].retries: must be a whole number, not "three"'),
+        ([{**ok, "keep_last": 1.5}], "jobs[0].keep_last: must be a whole number, not 1.5"),
+        ([{**ok, "alert": "yes"}], 'jobs[0].alert: must be true or false, not "yes"'),
+        ([{**ok, "timeout": 30}], "jobs[0].timeout: must be a string, not 30"),
+    ]:
+        error = await refused(
+            conn, "SELECT * FROM coordinator.sync('ns', $1::text::jsonb)", json.dumps(entries)
+        )
+        assert (error.sqlstate, error.column_name, error.message) == ("22023", "jobs", message)
+    error = await refused(
+        conn, 'SELECT * FROM coordinator.sync(\'ns\', \'[{"name": "a", "retries": 2.0}]\')'
+    )
+    assert error.message == "jobs[0].retries: must be a whole number, not 2.0"
+    # NULL is a key's default.
+    synced = await aio(conn.fetchrow)(
+        "SELECT * FROM coordinator.sync('ns', $1::text::jsonb)",
+        json.dumps([{**ok, "retries": 2, "paused": None, "timeout": None}]),
+    )
+    assert tuple(synced) == (1, 0, 0)
+    assert await aio(conn.fetchval)("SELECT retries FROM coordinator.jobs WHERE name = 'a'") == 2
     # The client says the same before sending anything.
     with pytest.raises(InvalidInput, match=r"^namespace: 'my app': use letters"):
         await aio(client.sync)(conn, "my app", [])

@@ -263,6 +263,11 @@ async def test_every_sql_api_function_keeps_to_the_grants(
         params = [*extra, "reports"] if "$2" in sql else ["reports"]
         await aio(bob.execute)(sql, *params)
         assert fn  # (for the failure message)
+    # An empty list would pause nothing bob can see: still refused, not answered 0, 0, 0.
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_BILLING):
+        await aio(bob.execute)("SELECT * FROM coordinator.sync('billing', '[]')")
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_REPORTS):
+        await aio(alice.execute)("SELECT * FROM coordinator.sync('reports', '[]')")
 
     # cancel and resolve: a run of another namespace is unknown; a read-only one refused.
     billing_queued = await aio(conn.fetchval)(
