@@ -24,6 +24,7 @@ Process-group policy (the run owns its group; nothing in it outlives the run):
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -140,6 +141,9 @@ class ExecExecutor:
                 start_new_session=True,
             )
         except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
+            # Params or args too large for the kernel's limit on a command's arguments and
+            # environment fail every attempt alike: the run's input, not worth a retry.
+            too_big = isinstance(exc, OSError) and exc.errno == errno.E2BIG
             return ended(
                 self.clock,
                 started_at,
@@ -147,6 +151,8 @@ class ExecExecutor:
                 "handler",
                 f"cannot start: {exc}",
                 _io_extra(None, "", ""),
+                category="invalid-input" if too_big else None,
+                retryable=False if too_big else None,
             )
 
         out, err = _Tail(self.output_limit), _Tail(self.output_limit)

@@ -597,8 +597,18 @@ class WorkerExecutor:
             if len(data) - 1 > MAX_LINE:
                 problem = f"call message of {len(data) - 1} bytes exceeds {MAX_LINE}"
         if problem is not None:
+            # Never sent, and never will be (its args or params cannot go on the wire):
+            # the run's input, which a retry would send the same.
             self._release(conn, call)
-            return ended(self.clock, started_at, "failed", "handler", problem)
+            return ended(
+                self.clock,
+                started_at,
+                "failed",
+                "handler",
+                problem,
+                category="invalid-input",
+                retryable=False,
+            )
 
         def send() -> None:
             # Taken in the batch's order: maybe later, by the task that starts the call

@@ -290,6 +290,17 @@ async def test_permission_denied_cannot_start(tmp_path: Path) -> None:
     assert outcome.error_message == f"cannot start: [Errno 13] Permission denied: '{script}'"
 
 
+async def test_params_beyond_the_kernel_s_limit_are_the_run_s_input_not_a_retry() -> None:
+    """A single environment string over 128 KiB (MAX_ARG_STRLEN): E2BIG, for every attempt
+    alike; it was category unknown and retried."""
+    outcome = await run(make_claim(["true"], params={"p": "z" * 200_000}))
+    assert (outcome.status, outcome.error_cause) == ("failed", "handler")
+    assert outcome.error_message == "cannot start: [Errno 7] Argument list too long: 'true'"
+    assert (outcome.category, outcome.retryable) == ("invalid-input", False)
+    missing = await run(make_claim(["nope"]))  # (another cannot-start: the policy decides)
+    assert (missing.category, missing.retryable) == (None, None)
+
+
 async def test_empty_argv_cannot_start() -> None:
     outcome = await run(make_claim([]))
     assert outcome.status == "failed"

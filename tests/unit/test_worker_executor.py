@@ -581,6 +581,21 @@ async def test_a_call_whose_worker_left_while_its_line_waited_for_its_turn_is_gi
     assert outcome.error_message.endswith(" disconnected")
 
 
+async def test_a_call_too_large_for_a_line_is_the_run_s_input_not_a_retry(
+    sock_path: Path,
+) -> None:
+    """Never sent, and a retry would not fit either: it failed as if the handler had."""
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello()
+            outcome = await h.call(make_claim(9, args={"pad": "y" * MAX_LINE}))
+            assert (outcome.status, outcome.error_cause) == ("failed", "handler")
+            assert (outcome.category, outcome.retryable) == ("invalid-input", False)
+            assert (outcome.error_message or "").startswith("call message of ")
+            assert h.executor.connections()[0].busy == 0  # its slot is free again
+
+
 async def test_raw_worker_sees_cancel(sock_path: Path) -> None:
     with trio.fail_after(GUARD):
         async with harness(sock_path, cancel_grace=5) as h:
