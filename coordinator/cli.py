@@ -64,6 +64,7 @@ import difflib
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -967,7 +968,8 @@ def _schedule_from(args: argparse.Namespace) -> Schedule:
     if args.timezone is not None and args.cron is None:
         raise InvalidInput("--timezone", "only applies to --cron schedules")
     if args.cron is not None:
-        schedule = Schedule(kind="cron", expression=args.cron, timezone=args.timezone or "UTC")
+        zone = "UTC" if args.timezone is None else args.timezone  # ("" is no zone: refused)
+        schedule = Schedule(kind="cron", expression=args.cron, timezone=zone)
     elif args.every is not None:
         schedules.parse_duration(args.every, field="--every", unit_required=True)
         schedule = Schedule(kind="interval", expression=args.every)
@@ -1352,6 +1354,7 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
             facts=facts,
             now=datetime.now(UTC),
             done=why.one_shot_done(job),
+            saved=job.next_run_at,
         )
     )
     return 0
@@ -1478,8 +1481,8 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
             elif job.outstanding_due_at is not None and job.outstanding_status == "queued":
                 _note(
                     f"{job.key} already has retry run {run_id}, due "
-                    f"{_when(job.outstanding_due_at)}: it runs then (SELECT "
-                    f"coordinator.cancel({run_id}) ends the chain of attempts)"
+                    f"{_when(job.outstanding_due_at)}: it runs then (`coordinator runs "
+                    f"cancel {run_id}` ends the chain of attempts)"
                 )
             elif job.outstanding_status == "paused":
                 _note(f"resuming paused run {run_id} of {job.key} from its saved cursor")
@@ -1565,9 +1568,11 @@ async def _jobs_remove(args: argparse.Namespace, ctx: CommandContext) -> int:
             conn, args.name, namespace=args.namespace, keep_history=args.keep_history
         )
     if args.keep_history:
+        where = "" if args.namespace == "default" else f" -n {shlex.quote(args.namespace)}"
         _say(
             f"removed {args.namespace}/{args.name}; its runs are kept until retention "
-            "takes them (`coordinator runs list --job NAME` still lists them)"
+            f"takes them (`coordinator runs list --job={shlex.quote(args.name)}{where}` "
+            "still lists them)"
         )
     else:
         _say(f"removed {args.namespace}/{args.name}")

@@ -1286,7 +1286,10 @@ async def list_jobs(
     namespaces: Collection[str] | None = None,
 ) -> list[JobView]:
     """Every job (of ``namespace``, or of all namespaces), by namespace and name; only
-    those of ``namespaces`` when given (an admin token's scope)."""
+    those of ``namespaces`` when given (an admin token's scope). A namespace no job could
+    have is refused, not answered with none (``jobs list -n "bad ns"`` said "no jobs")."""
+    if namespace is not None:
+        check_namespace(namespace)
     scope = sorted(namespaces) if namespaces is not None else None
     with translate_errors(namespace=namespace):
         rows = await conn.fetch(_LIST_JOBS, namespace, scope)
@@ -1434,6 +1437,8 @@ async def list_runs(
         raise InvalidInput("limit", f"must be at least 1, not {limit}")
     if job is not None and namespace is None:
         namespace = "default"
+    if namespace is not None:
+        check_namespace(namespace)
     with translate_errors(namespace=namespace, name=job):
         scope = sorted(namespaces) if namespaces is not None else None
         rows = await conn.fetch(_LIST_RUNS, namespace, job, status, limit, before, category, scope)

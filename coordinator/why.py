@@ -136,9 +136,12 @@ def after_define(
     facts: Facts,
     now: datetime,
     done: bool = False,
+    saved: datetime | None = None,
 ) -> str:
     """The line ``jobs define`` prints after ``defined ...``: when it will first run.
-    ``done``: a one-shot job left as it was, whose instant was served already."""
+    ``done``: a one-shot job left as it was, whose instant was served already. ``saved``:
+    the job's saved deadline after the define (a changed cron or interval schedule clears
+    it; one still there is the deadline that stands, not a new estimate)."""
     if paused:
         return f"paused: it runs once resumed ({command('resume', namespace, name)})"
     if schedule.kind == "manual":
@@ -149,8 +152,9 @@ def after_define(
             f"run again unless defined with another --at, or triggered "
             f"({command('trigger', namespace, name)})"
         )
-    first = initial_deadline_or_none(schedule, now)
-    about = "about " if schedule.kind == "interval" else ""
+    kept = saved is not None and schedule.kind in ("cron", "interval")
+    first = saved if kept else initial_deadline_or_none(schedule, now)
+    about = "about " if schedule.kind == "interval" and not kept else ""
     text = f"next run {about}{when(first)}"
     missing = []
     if facts.daemon_running is False:
@@ -161,6 +165,8 @@ def after_define(
     if missing:
         start = f" ({START_HINT})" if facts.daemon_running is False else ""
         return f"{text}, once {' and '.join(missing)}: none does now{start}"
+    if kept:
+        return f"{text} (unchanged: its saved deadline stands)"
     armed = f"armed at the daemon's next refresh (within {_within(facts)})"
     if schedule.kind == "interval":
         return f"{text} ({schedule.expression} after it is {armed})"

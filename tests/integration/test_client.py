@@ -668,3 +668,12 @@ async def test_the_demo_says_a_run_removed_with_its_job_is_gone_and_goes_on(
             nursery.cancel_scope.cancel()
     assert lines[0] == f"demo: run {kept + 1000} ended, and is gone: its job was removed with it"
     assert lines[1].startswith(f"demo: run {kept} default/kept (schedule) succeeded")
+
+
+async def test_listing_a_namespace_no_job_could_have_is_refused(conn: asyncpg.Connection) -> None:
+    """``jobs list -n "bad ns"`` said "no jobs", where ``jobs define -n "bad ns"`` refused."""
+    with pytest.raises(InvalidInput, match=r"^namespace: 'bad ns': use letters"):
+        await aio(client.list_jobs)(conn, namespace="bad ns")
+    with pytest.raises(InvalidInput, match=r"^namespace: 'bad ns': use letters"):
+        await aio(client.list_runs)(conn, namespace="bad ns")
+    assert await aio(client.list_jobs)(conn, namespace="good") == []

@@ -180,3 +180,14 @@ def test_config_says_what_run_would_refuse(
         "coordinator: note: `coordinator run` with these settings would refuse: "
         "admin_listen: expected HOST:PORT, not '8787'\n"
     )
+
+
+def test_an_empty_timezone_is_refused_not_taken_for_utc(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["jobs", "define", "a", "--cron", "* * * * *", "--timezone", "", "--", "true"]
+    assert main(["--dsn", "postgresql://nobody@127.0.0.1:1/none", *argv]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "coordinator: --timezone: unknown timezone '' (use an IANA name such as "
+        "'Europe/Berlin' or 'UTC')"
+    ]

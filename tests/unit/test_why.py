@@ -221,6 +221,13 @@ def test_after_define() -> None:
     assert why.after_define(
         cron, exec_target, namespace="default", name="b", paused=True, facts=LEADING, now=NOW
     ).startswith("paused")
+    # Defined again unchanged: the saved deadline stands, not an estimate from now.
+    every = Schedule(kind="interval", expression="5m")
+    saved = NOW - timedelta(seconds=2)
+    assert why.after_define(
+        every, exec_target, namespace="default", name="b", paused=False, facts=LEADING,
+        now=NOW, saved=saved,
+    ) == "next run 2026-11-30 07:59:58Z (unchanged: its saved deadline stands)"  # fmt: skip
 
 
 def test_status_differences() -> None:
