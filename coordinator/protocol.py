@@ -945,7 +945,7 @@ def _load(line: bytes | str) -> dict[str, Any]:
     except ValueError as exc:
         raise ProtocolError(f"malformed JSON: {exc}") from None
     if not isinstance(obj, dict):
-        raise ProtocolError(f"a message must be a JSON object, not {type(obj).__name__}")
+        raise ProtocolError(f"a message must be a JSON object, not {_json_kind(obj)}")
     if "\\u" in text:  # only escapes can smuggle in NUL or an unpaired surrogate
         obj = storable(obj)
     version = obj.get("v")
@@ -1198,8 +1198,25 @@ def _is_int(value: object) -> bool:
 
 
 def _shown(value: object) -> str:
+    """A received value in a refusal: JSON's words for null, true and false (the peer
+    wrote those, not Python's ``None``/``True``), a repr cut short for the rest."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
     text = repr(value)
     return text if len(text) <= 60 else text[:60] + "…"
+
+
+def _json_kind(value: object) -> str:
+    """What a decoded JSON value is, in JSON's words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
 
 
 # -- framing ------------------------------------------------------------------------------

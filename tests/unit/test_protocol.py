@@ -250,7 +250,9 @@ REJECTED = [
     (b"\xff\xfe{}", "not UTF-8"),
     (b'{"type":"bye"}', "missing 'v'"),
     (b'{"v":2,"type":"bye"}', "unsupported protocol version 2"),
-    (b'{"v":true,"type":"bye"}', "unsupported protocol version"),
+    (b'{"v":true,"type":"bye"}', "unsupported protocol version true"),  # (JSON's words)
+    (b"[1, 2]", "a message must be a JSON object, not an array"),
+    (b"null", "a message must be a JSON object, not null"),
     (b'{"v":1}', "missing 'type'"),
     (b'{"v":1,"type":5}', "missing 'type'"),
     (b'{"v":1,"type":"launch"}', "unknown message type 'launch'"),
