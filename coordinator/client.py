@@ -548,6 +548,11 @@ def _from_postgres(
         return _invalid(column or field, message)
     if state == "23502":  # not_null_violation
         return InvalidInput(getattr(exc, "column_name", None) or field, "required")
+    if state == "22021" and "\x00" in (namespace or "") + (name or ""):
+        # A NUL byte, which no text in PostgreSQL can hold: named by the argument it was
+        # in, not as "value: invalid byte sequence for encoding UTF8: 0x00".
+        where = "namespace" if "\x00" in (namespace or "") else "name"
+        return InvalidInput(where, "NUL (U+0000) is not allowed")
     if state.startswith("22"):  # data exceptions, invalid_parameter_value among them
         # The SQL API names the argument at fault in COLUMN (and its messages start with it).
         return _invalid(getattr(exc, "column_name", None) or field, message)

@@ -677,3 +677,14 @@ async def test_listing_a_namespace_no_job_could_have_is_refused(conn: asyncpg.Co
     with pytest.raises(InvalidInput, match=r"^namespace: 'bad ns': use letters"):
         await aio(client.list_runs)(conn, namespace="bad ns")
     assert await aio(client.list_jobs)(conn, namespace="good") == []
+
+
+async def test_a_nul_in_a_name_is_named_as_the_name(conn: asyncpg.Connection) -> None:
+    """(The admin API answered ``GET /api/jobs/default/a%00b`` with "value: invalid byte
+    sequence for encoding UTF8: 0x00".)"""
+    with pytest.raises(InvalidInput) as info:
+        await aio(client.get_job)(conn, "a\x00b")
+    assert str(info.value) == "name: NUL (U+0000) is not allowed"
+    with pytest.raises(InvalidInput) as info:
+        await aio(client.get_job)(conn, "a", namespace="n\x00s")
+    assert str(info.value) == "namespace: NUL (U+0000) is not allowed"
