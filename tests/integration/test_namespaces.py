@@ -268,6 +268,9 @@ async def test_every_sql_api_function_keeps_to_the_grants(
         await aio(bob.execute)("SELECT * FROM coordinator.sync('billing', '[]')")
     with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_REPORTS):
         await aio(alice.execute)("SELECT * FROM coordinator.sync('reports', '[]')")
+    # A namespace no job could have is that, for anyone: not a grant to ask for.
+    with pytest.raises(asyncpg.InvalidParameterValueError, match=r"^namespace: use letters"):
+        await aio(bob.execute)("SELECT * FROM coordinator.sync('my app', '[]')")
 
     # cancel and resolve: a run of another namespace is unknown; a read-only one refused.
     billing_queued = await aio(conn.fetchval)(
