@@ -84,6 +84,10 @@ def _not_here(_run_id: int) -> bool:
     return False
 
 
+def _read_nothing(_ids: frozenset[int] | None) -> None:
+    return None
+
+
 @attrs.define(eq=False)
 class Inventory:
     """Jobs known to the daemon, and which of them have an armed deadline."""
@@ -100,6 +104,9 @@ class Inventory:
     served: Callable[[], frozenset[str]] = _no_types
     #: A refresh found a queued manual run: offer it to admission.
     queued: Callable[[JobEntry], None] = _drop
+    #: A refresh is about to read these jobs (``None``: every job); called before its
+    #: first statement, so what it is told was committed before is what it reads.
+    reading: Callable[[frozenset[int] | None], None] = _read_nothing
     #: A refresh found a run an operator asked to pause (``cancel_requested``): ask its
     #: call to stop, if it runs here (its NOTIFY may have been missed).
     pausing: Callable[[int], bool] = _not_here
@@ -279,6 +286,7 @@ class Inventory:
         # their own) while the next page is read. Nothing is armed until everything is
         # read, and a first deadline only once it is saved.
         read = _Read(_Firsts(self.clock.now()))
+        self.reading(ids)
         try:
             async with trio.open_nursery() as nursery:
                 pages_out, pages = trio.open_memory_channel[list[JobEntry]](0)

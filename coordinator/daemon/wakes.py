@@ -98,3 +98,73 @@ def _is_id(value: object) -> bool:
 
 
 __all__ = ["Changed", "Dispatch", "Hint", "Pause", "parse"]
+
+
+#: Dispatch hints parked at most (see :class:`Parked`): beyond it the oldest is dropped
+#: and left to the coalesced refresh.
+PARKED_LIMIT: Final = 10_000
+
+
+@attrs.define
+class Parked:
+    """Dispatch hints of manual runs the daemon could not offer when they came: their job
+    not read yet, their worker type served by nobody. A worker of the type connecting
+    takes them (in the order they came, each with the time it came as its due time), so
+    that the run starts then instead of at the next coalesced refresh; a refresh that
+    reads their jobs forgets them (it offers what is really queued). Bounded: the oldest
+    goes first. Pure: the daemon decides when."""
+
+    limit: int = PARKED_LIMIT
+    #: job id -> (hint, when it came, epoch seconds); oldest first.
+    _hints: dict[int, tuple[Dispatch, float]] = attrs.field(factory=dict)
+    #: worker type -> how many of ``_hints`` wait for it.
+    _types: dict[str, int] = attrs.field(factory=dict)
+
+    def __len__(self) -> int:
+        return len(self._hints)
+
+    def park(self, hint: Dispatch, came: float) -> None:
+        """Keep ``hint`` (a newer one for the same job replaces the older)."""
+        self._drop(hint.job_id)
+        if len(self._hints) >= self.limit:
+            self._drop(next(iter(self._hints)))
+        self._hints[hint.job_id] = (hint, came)
+        kind = hint.worker_type or ""
+        self._types[kind] = self._types.get(kind, 0) + 1
+
+    def waiting_for(self, worker_type: str | None) -> bool:
+        """Whether any hint waits for ``worker_type`` (cheap: asked for every hint)."""
+        return bool(self._types.get(worker_type or ""))
+
+    def take(self, served: frozenset[str]) -> list[tuple[Dispatch, float]]:
+        """Remove and return the hints whose type is in ``served``, oldest first."""
+        if not any(kind in served for kind in self._types):
+            return []
+        taken = [
+            (hint, came)
+            for hint, came in self._hints.values()
+            if (hint.worker_type or "") in served
+        ]
+        for hint, _ in taken:
+            self._drop(hint.job_id)
+        return taken
+
+    def forget(self, job_ids: frozenset[int] | None) -> None:
+        """A refresh is about to read these jobs (``None``: all of them)."""
+        if job_ids is None:
+            self._hints.clear()
+            self._types.clear()
+            return
+        for job_id in job_ids:
+            self._drop(job_id)
+
+    def _drop(self, job_id: int) -> None:
+        found = self._hints.pop(job_id, None)
+        if found is None:
+            return
+        kind = found[0].worker_type or ""
+        left = self._types[kind] - 1
+        if left:
+            self._types[kind] = left
+        else:
+            del self._types[kind]

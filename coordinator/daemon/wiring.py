@@ -81,10 +81,6 @@ COMPANION_FINISH: Final = 10.0
 #: Least seconds between two STATUS= updates while only counts change.
 STATUS_EVERY: Final = 1.0
 
-#: Manual runs parked at most while nobody serves their worker type (see
-#: ``Daemon._park``): beyond it the oldest is left to the coalesced refresh.
-PARKED_LIMIT: Final = 10_000
-
 #: Exit statuses of ``coordinator run`` (README, "Exit status").
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -208,8 +204,8 @@ class Daemon:
     #: Why the database could not be reached at start (while it cannot).
     _unavailable: str | None = attrs.field(default=None, init=False)
     #: Manual runs of jobs not read yet whose worker type nobody served when their wake
-    #: came, by job id (oldest first): offered as soon as a worker serves the type.
-    _parked: dict[int, wakes.Dispatch] = attrs.field(factory=dict, init=False)
+    #: came: offered as soon as a worker serves the type.
+    _parked: wakes.Parked = attrs.field(factory=wakes.Parked, init=False)
     #: The companions were started (once: a re-taken lead keeps them).
     _companions_started: bool = attrs.field(default=False, init=False)
     #: Schedule -> its typical gap between deadlines (seconds), for the metrics.
@@ -277,6 +273,7 @@ class Daemon:
         self.inventory.busy = self.dispatcher.busy
         self.inventory.served = self.dispatcher.served
         self.inventory.queued = self._offer_queued
+        self.inventory.reading = self._parked.forget
         self.inventory.pausing = lambda run_id: self.dispatcher.request_stop(run_id, "pause")
         self.settlement.on_saved = self.dispatcher.saved_later
         self.leadership = Leadership(
@@ -616,42 +613,35 @@ class Daemon:
         ):
             # Nobody serves it: the refresh offers the run if it is real, or a worker of
             # its type connects first and offers it then.
-            self._park(hint)
+            self._parked.park(hint, self.clock.now().timestamp())
             return False
-        known = self.inventory.jobs.get(hint.job_id)
+        if self._parked.waiting_for(hint.worker_type):
+            self._offer_parked()  # (its type is served now: those that came first go first)
+        self._offer_hint(hint, None if known is None else known.namespace)
+        return True
+
+    def _offer_hint(
+        self, hint: wakes.Dispatch, namespace: str | None, due: float | None = None
+    ) -> None:
         self.dispatcher.offer_manual(
             job_id=hint.job_id,
             run_id=hint.run_id,
             priority=hint.priority,
             worker_type=hint.worker_type,
-            namespace=None if known is None else known.namespace,
+            namespace=namespace,
+            due=due,
         )
         self.events.emit(DispatchWake(dispatch=hint.run_id, job_id=hint.job_id))
         self.loop.turn_now()
-        return True
-
-    def _park(self, hint: wakes.Dispatch) -> None:
-        parked = self._parked
-        parked.pop(hint.job_id, None)  # (a newer wake of the job goes last)
-        if len(parked) >= PARKED_LIMIT:
-            del parked[next(iter(parked))]  # the oldest: the refresh finds its run anyway
-        parked[hint.job_id] = hint
 
     def _offer_parked(self) -> None:
-        """Offer the parked manual runs whose type a worker serves now, without waiting
-        for the coalesced refresh (up to its spacing, 30 s by default, after the worker
-        connected). A hint is only a hint: the claim checks the run under its row lock,
-        and one gone or no longer queued is refused, at the cost of that claim. A job the
-        inventory has read since is dropped: that refresh offered its queued run."""
-        if not self._parked:
-            return
-        served = self.dispatcher.served()
-        for job_id, hint in list(self._parked.items()):
-            if job_id in self.inventory.jobs:
-                del self._parked[job_id]
-            elif hint.worker_type in served:
-                del self._parked[job_id]
-                self._dispatch_hint(hint)
+        """Offer the parked manual runs whose type a worker serves now, oldest first and
+        each due when its wake came, without waiting for the coalesced refresh (up to its
+        spacing, 30 s by default). A hint is only a hint: the claim checks the run under
+        its row lock, and one gone or no longer queued is refused, at the cost of that
+        claim. (Jobs a refresh read since were forgotten then: it offered their runs.)"""
+        for hint, came in self._parked.take(self.dispatcher.served()):
+            self._offer_hint(hint, None, due=came)
 
     def _lifecycle_wake(self, reason: str, *, urgent: bool = False) -> None:
         self.events.emit(LifecycleWake(reason=reason, urgent=urgent or None))

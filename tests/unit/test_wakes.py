@@ -94,3 +94,38 @@ def test_lookalike_objects_give_only_valid_hints(data: dict[str, object]) -> Non
         assert hint.run_id >= 1
     else:
         assert hint is None
+
+
+# --------------------------------------------------------------------------- parked hints
+
+
+def _hint(job: int, worker: str | None = "t") -> Dispatch:
+    return Dispatch(run_id=job * 10, job_id=job, priority="background", worker_type=worker)
+
+
+def test_parked_hints_are_taken_by_their_type_oldest_first_with_when_they_came() -> None:
+    parked = wakes.Parked()
+    parked.park(_hint(1), 10.0)
+    parked.park(_hint(2, "u"), 11.0)
+    parked.park(_hint(3), 12.0)
+    parked.park(_hint(1), 13.0)  # a newer wake of job 1 replaces the older, and goes last
+    assert (len(parked), parked.waiting_for("t"), parked.waiting_for("u")) == (3, True, True)
+    assert not parked.waiting_for("v")
+    assert parked.take(frozenset({"v"})) == []
+    taken = parked.take(frozenset({"t", "v"}))
+    assert [(h.job_id, came) for h, came in taken] == [(3, 12.0), (1, 13.0)]
+    assert (len(parked), parked.waiting_for("t")) == (1, False)
+    assert [h.job_id for h, _ in parked.take(frozenset({"u"}))] == [2]
+    assert len(parked) == 0
+
+
+def test_parked_hints_are_forgotten_when_a_refresh_reads_their_jobs_and_bounded() -> None:
+    parked = wakes.Parked(limit=3)
+    for job in range(1, 5):  # the fourth drops the oldest
+        parked.park(_hint(job, "t" if job % 2 else "u"), float(job))
+    assert len(parked) == 3
+    parked.forget(frozenset({3, 99}))
+    assert [h.job_id for h, _ in parked.take(frozenset({"t", "u"}))] == [2, 4]
+    parked.park(_hint(5), 5.0)
+    parked.forget(None)  # a full refresh reads every job
+    assert (len(parked), parked.waiting_for("t")) == (0, False)
