@@ -89,6 +89,7 @@ from .errors import (
     CoordinatorError,
     DatabaseUnavailable,
     InvalidInput,
+    JobNotFound,
     PermissionDenied,
     first_error,
 )
@@ -1321,6 +1322,12 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
     params = _key_values(args.param, "--param", as_json=True)
     policies = _policies_from(args)
     async with ctx.connection() as conn:
+        try:  # (as it was: whether the define leaves its schedule, so its saved deadline)
+            before: client.JobView | None = await db.aio(client.get_job)(
+                conn, args.name, namespace=args.namespace
+            )
+        except JobNotFound:
+            before = None
         job_id = await db.aio(client.define_job)(
             conn,
             name=args.name,
@@ -1354,10 +1361,20 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
             facts=facts,
             now=datetime.now(UTC),
             done=why.one_shot_done(job),
-            saved=job.next_run_at,
+            saved=job.next_run_at if _same_schedule(before, job) else None,
         )
     )
     return 0
+
+
+def _same_schedule(before: client.JobView | None, after: client.JobView) -> bool:
+    """The job existed with this very schedule (so the define kept its saved deadline;
+    a new job's may have been saved by a daemon meanwhile, which is no "unchanged")."""
+    return before is not None and (before.schedule_kind, before.schedule, before.timezone) == (
+        after.schedule_kind,
+        after.schedule,
+        after.timezone,
+    )
 
 
 def _has_worker_jobs(jobs: Sequence[client.JobView]) -> bool:

@@ -148,9 +148,9 @@ def after_define(
         return f"manual: it runs when triggered ({command('trigger', namespace, name)})"
     if done:
         return (
-            f"done: it ran at {when(initial_deadline_or_none(schedule, now))} and does not "
-            f"run again unless defined with another --at, or triggered "
-            f"({command('trigger', namespace, name)})"
+            f"done: its instant {when(initial_deadline_or_none(schedule, now))} was served "
+            "(run, or skipped by its misfire policy); it runs again only if defined with "
+            f"another --at, or triggered ({command('trigger', namespace, name)})"
         )
     kept = saved is not None and schedule.kind in ("cron", "interval")
     first = saved if kept else initial_deadline_or_none(schedule, now)

@@ -669,3 +669,29 @@ def test_console_script_runs() -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("coordinator: no PostgreSQL server binaries found")
+
+
+def test_define_again_says_the_saved_deadline_stands_and_a_spent_one_shot_is_done(
+    database: str,
+) -> None:
+    """Defined again unchanged, an interval job printed a fresh estimate from now though
+    its saved deadline stood; a one-shot job whose instant was served printed a run to
+    come. (No daemon here: the deadlines are saved as a daemon would save them.)"""
+    assert cli("jobs", "define", "tick", "--every", "5m", "--", "true", dsn=database).code == 0
+    sql(database, "UPDATE coordinator.jobs SET next_run_at = '2030-01-01 08:00+00' "
+                  "WHERE name = 'tick'")  # fmt: skip
+    again = cli("jobs", "define", "tick", "--every", "5m", "--", "true", dsn=database)
+    # (With a daemon: "... (unchanged: its saved deadline stands)"; tests/unit/test_why.py.)
+    assert "next run 2030-01-01 08:00:00Z, once a daemon runs" in again.out
+    changed = cli("jobs", "define", "tick", "--every", "7m", "--", "true", dsn=database)
+    assert "next run about" in changed.out
+    assert "unchanged" not in changed.out
+
+    at = "2020-01-01T00:00:00Z"
+    assert cli("jobs", "define", "once", "--at", at, "--", "true", dsn=database).code == 0
+    sql(database, "UPDATE coordinator.jobs SET next_run_at = NULL WHERE name = 'once'")
+    done = cli("jobs", "define", "once", "--at", at, "--", "true", dsn=database)
+    assert "done: its instant 2020-01-01 00:00:00Z was served" in done.out
+    listed = cli("jobs", "list", dsn=database)
+    [row] = [line for line in listed.out.splitlines() if " once " in f" {line} "]
+    assert " done " in row

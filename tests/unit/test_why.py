@@ -195,8 +195,9 @@ def test_a_paused_job_and_a_served_one_shot_have_no_next_run() -> None:
         paused=False, facts=LEADING, now=NOW, done=True,
     )  # fmt: skip
     assert said == (
-        "done: it ran at 2020-01-01 00:00:00Z and does not run again unless defined with "
-        "another --at, or triggered (coordinator jobs trigger o)"
+        "done: its instant 2020-01-01 00:00:00Z was served (run, or skipped by its misfire "
+        "policy); it runs again only if defined with another --at, or triggered "
+        "(coordinator jobs trigger o)"
     )
 
 
