@@ -1368,12 +1368,14 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 
 def _same_schedule(before: client.JobView | None, after: client.JobView) -> bool:
-    """The job existed with this very schedule (so the define kept its saved deadline;
-    a new job's may have been saved by a daemon meanwhile, which is no "unchanged")."""
-    return before is not None and (before.schedule_kind, before.schedule, before.timezone) == (
-        after.schedule_kind,
-        after.schedule,
-        after.timezone,
+    """The job existed with this very schedule and a saved deadline that the define kept
+    (a new job's, or one the define cleared, may have been saved by a daemon meanwhile,
+    which is no "unchanged")."""
+    if before is None or before.next_run_at is None:
+        return False
+    same = (before.schedule_kind, before.schedule, before.timezone)
+    return same == (after.schedule_kind, after.schedule, after.timezone) and (
+        before.next_run_at == after.next_run_at
     )
 
 

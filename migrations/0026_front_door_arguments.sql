@@ -34,9 +34,14 @@
 -- function of the same name and signature checks the arguments first, then calls it.
 -- Calling the renamed ones directly skips only these words: row-level security, the
 -- guards and the constraints hold there as everywhere. (They cannot be revoked from
--- PUBLIC: the front doors run as their caller.) The daemon sends neither (a worker's
--- declaration is synced by _declare, whose entries the daemon builds with known keys and
--- types), so no hot path changes.
+-- PUBLIC: the front doors run as their caller.) The daemon comes through sync only with a
+-- worker's changed declaration (_declare calls it by name, so it reaches the new one:
+-- entries the daemon builds with known keys and types, which pass every check, at the
+-- cost of the checks and one subtransaction); no hot path changes.
+--
+-- The functions that read durations run with standard_conforming_strings = on (as their
+-- patterns assume: with it off, a session read '\.' as '.', and 0005's _duration_us
+-- failed on '5m').
 
 -- ---------------------------------------------------------------------------------------
 -- Durations: the total of what _duration_us (0005) parses, whatever it is (zero, a
@@ -44,7 +49,8 @@
 -- ---------------------------------------------------------------------------------------
 
 CREATE FUNCTION coordinator._duration_total(p_text text) RETURNS numeric
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET enable_seqscan = off AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET enable_seqscan = off
+SET standard_conforming_strings = on AS $$
 DECLARE
     ws      constant text := '[\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]';
     num     constant text := '(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)';
@@ -77,7 +83,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION coordinator._duration_us(p_text text) RETURNS numeric
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET enable_seqscan = off AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET enable_seqscan = off
+SET standard_conforming_strings = on AS $$
 DECLARE
     total numeric := coordinator._duration_total(p_text);
 BEGIN
@@ -89,7 +96,8 @@ $$;
 -- what parses), finer than a microsecond; NULL otherwise. The words of the CLI's
 -- schedule.parse_duration.
 CREATE FUNCTION coordinator._duration_sign_problem(p_text text) RETURNS text
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET enable_seqscan = off AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET enable_seqscan = off
+SET standard_conforming_strings = on AS $$
 DECLARE
     ws    constant text := '[\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]';
     total numeric;
@@ -105,7 +113,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION coordinator._interval_problem(p_schedule text) RETURNS text
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET enable_seqscan = off AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET enable_seqscan = off
+SET standard_conforming_strings = on AS $$
 DECLARE
     us   numeric := coordinator._duration_us(p_schedule);
     sign text;
@@ -216,8 +225,6 @@ DECLARE
     unknown   record;
     item      record;
     cast_to   text;
-    state     text;
-    message   text;
 BEGIN
     PERFORM coordinator._require(namespace, 'namespace');
     IF problem IS NOT NULL THEN
@@ -265,7 +272,6 @@ BEGIN
                    OR interval_field_overflow THEN
         -- A value that does not cast (the only errors an entry's values raise unnamed):
         -- find the first such entry and key, and say it with them.
-        GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT;
         FOR item IN
             SELECT a.at - 1 AS at, k.key, k.value #>> '{}' AS text
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS a(entry, at),
@@ -287,7 +293,7 @@ BEGIN
                     USING ERRCODE = 'invalid_parameter_value', COLUMN = 'jobs';
             END;
         END LOOP;
-        RAISE EXCEPTION '%', message USING ERRCODE = state;  -- (none found: as it was)
+        RAISE;  -- (none found: the error as it came, every field of it)
     END;
 END
 $$;

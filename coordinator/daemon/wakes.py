@@ -124,17 +124,17 @@ class Parked:
         return len(self._hints)
 
     def park(self, hint: Dispatch, came: float) -> None:
-        """Keep ``hint`` (a newer one for the same job replaces the older)."""
+        """Keep ``hint``. A newer one for the same job replaces the older (and goes last),
+        unless it names the same run: that run keeps the place it came first."""
+        before = self._hints.get(hint.job_id)
+        if before is not None and before[0].run_id == hint.run_id:
+            return
         self._drop(hint.job_id)
-        if len(self._hints) >= self.limit:
+        if self._hints and len(self._hints) >= self.limit:
             self._drop(next(iter(self._hints)))
         self._hints[hint.job_id] = (hint, came)
         kind = hint.worker_type or ""
         self._types[kind] = self._types.get(kind, 0) + 1
-
-    def waiting_for(self, worker_type: str | None) -> bool:
-        """Whether any hint waits for ``worker_type`` (cheap: asked for every hint)."""
-        return bool(self._types.get(worker_type or ""))
 
     def take(self, served: frozenset[str]) -> list[tuple[Dispatch, float]]:
         """Remove and return the hints whose type is in ``served``, oldest first."""

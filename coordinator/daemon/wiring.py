@@ -615,8 +615,8 @@ class Daemon:
             # its type connects first and offers it then.
             self._parked.park(hint, self.clock.now().timestamp())
             return False
-        if self._parked.waiting_for(hint.worker_type):
-            self._offer_parked()  # (its type is served now: those that came first go first)
+        # (Nothing parked waits for a served type: the served types change only in
+        # workers_changed, which offers the parked ones of a type in the same step.)
         self._offer_hint(hint, None if known is None else known.namespace)
         return True
 

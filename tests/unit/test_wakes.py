@@ -108,15 +108,19 @@ def test_parked_hints_are_taken_by_their_type_oldest_first_with_when_they_came()
     parked.park(_hint(1), 10.0)
     parked.park(_hint(2, "u"), 11.0)
     parked.park(_hint(3), 12.0)
-    parked.park(_hint(1), 13.0)  # a newer wake of job 1 replaces the older, and goes last
-    assert (len(parked), parked.waiting_for("t"), parked.waiting_for("u")) == (3, True, True)
-    assert not parked.waiting_for("v")
+    parked.park(_hint(1), 12.5)  # the same run's wake again: it keeps its first place
+    newer = Dispatch(run_id=11, job_id=1, priority="background", worker_type="t")
+    parked.park(newer, 13.0)  # a newer run of job 1 replaces the older, and goes last
+    assert len(parked) == 3
     assert parked.take(frozenset({"v"})) == []
     taken = parked.take(frozenset({"t", "v"}))
-    assert [(h.job_id, came) for h, came in taken] == [(3, 12.0), (1, 13.0)]
-    assert (len(parked), parked.waiting_for("t")) == (1, False)
+    assert [(h.run_id, came) for h, came in taken] == [(30, 12.0), (11, 13.0)]
+    assert len(parked) == 1
     assert [h.job_id for h, _ in parked.take(frozenset({"u"}))] == [2]
     assert len(parked) == 0
+    keep_none = wakes.Parked(limit=0)  # (a limit of none keeps the newest only)
+    keep_none.park(_hint(1), 1.0)
+    assert len(keep_none) == 1
 
 
 def test_parked_hints_are_forgotten_when_a_refresh_reads_their_jobs_and_bounded() -> None:
@@ -128,4 +132,5 @@ def test_parked_hints_are_forgotten_when_a_refresh_reads_their_jobs_and_bounded(
     assert [h.job_id for h, _ in parked.take(frozenset({"t", "u"}))] == [2, 4]
     parked.park(_hint(5), 5.0)
     parked.forget(None)  # a full refresh reads every job
-    assert (len(parked), parked.waiting_for("t")) == (0, False)
+    assert len(parked) == 0
+    assert parked.take(frozenset({"t", "u"})) == []
