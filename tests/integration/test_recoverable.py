@@ -545,7 +545,7 @@ async def test_pause_refuses_bad_requests_and_disturbs_nothing(
         "checkpoint: 'cursor' is 16387 bytes as JSON; the limit is 16384",
         "finding: 'severity' must be one of info, warning, error, data_loss, not 'fatal'",
         "finding: 'kind' must be a non-empty string",
-        "checkpoint: 'count' must be a 64-bit integer, not True",
+        "checkpoint: 'count' must be a 64-bit integer, not true",  # (the protocol's words: JSON's)
     ]
     row = await run_row(conn, run_id)
     assert (row["cursor"], row["count"], row["finding_counts"]) == ("last", 2, {"info": 1})
