@@ -97,9 +97,6 @@ def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= _MAX_ID
 
 
-__all__ = ["Changed", "Dispatch", "Hint", "Pause", "parse"]
-
-
 #: Dispatch hints parked at most (see :class:`Parked`): beyond it the oldest is dropped
 #: and left to the coalesced refresh.
 PARKED_LIMIT: Final = 10_000
@@ -168,3 +165,6 @@ class Parked:
             self._types[kind] = left
         else:
             del self._types[kind]
+
+
+__all__ = ["PARKED_LIMIT", "Changed", "Dispatch", "Hint", "Parked", "Pause", "parse"]
