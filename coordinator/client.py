@@ -1341,6 +1341,7 @@ SELECT {_RUN_COLUMNS}
    AND ($5::bigint IS NULL OR r.id < $5)
    AND ($6::text IS NULL OR r.category = $6)
    AND ($7::text[] IS NULL OR j.namespace = ANY ($7::text[]))
+   AND ($8::bigint IS NULL OR r.job_id = $8)
  ORDER BY r.id DESC
  LIMIT $4
 """
@@ -1426,13 +1427,16 @@ async def list_runs(
     before: int | None = None,
     category: str | None = None,
     namespaces: Collection[str] | None = None,
+    job_id: int | None = None,
 ) -> list[RunView]:
     """The newest runs first, at most ``limit``; ``status`` and ``category`` filter; with
     ``before``, only runs older than that run id (the next page of a listing that ended
     there); only runs of ``namespaces`` when given (an admin token's scope).
 
     ``job`` without ``namespace`` means the job in ``default``; an unknown job raises
-    :class:`~coordinator.errors.JobNotFound` (rather than listing nothing).
+    :class:`~coordinator.errors.JobNotFound` (rather than listing nothing). By name, the
+    kept runs of a removed job of that name are listed too (``runs list --job``);
+    ``job_id`` lists one job's own runs only (its page, its API).
     """
     if status is not None and status not in RUN_STATUSES:
         raise InvalidInput("status", f"must be one of {', '.join(RUN_STATUSES)}, not {status!r}")
@@ -1446,7 +1450,9 @@ async def list_runs(
         check_namespace(namespace)
     with translate_errors(namespace=namespace, name=job):
         scope = sorted(namespaces) if namespaces is not None else None
-        rows = await conn.fetch(_LIST_RUNS, namespace, job, status, limit, before, category, scope)
+        rows = await conn.fetch(
+            _LIST_RUNS, namespace, job, status, limit, before, category, scope, job_id
+        )
         if not rows and job is not None and not await conn.fetchval(_JOB_EXISTS, namespace, job):
             raise JobNotFound(namespace or "default", job)
     return [_run_view(row) for row in rows]

@@ -78,13 +78,8 @@ from ..config import parse_listen
 from ..db import APP_ADMIN, aio, connection, trio_asyncio_loop
 from ..errors import (
     ConfigError,
-    Conflict,
     CoordinatorError,
-    DatabaseUnavailable,
     InvalidInput,
-    JobNotFound,
-    PermissionDenied,
-    RunNotFound,
 )
 from ..events import EventBus
 from ..schedule import parse_duration
@@ -96,7 +91,7 @@ from .live import EventSourceResponse
 from .metrics import CONTENT_TYPE, Metrics
 from .paths import KeepEncodedSlashes, job_key
 from .session import SESSION_COOKIE, Sessions, holder
-from .web import SESSION_KEY, Web, html_error
+from .web import SESSION_KEY, Web, error_status, html_error
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -146,19 +141,8 @@ def _error(status: int, code: str, message: str, **headers: str) -> JSONResponse
 
 
 def _from_coordinator_error(exc: CoordinatorError) -> JSONResponse:
-    if isinstance(exc, InvalidInput):
-        return _error(400, "invalid_input", str(exc))
-    if isinstance(exc, JobNotFound):
-        return _error(404, "job_not_found", str(exc))
-    if isinstance(exc, RunNotFound):
-        return _error(404, "run_not_found", str(exc))
-    if isinstance(exc, Conflict):
-        return _error(409, "conflict", str(exc))
-    if isinstance(exc, PermissionDenied):
-        return _error(403, "permission_denied", str(exc))
-    if isinstance(exc, DatabaseUnavailable):
-        return _error(503, "database_unavailable", str(exc))
-    return _error(500, "database_error", str(exc))
+    status, code = error_status(exc)
+    return _error(status, code, str(exc))
 
 
 _HTTP_CODES: Final = {
@@ -501,8 +485,9 @@ class _Api:
         status = request.query_params.get("status") or None
         limit = _limit(request)
         async with self.db() as conn:
-            runs = await aio(client.list_runs)(
-                conn, namespace=ns, job=name, status=status, limit=limit
+            job = await aio(client.get_job)(conn, name, namespace=ns)
+            runs = await aio(client.list_runs)(  # (its own: not a removed namesake's)
+                conn, job_id=job.id, status=status, limit=limit
             )
         return JSONResponse({"runs": [r.to_json() for r in runs]})
 

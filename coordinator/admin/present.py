@@ -19,7 +19,7 @@ from .. import why
 from ..errors import InvalidInput
 from ..protocol import SEVERITIES
 from ..schedule import parse_duration
-from ..text import clip
+from ..text import clip, printable
 
 if TYPE_CHECKING:
     from ..client import JobView, RunStats
@@ -299,6 +299,13 @@ def json_text(value: Any, limit: int, *, indent: int | None = 1) -> tuple[str, i
 SEVERITY_ORDER: Final = SEVERITIES
 
 
+def output_text(text: object) -> str:
+    """A run's output or error for a ``<pre>``: its lines kept, every other control
+    character written as an escape (``\x1b``), as the CLI prints it, so that nothing the
+    page shows hides what a terminal would have acted on."""
+    return "\n".join(printable(line) for line in str(text or "").split("\n"))
+
+
 def severity_word(severity: str) -> str:
     """``data loss`` for ``data_loss``; the others as they are."""
     return severity.replace("_", " ")
@@ -309,6 +316,7 @@ STATE_FILTERS: Final = (
     ("", "any state"),
     ("active", "active"),
     ("running", "running"),
+    ("queued", "a run queued"),
     ("paused", "paused"),
     ("run-paused", "a run paused"),
     ("retrying", "retry waiting"),
@@ -330,7 +338,9 @@ def matches(job: JobView, state: str, status: DaemonStatus) -> bool:
     if state == "blocked":
         return job.blocked_by is not None
     if state == "running":
-        return job.outstanding_status in ("running", "pending", "queued")
+        return job.outstanding_status in ("running", "pending")
+    if state == "queued":  # (waiting for a slot, a worker, a resume or a retry's time)
+        return job.outstanding_status == "queued"
     if state == "run-paused":
         return job.outstanding_status in ("paused", "cancel_requested")
     if state == "retrying":

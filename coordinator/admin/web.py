@@ -50,7 +50,15 @@ from starlette.templating import Jinja2Templates
 from .. import buckets, client
 from ..clock import WallClock
 from ..db import aio
-from ..errors import CoordinatorError, InvalidInput, JobNotFound
+from ..errors import (
+    Conflict,
+    CoordinatorError,
+    DatabaseUnavailable,
+    InvalidInput,
+    JobNotFound,
+    PermissionDenied,
+    RunNotFound,
+)
 from ..events import EventBus
 from ..model import Target
 from ..status import DaemonStatus
@@ -97,9 +105,15 @@ _RESOLVE_WORDS: Final = {"failed": "failed", "succeeded": "succeeded", "retry": 
 
 
 def job_path(namespace: str, name: str, action: str = "") -> str:
-    """``/jobs/<ns>/<name>[/action]`` with both parts percent-encoded (``/`` too)."""
+    """``/jobs/<ns>/<name>[/action]`` with both parts percent-encoded (``/`` too, and a
+    name of dots only: a browser resolves a ``..`` segment before it asks)."""
     tail = f"/{action}" if action else ""
-    return f"/jobs/{quote(namespace, safe='')}/{quote(name, safe='')}{tail}"
+    return f"/jobs/{quote(namespace, safe='')}/{_segment(name)}{tail}"
+
+
+def _segment(text: str) -> str:
+    """``text`` as one path segment: percent-encoded, and ``.``/``..`` as ``%2E``s."""
+    return "%2E" * len(text) if text in (".", "..") else quote(text, safe="")
 
 
 def _environment() -> Environment:
@@ -125,6 +139,7 @@ def _environment() -> Environment:
         history_kept=present.history_kept,
         retry_of_total=present.retry_of_total,
         json_text=present.json_text,
+        output_text=present.output_text,
         severity_word=present.severity_word,
         severities=present.SEVERITY_ORDER,
         cursor_shown=present.CURSOR_SHOWN,
@@ -315,8 +330,8 @@ class Web:
         async with self.db() as conn:
             job = await aio(client.get_job)(conn, name, namespace=namespace)
             stats = (await aio(client.jobs_stats)(conn, [job], chosen))[job.id]
-            runs = await aio(client.list_runs)(
-                conn, namespace=namespace, job=name, limit=HISTORY_PAGE + 1, before=before
+            runs = await aio(client.list_runs)(  # (its own: not a removed namesake's)
+                conn, job_id=job.id, limit=HISTORY_PAGE + 1, before=before
             )
         more = len(runs) > HISTORY_PAGE
         runs = runs[:HISTORY_PAGE]
@@ -457,7 +472,7 @@ class Web:
             async with self.db() as conn:
                 note, fields = await act(conn, form)
         except CoordinatorError as exc:
-            return _answer(request, form, str(exc), ok=False)
+            return _answer(request, form, str(exc), ok=False, http_status=error_status(exc)[0])
         return _answer(request, form, note, **fields)
 
     async def run_job(self, request: Request) -> Response:
@@ -469,6 +484,8 @@ class Web:
             run_id = await aio(client.trigger)(conn, name, namespace=namespace)
             if run_id == job.outstanding_run:
                 return f"run {run_id} is already {job.outstanding_status}", {"run": run_id}
+            if job.paused:  # (as the CLI says it: the run waits)
+                return f"run {run_id} queued; it waits while the job is paused", {"run": run_id}
             return f"run {run_id} queued", {"run": run_id}
 
         return await self._act(request, act)
@@ -562,17 +579,41 @@ def _visible(request: Request, job: client.JobView) -> client.JobView:
     return job
 
 
+def error_status(exc: CoordinatorError) -> tuple[int, str]:
+    """A refusal's HTTP status and code, for the API and the page's actions alike."""
+    if isinstance(exc, InvalidInput):
+        return 400, "invalid_input"
+    if isinstance(exc, JobNotFound):
+        return 404, "job_not_found"
+    if isinstance(exc, RunNotFound):
+        return 404, "run_not_found"
+    if isinstance(exc, Conflict):
+        return 409, "conflict"
+    if isinstance(exc, PermissionDenied):
+        return 403, "permission_denied"
+    if isinstance(exc, DatabaseUnavailable):
+        return 503, "database_unavailable"
+    return 500, "database_error"
+
+
 def _forbidden(message: str) -> Response:
     return PlainTextResponse(message, status_code=403)
 
 
 def _answer(
-    request: Request, form: dict[str, str], note: str, *, ok: bool = True, **fields: Any
+    request: Request,
+    form: dict[str, str],
+    note: str,
+    *,
+    ok: bool = True,
+    http_status: int = 200,
+    **fields: Any,
 ) -> Response:
-    """A background post (the page's script) gets JSON; a plain form post is sent back to
-    the page it came from, the note in the address (shown escaped)."""
+    """A background post (the page's script) gets JSON, with the API's status for a
+    refusal (404 for an unknown job, 400 for bad input, 409 for a conflict); a plain form
+    post is sent back to the page it came from, the note in the address (shown escaped)."""
     if request.headers.get("x-requested-with") == "fetch":
-        return JSONResponse({"ok": ok, "message": note, **fields}, status_code=200 if ok else 409)
+        return JSONResponse({"ok": ok, "message": note, **fields}, status_code=http_status)
     back = _local(form.get("next")) or "/"
     glue = "&" if "?" in back else "?"
     return RedirectResponse(f"{back}{glue}{urlencode({'note': note})}", status_code=303)

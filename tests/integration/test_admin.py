@@ -297,6 +297,13 @@ async def test_reads(admin: Admin, conn: asyncpg.Connection) -> None:
     ).to_json()
     succeeded = await admin.get("/api/jobs/team/beta/runs", params={"status": "succeeded"})
     assert [r["id"] for r in succeeded.json()["runs"]] == [run_id]
+    # A job removed with its history kept, and defined again: the new job's runs are its
+    # own (the kept ones stay where README says: `runs list --job`, `runs show`).
+    await aio(client.remove)(conn, "beta", namespace="team", keep_history=True)
+    await define(conn, "beta", namespace="team")
+    assert (await admin.get("/api/jobs/team/beta/runs")).json() == {"runs": []}
+    kept = await aio(client.list_runs)(conn, namespace="team", job="beta")
+    assert [r.id for r in kept] == [run_id]
     # Reads were not audited.
     assert admin.audits == []
 

@@ -265,6 +265,18 @@ async def test_run_pause_resume_and_resolve_from_the_page(
     )
     assert resolve.status_code == 409
     assert "unresolved" in resolve.json()["message"]
+    # Other refusals get the API's status, not 409 for all.
+    unknown = await site.post("/jobs/default/nosuch/run", data={"csrf": csrf}, headers=fetch)
+    assert (unknown.status_code, unknown.json()["ok"]) == (404, False)
+    gone = await site.post("/runs/999999/cancel", data={"csrf": csrf}, headers=fetch)
+    assert gone.status_code == 404
+    bad = await site.post(f"/runs/{run}/resolve", data={"csrf": csrf, "as": "x"}, headers=fetch)
+    assert bad.status_code == 400
+    # A run of a paused job waits, and the answer says so, as the CLI's does.
+    await aio(client.pause)(conn, "button")
+    waits = await site.post("/jobs/default/button/run", data={"csrf": csrf}, headers=fetch)
+    assert waits.json()["message"].endswith("queued; it waits while the job is paused")
+    await aio(client.resume)(conn, "button")
     # An open redirect is not possible through `next`.
     away = await site.post(
         "/jobs/default/button/run", data={"csrf": csrf, "next": "//evil.example/"}

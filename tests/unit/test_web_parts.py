@@ -472,3 +472,24 @@ def test_short_times_leave_out_todays_date() -> None:
     assert present.short_time(NOW - timedelta(hours=3), NOW) == "09:00 UTC"
     assert present.short_time(NOW - timedelta(days=1), NOW) == "2026-03-01 12:00 UTC"
     assert present.short_time(None, NOW) == "-"
+
+
+def test_a_job_named_dots_keeps_its_own_path_and_the_state_filters_say_what_they_show() -> None:
+    """A job named ``..`` linked to ``/jobs/default/..``, which a browser resolves to
+    ``/jobs/``; "running" listed jobs whose run was only queued."""
+    from coordinator.admin.web import job_path
+
+    assert job_path("default", "..", "run") == "/jobs/default/%2E%2E/run"
+    assert job_path("default", ".") == "/jobs/default/%2E"
+    assert job_path("default", "a/b.c") == "/jobs/default/a%2Fb.c"
+    queued, running = job(outstanding_status="queued"), job(outstanding_status="running")
+    assert [present.matches(j, "running", status()) for j in (queued, running)] == [False, True]
+    assert [present.matches(j, "queued", status()) for j in (queued, running)] == [True, False]
+
+
+def test_a_run_s_output_keeps_its_lines_and_escapes_the_rest() -> None:
+    """The page's <pre> held raw ESC and BEL bytes: invisible there, and the colour codes
+    a terminal would have obeyed hidden."""
+    text = "ctrl\x1b[31mred\x07bell\nsecond\ttab\n"
+    assert present.output_text(text) == "ctrl\\x1b[31mred\\x07bell\nsecond\\ttab\n"
+    assert present.output_text(None) == ""
