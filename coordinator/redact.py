@@ -126,7 +126,9 @@ _URL_PASSWORD: Final = re.compile(
 #: ``Bearer``/``Basic`` credentials anywhere.
 _AUTH_HEADER: Final = re.compile(
     r"(?P<head>\bauthorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z][\w\-]*\s+)?)"
-    r"(?!\[redacted\])[^\s\"',;]+",
+    # (Not again: neither the credentials already redacted, nor, once the scheme is taken
+    # back, the scheme before them: redacting stays idempotent.)
+    r"(?!\[redacted\])(?![A-Za-z][\w\-]*\s+\[redacted\])[^\s\"',;]+",
     re.IGNORECASE,
 )
 _AUTH_SCHEME: Final = re.compile(
@@ -276,8 +278,20 @@ class Redactor:
                 for k, v in value.items()
             }
         if isinstance(value, list | tuple):
-            return [self.value(v) for v in value]
+            # An option naming a secret takes the next item as its value (a command's
+            # argv: ["--password", "hunter2"]), as rule 4 reads ``--key value`` in text.
+            out: list[Any] = []
+            secret_next = False
+            for item in value:
+                out.append(REDACTED if secret_next and isinstance(item, str) else self.value(item))
+                secret_next = isinstance(item, str) and self._secret_option(item)
+            return out
         return value
+
+    def _secret_option(self, item: str) -> bool:
+        """``--password``, ``-api-key``: an option (no ``=value`` of its own) whose name
+        is a secret key."""
+        return item.startswith("-") and "=" not in item and self.secret_key(item.lstrip("-"))
 
     def mapping(self, value: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """:meth:`value` for an optional JSON object (``None`` stays ``None``)."""

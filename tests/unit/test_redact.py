@@ -226,3 +226,21 @@ def test_findings_lose_their_secrets_in_outcomes_and_alone() -> None:
     }
     assert redacted.findings[1] is clean
     assert R.findings((clean,))[0] is clean
+
+
+def test_an_option_naming_a_secret_takes_the_next_item_of_a_list() -> None:
+    """A command's argv: ``jobs show`` served ``--password hunter2`` as it was."""
+    rules = redact.default()
+    argv = ["sh", "-c", "x", "--password", "hunter2", "--verbose", "on", "-api-key", "k"]
+    assert rules.value(argv) == [
+        "sh", "-c", "x", "--password", "[redacted]", "--verbose", "on", "-api-key", "[redacted]",
+    ]  # fmt: skip
+    assert rules.value(["--token=abc", "next"]) == ["--token=[redacted]", "next"]
+    assert rules.value({"argv": ["--secret", 7]}) == {"argv": ["--secret", 7]}  # (not a string)
+
+
+def test_redacting_an_authorization_header_twice_keeps_its_scheme() -> None:
+    rules = redact.default()
+    once = rules.text("Authorization: Bearer abc.def.ghi")
+    assert once == "Authorization: Bearer [redacted]"
+    assert redact.Redactor().text(once) == once  # (a fresh memo: really applied again)
