@@ -150,6 +150,10 @@ class Alerter:
     _nursery: trio.Nursery | None = None
     #: Deliveries under way (one per alert and sink), and set when there are none.
     _delivering: int = 0
+    #: What they are (``job run N kind (sink)``), for the line that names what a stop
+    #: abandons.
+    _under_way: dict[int, str] = attrs.field(factory=dict)
+    _deliveries: int = 0
     _idle: trio.Event = attrs.field(factory=trio.Event)
     _busy: bool = False
     #: Counts, for tests and the curious (the metrics count the events).
@@ -370,6 +374,9 @@ class Alerter:
             "X-Coordinator-Run": str(alert.run),
         }
         attempt = 0
+        self._deliveries += 1
+        key = self._deliveries
+        self._under_way[key] = f"{alert.job} run {alert.run} {alert.kind} ({sink.name})"
         try:
             while True:
                 attempt += 1
@@ -407,6 +414,7 @@ class Alerter:
                 )
                 return
         finally:
+            del self._under_way[key]
             self._delivering -= 1
             self._update_idle()
 
@@ -428,7 +436,17 @@ class Alerter:
                 self._update_idle()
                 await self._idle.wait()
         if self.pending:
-            self.events.log.warning("alert.abandoned", pending=self.pending)
+            # Which ones: an operator must be able to tell what never arrived.
+            waiting = [
+                f"{c.job or self._keys.get(c.job_id, f'#{c.job_id}')} run {c.run} {c.kind} "
+                "(not sent yet)"
+                for c in self._queue
+            ]
+            self.events.log.warning(
+                "alert.abandoned",
+                pending=self.pending,
+                alerts="; ".join([*self._under_way.values(), *waiting]),
+            )
 
 
 __all__ = ["FOUND_LIMIT", "QUEUE_LIMIT", "Alerter", "WindowStore"]

@@ -303,10 +303,15 @@ async def test_finish_waits_for_pending_deliveries_until_its_deadline(
         alerter.retry_first = 100.0
         slow.failures = 5
         alerter.events.emit(failed(2, job_id=8))
+        records: list[dict[str, Any]] = []
+        alerter.events.log.observers.append(records.append)
         began = trio.current_time()
         await alerter.finish(began + 30)
         assert trio.current_time() == pytest.approx(began + 30)
         assert alerter.pending == 1
+        # The line says which alert never arrived (it said only "pending=1").
+        [abandoned] = [r for r in records if r["event"] == "alert.abandoned"]
+        assert abandoned["alerts"] == "ops/backup run 2 failed (email)"
         nursery.cancel_scope.cancel()
 
 
