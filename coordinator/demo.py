@@ -112,13 +112,21 @@ def read_state(state_dir: Path) -> DemoState | None:
     return DemoState(database=database, pid=pid, admin=admin, path=path)
 
 
-def _started(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot, from ``/proc``), if known."""
+def _stat(pid: int) -> tuple[str, str] | None:
+    """Process ``pid``'s state letter and when it started (clock ticks since boot), from
+    ``/proc``, if known."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as file:
-            return file.read().rsplit(b")", 1)[1].split()[19].decode()
+            fields = file.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), fields[19].decode()
     except (OSError, IndexError, UnicodeDecodeError):
         return None
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``), if known."""
+    stat = _stat(pid)
+    return None if stat is None else stat[1]
 
 
 def _alive(pid: int, started: object) -> bool:
@@ -131,8 +139,13 @@ def _alive(pid: int, started: object) -> bool:
         # (Gone; or another user's process, which our own demo never is: the file that
         # names it is ours, 0600.)
         return False
-    now = _started(pid)
-    return started is None or now is None or now == started
+    stat = _stat(pid)
+    if stat is None:
+        return True  # (alive by kill(0); /proc cannot tell more)
+    state, now = stat
+    if state in ("Z", "X"):
+        return False  # killed, not yet reaped by its parent: it runs nothing
+    return started is None or now == started
 
 
 def say(message: str) -> None:

@@ -187,7 +187,9 @@ def still_waiting(job: JobView, run: RunView, facts: Facts, *, now: datetime) ->
     # (claimed_at: this call's start; started_at stays a resumed run's first start.)
     began = run.claimed_at or run.started_at
     if began is not None and run.status in ("running", "cancel_requested"):
-        ran = schedules.format_duration(max(now - began, timedelta(0)))
+        # (To the second: "20s477.873ms" reads as noise.)
+        seconds = max(0, round((now - began).total_seconds()))
+        ran = schedules.format_duration(timedelta(seconds=seconds))
         limit = (
             f" (its timeout: {schedules.format_duration(job.timeout)})"
             if job.timeout is not None

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -159,3 +160,22 @@ def test_a_demo_will_not_take_the_directory_of_a_demo_still_running(tmp_path: Pa
         demo.Demo.prepare(where, keep=True, external_database=False)
     write_private(where / demo.STATE_FILE, json.dumps({"database": "own", "pid": _dead_pid()}))
     assert demo.Demo.prepare(where, keep=True, external_database=False).state_dir == where
+
+
+def test_a_demo_killed_and_not_yet_reaped_no_longer_runs(tmp_path: Path) -> None:
+    """``kill -9`` of a demo whose shell had not reaped it yet: the pid still answered
+    ``kill(pid, 0)``, so its directory was refused as "a demo still running"."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = demo._started(child.pid)
+        child.kill()
+        for _ in range(500):  # (its parent, this test, reaps it only below)
+            if (demo._stat(child.pid) or ("?",))[0] == "Z":
+                break
+            time.sleep(0.01)
+        assert (demo._stat(child.pid) or ("?",))[0] == "Z"
+        state = {"database": "own", "pid": child.pid, "started": started}
+        where = _demo_dir(tmp_path, state, cluster=False)
+        assert demo.read_state(where).pid is None
+    finally:
+        child.wait()

@@ -116,6 +116,9 @@ def test_still_waiting_for_a_run_under_way_says_it_started() -> None:
     assert why.still_waiting(slow, started, LEADING, now=NOW) == (
         "it started 1m30s ago and has not finished (its timeout: 10m); `coordinator runs show 7`"
     )
+    # To the second ("it started 20s477.873ms ago" before).
+    odd = run(status="running", started_at=NOW - timedelta(seconds=20.477873))
+    assert why.still_waiting(job(), odd, LEADING, now=NOW).startswith("it started 20s ago")
     # Without a daemon it never will: that comes first.
     assert why.still_waiting(slow, started, NO_DAEMON, now=NOW).startswith(
         "the daemon is not running"
