@@ -43,7 +43,9 @@ The rules (:data:`DEFAULT_KEYS`, :func:`Redactor.text`):
 5. **Configured patterns** (``redact_patterns``): every match of each regular expression
    is replaced (only its ``secret`` named group, when it has one).
 
-Strings anywhere in a JSON value get rules 2-5; rule 1 applies to object keys. Redacting
+Strings anywhere in a JSON value get rules 2-5; rule 1 applies to object keys, and, in a
+list (a command's argv), to an option naming a secret (``--password``, ``-api-key``):
+the string after it is replaced, as rule 4 reads ``--key value`` in text. Redacting
 is idempotent: ``[redacted]`` is never itself redacted further into something else.
 
 Layering: a value module (stdlib, :mod:`coordinator.errors`); the worker SDK does not
