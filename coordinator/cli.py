@@ -1143,7 +1143,7 @@ async def _status(args: argparse.Namespace, ctx: CommandContext) -> int:
     if live is not None:
         return _status_of_daemon(args, config, answer, database, unreachable)
     assert database is not None
-    return _status_of_database(args, answer, database, leader)
+    return _status_of_database(args, answer, database, leader, probe.start_hint(config))
 
 
 def _status_of_daemon(
@@ -1200,9 +1200,10 @@ def _status_of_database(
     answer: probe.ApiAnswer,
     facts: dict[str, Any],
     leader: client.Leader | None,
+    start_hint: str,
 ) -> int:
     if leader is None:
-        daemon = f"not running: no session holds its lock (start it: {why.START_HINT})"
+        daemon = f"not running: no session holds its lock (start it: {start_hint})"
     else:
         since = f", since {why.when(leader.since)}" if leader.since is not None else ""
         daemon = f"leading: PostgreSQL session {leader.pid} ({leader.application or '?'}{since})"

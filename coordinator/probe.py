@@ -10,6 +10,7 @@ served. The API is asked only when a command needs what only the daemon knows.
 from __future__ import annotations
 
 import json
+import shlex
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ import trio
 
 from . import client, db
 from .errors import ConfigError
+from .why import START_HINT
 
 if TYPE_CHECKING:
     from asyncpg import Connection
@@ -52,6 +54,8 @@ class Facts:
     api: ApiAnswer | None = None
     #: The configured refresh spacing (seconds), for "within 30s".
     refresh_spacing: float = 30.0
+    #: How to start the daemon these facts are about (:func:`start_hint`).
+    start_hint: str = START_HINT
 
     @property
     def status(self) -> Mapping[str, Any] | None:
@@ -107,8 +111,22 @@ async def gather(
         known = True
     answer = await trio.to_thread.run_sync(fetch_status, config) if api else None
     return Facts(
-        leader=found, leader_known=known, api=answer, refresh_spacing=config.refresh_spacing
+        leader=found,
+        leader_known=known,
+        api=answer,
+        refresh_spacing=config.refresh_spacing,
+        start_hint=start_hint(config),
     )
+
+
+def start_hint(config: Config) -> str:
+    """How to start the daemon of ``config``'s database: the service's, or, given a
+    demo's directory, that demo again (which keeps what it had)."""
+    from .demo import MARKER  # (the CLI's module, not the SDK's: imported when asked)
+
+    if (config.state_dir / MARKER).exists():
+        return f"`coordinator demo --state-dir {shlex.quote(str(config.state_dir))} --keep`"
+    return START_HINT
 
 
 def api_url(listen: str, path: str) -> str:

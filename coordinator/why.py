@@ -40,7 +40,7 @@ def no_daemon(facts: Facts) -> str | None:
         return None
     return (
         "no daemon is running on this database (no session holds its lock): nothing runs "
-        f"until one starts ({START_HINT})"
+        f"until one starts ({facts.start_hint})"
     )
 
 
@@ -163,7 +163,7 @@ def after_define(
     if kind is not None:
         missing.append(f"a worker serving {kind} connects")
     if missing:
-        start = f" ({START_HINT})" if facts.daemon_running is False else ""
+        start = f" ({facts.start_hint})" if facts.daemon_running is False else ""
         return f"{text}, once {' and '.join(missing)}: none does now{start}"
     if kept:
         return f"{text} (unchanged: its saved deadline stands)"
@@ -183,7 +183,9 @@ def initial_deadline_or_none(schedule: Schedule, now: datetime) -> datetime | No
 def still_waiting(job: JobView, run: RunView, facts: Facts, *, now: datetime) -> str:
     """Why run ``run`` of ``job`` has not finished (``jobs trigger --wait`` gave up)."""
     if facts.daemon_running is False:
-        return f"the daemon is not running (no session holds its lock): start it ({START_HINT})"
+        return (
+            f"the daemon is not running (no session holds its lock): start it ({facts.start_hint})"
+        )
     # (claimed_at: this call's start; started_at stays a resumed run's first start.)
     began = run.claimed_at or run.started_at
     if began is not None and run.status in ("running", "cancel_requested"):

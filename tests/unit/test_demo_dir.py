@@ -179,3 +179,18 @@ def test_a_demo_killed_and_not_yet_reaped_no_longer_runs(tmp_path: Path) -> None
         assert demo.read_state(where).pid is None
     finally:
         child.wait()
+
+
+def test_the_start_hint_of_a_demo_s_directory_is_the_demo(tmp_path: Path) -> None:
+    """A demo that died: every command given its directory told a new user to start the
+    service (`coordinator run`, or `systemctl start coordinator`)."""
+    from coordinator import why
+
+    where = _demo_dir(tmp_path, {"database": "own"}, cluster=True)
+    config, _, _ = _config(tmp_path, where)
+    hint = probe.start_hint(config)
+    assert hint == f"`coordinator demo --state-dir {where} --keep`"
+    facts = probe.Facts(leader=None, leader_known=True, start_hint=hint)
+    assert (why.no_daemon(facts) or "").endswith(f"until one starts ({hint})")
+    service = load(file=None, environ={}, flags={"state_dir": str(tmp_path / "svc")})
+    assert probe.start_hint(service) == why.START_HINT
