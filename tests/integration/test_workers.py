@@ -342,8 +342,15 @@ async def _claimed_ahead(
     for name in gates:
         await define(conn, name, target={"kind": "worker", "type": "t"}, recoverable=recoverable)
     await run_worker(nursery, worker, harness)
-    runs = []
-    for name in gates:
+    # 'a' first, and running before 'b' and 'c' are triggered: which of three triggers
+    # committed together starts first is not what these tests are about (it flaked: 'b'
+    # started first in 3 of 7 full runs on 2026-12-02, cause not found; see the closing
+    # note of that day).
+    runs = [await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'a')")]
+    with trio.fail_after(10):
+        while not started:
+            await trio.sleep(0.01)
+    for name in ("b", "c"):
         runs.append(await aio(conn.fetchval)("SELECT coordinator.trigger('default', $1)", name))
     with trio.fail_after(10):
         while (
