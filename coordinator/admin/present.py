@@ -220,7 +220,7 @@ def next_run(job: JobView, status: DaemonStatus) -> str | None:
         return None
     if job.schedule_kind == "manual":
         return "when triggered"
-    if job.schedule_kind == "once":  # (its instant served: the refresh arms it no more)
+    if why.one_shot_done(job):  # (the CLI's rule: the refresh arms it no more)
         return "done"
     if waiting_for(job, status) is not None:
         return "when a worker connects"

@@ -579,20 +579,22 @@ def _visible(request: Request, job: client.JobView) -> client.JobView:
     return job
 
 
+#: A refusal's kind -> its HTTP status and code (the first that matches; else 500).
+_REFUSALS: Final[tuple[tuple[type[CoordinatorError], int, str], ...]] = (
+    (InvalidInput, 400, "invalid_input"),
+    (JobNotFound, 404, "job_not_found"),
+    (RunNotFound, 404, "run_not_found"),
+    (Conflict, 409, "conflict"),
+    (PermissionDenied, 403, "permission_denied"),
+    (DatabaseUnavailable, 503, "database_unavailable"),
+)
+
+
 def error_status(exc: CoordinatorError) -> tuple[int, str]:
     """A refusal's HTTP status and code, for the API and the page's actions alike."""
-    if isinstance(exc, InvalidInput):
-        return 400, "invalid_input"
-    if isinstance(exc, JobNotFound):
-        return 404, "job_not_found"
-    if isinstance(exc, RunNotFound):
-        return 404, "run_not_found"
-    if isinstance(exc, Conflict):
-        return 409, "conflict"
-    if isinstance(exc, PermissionDenied):
-        return 403, "permission_denied"
-    if isinstance(exc, DatabaseUnavailable):
-        return 503, "database_unavailable"
+    for kind, status, code in _REFUSALS:
+        if isinstance(exc, kind):
+            return status, code
     return 500, "database_error"
 
 
