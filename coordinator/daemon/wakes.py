@@ -10,6 +10,7 @@ triggers send (``migrations/0001``); it is pure and never raises.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import attrs
@@ -20,6 +21,8 @@ from ..core.admission import Priority
 MAX_PAYLOAD: Final = 8000
 _MAX_ID: Final = 2**63 - 1
 _PRIORITIES: Final = ("interactive", "background")
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND: Final = timedelta(microseconds=1)
 
 
 @attrs.frozen(kw_only=True)
@@ -31,6 +34,15 @@ class Dispatch:
     priority: Priority
     #: The job's worker type, or ``None`` for a command.
     worker_type: str | None
+    #: When the run was created (its ``created_at``, epoch microseconds, the database's
+    #: clock), which orders it among the manual runs of its priority as a refresh orders
+    #: them; ``None`` from a schema before migrations/0027.
+    created_us: int | None = None
+
+    @property
+    def created(self) -> float | None:
+        """:attr:`created_us` in epoch seconds, as :func:`epoch` gives a refresh's."""
+        return None if self.created_us is None else self.created_us / 1_000_000
 
 
 @attrs.frozen(kw_only=True)
@@ -80,9 +92,9 @@ def parse(text: str) -> Hint | None:
 
 
 def _dispatch(data: dict[str, Any]) -> Dispatch | None:
-    if set(data) - {"dispatch", "run", "job", "priority", "worker"}:
+    if set(data) - {"dispatch", "run", "job", "priority", "worker", "at"}:
         return None
-    run_id, job_id = data.get("run"), data.get("job")
+    run_id, job_id, at = data.get("run"), data.get("job"), data.get("at")
     priority, worker = data.get("priority"), data.get("worker")
     if not (isinstance(run_id, int) and _is_id(run_id)):
         return None
@@ -90,7 +102,18 @@ def _dispatch(data: dict[str, Any]) -> Dispatch | None:
         return None
     if worker is not None and (not isinstance(worker, str) or not worker or len(worker) > 200):
         return None
-    return Dispatch(run_id=run_id, job_id=job_id, priority=priority, worker_type=worker)
+    if at is not None and not (isinstance(at, int) and not isinstance(at, bool) and at >= 0):
+        return None
+    return Dispatch(
+        run_id=run_id, job_id=job_id, priority=priority, worker_type=worker, created_us=at
+    )
+
+
+def epoch(moment: datetime) -> float:
+    """``moment`` in epoch seconds, through whole microseconds: the same float as
+    :attr:`Dispatch.created` for the same instant, so that a run ordered by its wake and
+    one ordered by a refresh compare exactly (ties go to admission's sequence)."""
+    return ((moment - _EPOCH) // _MICROSECOND) / 1_000_000
 
 
 def _is_id(value: object) -> bool:
@@ -106,13 +129,13 @@ PARKED_LIMIT: Final = 10_000
 class Parked:
     """Dispatch hints of manual runs the daemon could not offer when they came: their job
     not read yet, their worker type served by nobody. A worker of the type connecting
-    takes them (in the order they came, each with the time it came as its due time), so
-    that the run starts then instead of at the next coalesced refresh; a refresh that
-    reads their jobs forgets them (it offers what is really queued). Bounded: the oldest
-    goes first. Pure: the daemon decides when."""
+    takes them (in the order they came, each due when its run was created), so that the
+    run starts then instead of at the next coalesced refresh; a refresh that reads their
+    jobs forgets them (it offers what is really queued). Bounded: the oldest goes first.
+    Pure: the daemon decides when."""
 
     limit: int = PARKED_LIMIT
-    #: job id -> (hint, when it came, epoch seconds); oldest first.
+    #: job id -> (hint, its due time, epoch seconds); in the order they came.
     _hints: dict[int, tuple[Dispatch, float]] = attrs.field(factory=dict)
     #: worker type -> how many of ``_hints`` wait for it.
     _types: dict[str, int] = attrs.field(factory=dict)

@@ -613,11 +613,12 @@ class Daemon:
         ):
             # Nobody serves it: the refresh offers the run if it is real, or a worker of
             # its type connects first and offers it then.
-            self._parked.park(hint, self.clock.now().timestamp())
+            came = hint.created
+            self._parked.park(hint, self.clock.now().timestamp() if came is None else came)
             return False
         # (Nothing parked waits for a served type: the served types change only in
         # workers_changed, which offers the parked ones of a type in the same step.)
-        self._offer_hint(hint, None if known is None else known.namespace)
+        self._offer_hint(hint, None if known is None else known.namespace, due=hint.created)
         return True
 
     def _offer_hint(
@@ -636,7 +637,7 @@ class Daemon:
 
     def _offer_parked(self) -> None:
         """Offer the parked manual runs whose type a worker serves now, oldest first and
-        each due when its wake came, without waiting for the coalesced refresh (up to its
+        each due when its run was created, without waiting for the coalesced refresh (up to its
         spacing, 30 s by default). A hint is only a hint: the claim checks the run under
         its row lock, and one gone or no longer queued is refused, at the cost of that
         claim. (Jobs a refresh read since were forgotten then: it offered their runs.)"""
@@ -657,7 +658,7 @@ class Daemon:
             worker_type=entry.worker_type,
             namespace=entry.namespace,
             # First triggered, first served: a queued run waits since it was created.
-            due=entry.run_created_at.timestamp() if entry.run_created_at else None,
+            due=wakes.epoch(entry.run_created_at) if entry.run_created_at else None,
         )
 
     async def _save_progress(self, run_id: int, snapshot: dict[str, object]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -201,8 +202,18 @@ async def test_manual_trigger_notifies_dispatch(conn: asyncpg.Connection, databa
                 "job": job_id,
                 "priority": "background",
                 "worker": None,
+                # The run's created_at to the microsecond (0027): the daemon orders it
+                # by this, as a refresh orders the runs it reads.
+                "at": await _created_us(conn, run_id),
             }
         ]
+
+
+async def _created_us(conn: asyncpg.Connection, run_id: int) -> int:
+    created = await aio(conn.fetchval)(
+        "SELECT created_at FROM coordinator.runs WHERE id = $1", run_id
+    )
+    return int((created - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1))
 
 
 async def test_trigger_raises_its_own_wake_and_leaves_the_origin(
@@ -237,6 +248,7 @@ async def test_trigger_raises_its_own_wake_and_leaves_the_origin(
                 "job": job,
                 "priority": "interactive",
                 "worker": "images",
+                "at": await _created_us(conn, run),
             },
             {
                 "run": other,
@@ -244,6 +256,7 @@ async def test_trigger_raises_its_own_wake_and_leaves_the_origin(
                 "job": plain,
                 "priority": "background",
                 "worker": None,
+                "at": await _created_us(conn, other),
             },
         ]
     assert await aio(conn.fetchval)(

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 import trio
 
-from coordinator.db import aio
+from coordinator.db import aio, transaction
 from coordinator.worker import Context, Worker
 
 from .conftest import StartDaemon, define, refreshes
@@ -343,9 +343,11 @@ async def _claimed_ahead(
         await define(conn, name, target={"kind": "worker", "type": "t"}, recoverable=recoverable)
     await run_worker(nursery, worker, harness)
     # 'a' first, and running before 'b' and 'c' are triggered: which of three triggers
-    # committed together starts first is not what these tests are about (it flaked: 'b'
-    # started first in 3 of 7 full runs on 2026-12-02, cause not found; see the closing
-    # note of that day).
+    # committed together starts first is not what these tests are about. (It flaked: 'b'
+    # started first in 3 of 7 full runs on 2026-12-02. The likely cause, since fixed: a
+    # run offered by its wake was due when the wake came, one a refresh read when it was
+    # created, so 'b' read by a refresh could pass 'a' woken just before; see
+    # test_runs_are_served_in_trigger_order_however_the_daemon_learned_of_them.)
     runs = [await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'a')")]
     with trio.fail_after(10):
         while not started:
@@ -390,6 +392,63 @@ async def test_claim_ahead_claims_runs_that_then_wait_their_turn_for_a_worker_sl
         "SELECT status FROM coordinator.runs WHERE id = ANY ($1::bigint[]) ORDER BY id", runs
     )
     assert [r["status"] for r in statuses] == ["succeeded"] * 3
+
+
+class _AheadOfTheDatabase:
+    """A wall clock a minute ahead of PostgreSQL's, as a daemon's host's may be."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + timedelta(minutes=1)
+
+
+async def test_runs_are_served_in_trigger_order_however_the_daemon_learned_of_them(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """A run the daemon heard of by its dispatch wake and one it read in a refresh wait
+    for the same slot: the one triggered first is served first, both by the database's
+    clock. Before migrations/0027 the woken run was due when its wake came, by the
+    daemon's clock: a daemon a minute ahead of the database served the later run first
+    (and on one clock, a run triggered within the wake's latency of another could pass
+    it: the claim-ahead tests' flake of 2026-12-02)."""
+    harness = await start_daemon(clock=_AheadOfTheDatabase(), refresh_spacing=0.05)
+    worker = Worker(worker_id="w1", capacity=1)
+    started: list[str] = []
+    gate = trio.Event()
+
+    @worker.job("t")
+    async def handle(ctx: Context) -> int:
+        started.append(ctx.job)
+        if ctx.job == "x":
+            await gate.wait()
+        return 1
+
+    ids = {
+        name: await define(conn, name, target={"kind": "worker", "type": "t"})
+        for name in ("x", "a", "b")
+    }
+    await run_worker(nursery, worker, harness)
+    with trio.fail_after(10):  # every wake so far read: no refresh pending
+        while [e["event"] for e in harness.events if e["event"] in ("wake", "refresh")][
+            -1
+        ] != "refresh":
+            await trio.sleep(0.01)
+    await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'x')")
+    with trio.fail_after(10):
+        while not started:
+            await trio.sleep(0.01)
+    # 'a' by its wake: it waits for the worker's one slot.
+    first = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'a')")
+    await harness.wait_event("wake", dispatch=first)
+    # 'b' after it, with no wake of its own (a quiet session), read by a refresh of its job.
+    async with transaction(conn):
+        await aio(conn.execute)("SELECT set_config('coordinator.origin', 'quiet', true)")
+        await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'b')")
+    await aio(conn.execute)("SELECT pg_notify('coordinator', $1)", json.dumps({"job": ids["b"]}))
+    await harness.wait_event("refresh", named=1, jobs=1)
+    assert started == ["x"]
+    gate.set()
+    await harness.wait_event("job.run", count=3)
+    assert started == ["x", "a", "b"]
 
 
 @pytest.mark.parametrize("recoverable", [False, True], ids=["plain", "recoverable"])

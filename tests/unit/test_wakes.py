@@ -4,6 +4,7 @@ ignored, and no text can make the parser raise (fuzzed)."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,25 @@ def test_the_shapes_the_triggers_send() -> None:
     assert wakes.parse(
         '{"run": 5, "dispatch": true, "job": 12, "priority": "background", "worker": null}'
     ) == Dispatch(run_id=5, job_id=12, priority="background", worker_type=None)
+    # Since migrations/0027 the run's created_at comes too, in epoch microseconds.
+    assert wakes.parse(
+        '{"run": 5, "dispatch": true, "job": 12, "priority": "background", "worker": null,'
+        ' "at": 1764662400123456}'
+    ) == Dispatch(
+        run_id=5, job_id=12, priority="background", worker_type=None, created_us=1764662400123456
+    )
+
+
+def test_a_woken_run_and_a_refreshed_one_are_due_on_one_scale() -> None:
+    """A run ordered by its wake's ``at`` and one a refresh read (``created_at``) compare
+    exactly: the same instant gives the same float, a microsecond later a larger one."""
+    created = datetime(2026, 12, 2, 8, 30, 1, 123457, tzinfo=UTC)
+    us = (created - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    hint = Dispatch(run_id=1, job_id=1, priority="background", worker_type=None, created_us=us)
+    assert hint.created == wakes.epoch(created)
+    assert wakes.epoch(created + timedelta(microseconds=1)) > hint.created
+    assert wakes.epoch(created - timedelta(microseconds=1)) < hint.created
+    assert Dispatch(run_id=1, job_id=1, priority="background", worker_type=None).created is None
 
 
 def test_forged_and_malformed_payloads_are_ignored() -> None:
@@ -55,6 +75,14 @@ def test_forged_and_malformed_payloads_are_ignored() -> None:
         '{"dispatch": true, "run": "1", "job": 2, "priority": "background", "worker": null}',
         '{"dispatch": true, "run": 1, "job": 2, "priority": "background", "admin": true}',
         '{"dispatch": 1, "run": 1, "job": 2, "priority": "background", "worker": null}',
+        '{"dispatch": true, "run": 1, "job": 2, "priority": "background", "worker": null, '
+        '"at": "2026-12-02"}',
+        '{"dispatch": true, "run": 1, "job": 2, "priority": "background", "worker": null, '
+        '"at": -1}',
+        '{"dispatch": true, "run": 1, "job": 2, "priority": "background", "worker": null, '
+        '"at": 1.5}',
+        '{"dispatch": true, "run": 1, "job": 2, "priority": "background", "worker": null, '
+        '"at": true}',
         "[" * 100_000,
         '{"job": 1}' + " " * 9000,
     ]:
