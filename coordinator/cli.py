@@ -1529,6 +1529,8 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
             run = await db.aio(client.wait_for_run)(conn, run_id, max_wait=timeout)
             retry = await _retry_of(conn, run)
         except client.WaitTimeout as exc:
+            if args.json:  # a script still gets the run as it stands (and exit 1)
+                _print_json(exc.run.to_json())
             job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
             facts = await probe.gather(
                 conn, ctx.config(), api=why.worker_type(job.target) is not None

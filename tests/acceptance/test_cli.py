@@ -380,6 +380,20 @@ def test_trigger_wait_timeout_says_the_daemon_is_not_running(database: str) -> N
     )
 
 
+def test_trigger_json_wait_timeout_prints_the_run_as_it_stands(database: str) -> None:
+    """With ``--json`` a script gets the run even when the wait gives up (before, stdout
+    was empty): its last state, then the reason on stderr, exit 1 as documented."""
+    cli("jobs", "define", "w", "--manual", "--", "true", dsn=database)
+    r = cli("jobs", "trigger", "w", "--json", "--wait-timeout", "300ms", dsn=database)
+    assert r.code == 1
+    assert (r.json["status"], r.json["job"]) == ("queued", "w")
+    assert r.err_lines[-1] == (
+        f"coordinator: run {r.json['id']} is still queued after 300ms: the daemon is not "
+        "running (no session holds its lock): start it (`coordinator run`, or "
+        "`systemctl start coordinator`)"
+    )
+
+
 def test_pause_resume_remove(database: str) -> None:
     cli("jobs", "define", "c", "--every", "5m", "--", "true", dsn=database)
     r = cli("jobs", "pause", "c", dsn=database)
