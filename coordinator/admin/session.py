@@ -234,6 +234,20 @@ class Sessions:
             return False
         return hmac.compare_digest(token.encode(), self.csrf(nonce).encode())
 
+    # -- notes after an action ------------------------------------------------------------
+
+    def note_mark(self, nonce: str, note: str) -> str:
+        """The mark of a note an action of the session with ``nonce`` answered. A plain
+        form post is answered by a redirect with the note in the address; the page shows
+        it only with its mark, so that a link someone sends cannot make the page say
+        what they wrote ("your token expired, sign in at ...")."""
+        return _mac(self._csrf_key, f"note:{nonce}:{note}")[:32]
+
+    def note_ok(self, nonce: str | None, note: str | None, mark: str | None) -> bool:
+        if not nonce or not note or not mark:
+            return False
+        return hmac.compare_digest(mark.encode(), self.note_mark(nonce, note).encode())
+
 
 def _kept_secret(path: Path) -> str:
     """The secret kept in ``path``; made (at random) if there is none, or none only its

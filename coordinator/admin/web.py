@@ -247,6 +247,7 @@ class Web:
                 "csrf": self.sessions.csrf(nonce) if nonce else "",
                 "signed_in": nonce is not None,
                 "here": None if fragment else _here(request),
+                "note": None if fragment else self._note(request, nonce),
                 "uptime": timedelta(seconds=round(status.uptime_s)),
                 **context,
             },
@@ -254,6 +255,12 @@ class Web:
         )
         response.headers["Cache-Control"] = "no-store"
         return response
+
+    def _note(self, request: Request, nonce: str | None) -> str | None:
+        """The note an action of this session answered (see :func:`_answer`), if the
+        address carries one with its mark; any other text in ``note`` is not shown."""
+        note, mark = request.query_params.get("note"), request.query_params.get("mark")
+        return note if self.sessions.note_ok(nonce, note, mark) else None
 
     @staticmethod
     def _span(request: Request) -> tuple[str, timedelta]:
@@ -472,8 +479,11 @@ class Web:
             async with self.db() as conn:
                 note, fields = await act(conn, form)
         except CoordinatorError as exc:
-            return _answer(request, form, str(exc), ok=False, http_status=error_status(exc)[0])
-        return _answer(request, form, note, **fields)
+            note, fields = str(exc), {"ok": False, "http_status": error_status(exc)[0]}
+        return _answer(request, form, note, self._marked, **fields)
+
+    def _marked(self, request: Request, note: str) -> str:
+        return self.sessions.note_mark(request.scope.get(SESSION_KEY) or "", note)
 
     async def run_job(self, request: Request) -> Response:
         namespace, name = job_key(request)
@@ -606,6 +616,7 @@ def _answer(
     request: Request,
     form: dict[str, str],
     note: str,
+    mark: Callable[[Request, str], str],
     *,
     ok: bool = True,
     http_status: int = 200,
@@ -613,17 +624,19 @@ def _answer(
 ) -> Response:
     """A background post (the page's script) gets JSON, with the API's status for a
     refusal (404 for an unknown job, 400 for bad input, 409 for a conflict); a plain form
-    post is sent back to the page it came from, the note in the address (shown escaped)."""
+    post is sent back to the page it came from, the note in the address with its
+    ``mark`` (shown escaped, and only with the mark: :meth:`Web._note`)."""
     if request.headers.get("x-requested-with") == "fetch":
         return JSONResponse({"ok": ok, "message": note, **fields}, status_code=http_status)
     back = _local(form.get("next")) or "/"
     glue = "&" if "?" in back else "?"
-    return RedirectResponse(f"{back}{glue}{urlencode({'note': note})}", status_code=303)
+    query = urlencode({"note": note, "mark": mark(request, note)})
+    return RedirectResponse(f"{back}{glue}{query}", status_code=303)
 
 
 def _here(request: Request) -> str:
     """This page's path and query, without a note shown after an action."""
-    query = [(k, v) for k, v in request.query_params.multi_items() if k != "note"]
+    query = [(k, v) for k, v in request.query_params.multi_items() if k not in ("note", "mark")]
     return request.url.path + (f"?{urlencode(query)}" if query else "")
 
 

@@ -12,6 +12,7 @@ import re
 import secrets
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -250,6 +251,16 @@ async def test_run_pause_resume_and_resolve_from_the_page(
     ran = await site.post("/jobs/default/button/run", data={"csrf": csrf, "next": "/?span=2d"})
     assert ran.status_code == 303
     assert ran.headers["location"].startswith("/?span=2d&note=run+")
+    shown = (await site.get(ran.headers["location"])).text
+    assert '<p class="note" role="status">run ' in shown
+    # Only a note an action of this session answered is shown: not text from a link.
+    spoof = "Your token expired: sign in again at evil.example"
+    for query in (
+        {"note": spoof},
+        {"note": spoof, "mark": "0" * 32},
+        {"note": spoof, "mark": parse_qs(urlsplit(ran.headers["location"]).query)["mark"][0]},
+    ):
+        assert 'class="note"' not in (await site.get("/", params=query)).text
     # The page's script posts in the background and gets JSON.
     fetch = {"X-Requested-With": "fetch"}
     paused = await site.post("/jobs/default/button/pause", data={"csrf": csrf}, headers=fetch)
