@@ -1302,7 +1302,10 @@ async def list_jobs(
 
 
 async def get_job(conn: Connection, name: str, *, namespace: str = "default") -> JobView:
-    """The job ``namespace/name``; raises :class:`~coordinator.errors.JobNotFound`."""
+    """The job ``namespace/name``; raises :class:`~coordinator.errors.JobNotFound`, or
+    :class:`~coordinator.errors.InvalidInput` for a namespace no job could have (the
+    admin API answered ``GET /api/jobs/bad%20ns/x`` 404 for the job)."""
+    check_namespace(namespace)
     with translate_errors(namespace=namespace, name=name):
         row = await conn.fetchrow(_GET_JOB, namespace, name)
     if row is None:

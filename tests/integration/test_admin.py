@@ -363,6 +363,10 @@ async def test_error_shapes(admin: Admin, conn: asyncpg.Connection) -> None:
     assert_error(await admin.get("/api/jobs/default/nope/runs"), 404, "job_not_found")
     assert_error(await admin.post("/api/jobs/default/nope/trigger"), 404, "job_not_found")
     assert_error(await admin.get("/api/runs/987654"), 404, "run_not_found")
+    # A namespace no job could have is bad input, not an unknown job.
+    assert_error(await admin.get("/api/jobs/bad%20ns/held"), 400, "invalid_input")
+    assert_error(await admin.get("/api/jobs/bad%20ns/held/runs"), 400, "invalid_input")
+    assert_error(await admin.post("/api/jobs/bad%20ns/held/trigger"), 400, "invalid_input")
     assert_error(await admin.get("/api/runs/abc"), 400, "invalid_input")
     assert_error(await admin.get("/api/runs/0"), 400, "invalid_input")
     assert_error(await admin.get(f"/api/runs/{2**63}"), 400, "invalid_input")
@@ -391,7 +395,7 @@ async def test_error_shapes(admin: Admin, conn: asyncpg.Connection) -> None:
     )
     # Every POST above was audited once, with its status.
     statuses = [a["status"] for a in admin.audits]
-    assert statuses == [404, 400, 200, 400, 400, 400, 400, 413, 409, 404]
+    assert statuses == [404, 400, 400, 200, 400, 400, 400, 400, 413, 409, 404]
     assert [a.get("run") for a in admin.audits[-8:]] == [run_id] * 7 + [987654]
 
 

@@ -677,6 +677,8 @@ async def test_listing_a_namespace_no_job_could_have_is_refused(conn: asyncpg.Co
     with pytest.raises(InvalidInput, match=r"^namespace: 'bad ns': use letters"):
         await aio(client.list_runs)(conn, namespace="bad ns")
     assert await aio(client.list_jobs)(conn, namespace="good") == []
+    with pytest.raises(InvalidInput, match=r"^namespace: 'bad ns': use letters"):
+        await aio(client.get_job)(conn, "x", namespace="bad ns")
 
 
 async def test_a_nul_in_a_name_is_named_as_the_name(conn: asyncpg.Connection) -> None:
@@ -687,4 +689,8 @@ async def test_a_nul_in_a_name_is_named_as_the_name(conn: asyncpg.Connection) ->
     assert str(info.value) == "name: NUL (U+0000) is not allowed"
     with pytest.raises(InvalidInput) as info:
         await aio(client.get_job)(conn, "a", namespace="n\x00s")
-    assert str(info.value) == "namespace: NUL (U+0000) is not allowed"
+    # (Refused before the query since a namespace is checked first, in the rule's words.)
+    assert str(info.value) == (
+        "namespace: 'n\\x00s': use letters, digits, '.', '_' and '-', "
+        "starting with a letter or a digit"
+    )
