@@ -536,6 +536,8 @@ class _Api:
         after = _after(request)
         severity = request.query_params.get("severity") or None
         async with self.db() as conn:
+            run = await aio(client.get_run)(conn, run_id)
+            access.check_run(request, run_id, run.namespace, operate=False)
             page = await aio(client.list_findings)(
                 conn, run_id, after=after, limit=limit, severity=severity
             )
@@ -576,6 +578,8 @@ class _Api:
         run_id = _run_id(request)
         _note(request, run=run_id)
         async with self.db() as conn:
+            run = await aio(client.get_run)(conn, run_id)
+            access.check_run(request, run_id, run.namespace, operate=True)
             status = await aio(client.pause_run)(conn, run_id)
         _note(request, run_status=status)
         return JSONResponse({"run": run_id, "status": status})

@@ -153,13 +153,21 @@ async def test_trigger_cancel_and_resolve_outside_the_scope_are_refused(
     billing_run = answer.json()["run"]
     reports_run = (await http.post(ADMIN, "/api/jobs/reports/a/trigger")).json()["run"]
     # A run outside the token's namespaces is unknown to it; a read-only one is refused.
-    for path in (f"/api/runs/{reports_run}", f"/api/runs/{reports_run}/cancel"):
-        send = http.get if path.count("/") == 3 else http.post
+    # (Its findings and its pause too: before, those two routes checked no scope, so
+    # another namespace's token read a run's findings and paused its call.)
+    for send, path in (
+        (http.get, f"/api/runs/{reports_run}"),
+        (http.get, f"/api/runs/{reports_run}/findings"),
+        (http.post, f"/api/runs/{reports_run}/cancel"),
+        (http.post, f"/api/runs/{reports_run}/pause"),
+    ):
         response = await send(BILLING_OPS, path)
-        assert response.status_code == 404, response.text
+        assert response.status_code == 404, (path, response.text)
         assert response.json()["error"] == "run_not_found"
     assert (await http.get(REPORTS_READ, f"/api/runs/{reports_run}")).status_code == 200
+    assert (await http.get(REPORTS_READ, f"/api/runs/{reports_run}/findings")).status_code == 200
     denied(await http.post(REPORTS_READ, f"/api/runs/{reports_run}/cancel"), "reports")
+    denied(await http.post(REPORTS_READ, f"/api/runs/{reports_run}/pause"), "reports")
     response = await http.post(
         REPORTS_READ, f"/api/runs/{reports_run}/resolve", json={"as": "failed"}
     )
@@ -174,6 +182,7 @@ async def test_trigger_cancel_and_resolve_outside_the_scope_are_refused(
     assert ("reports-read", "/api/jobs/reports/a/trigger", 403) in by_token
     assert ("admin", "/api/jobs/reports/a/trigger", 200) in by_token
     assert ("billing-ops", f"/api/runs/{reports_run}/cancel", 404) in by_token
+    assert ("billing-ops", f"/api/runs/{reports_run}/pause", 404) in by_token
     assert ("billing-ops", f"/api/runs/{billing_run}/cancel", 200) in by_token
     assert len(by_token) == len(http.audits)
 
