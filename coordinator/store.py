@@ -361,6 +361,10 @@ SELECT * FROM coordinator._settle($1, $2, $3::text::timestamptz, $4::text::times
 # flight on their backends commit before it looks, or are refused.
 _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1, $2, $3)"
 
+# A pause wake names a run; any role may NOTIFY, so before a call of ours is stopped the
+# run's own status says whether coordinator.pause_run asked it (cancel_requested).
+_RUN_STATUS = "SELECT status FROM coordinator.runs WHERE id = $1"
+
 # A worker's declared schedules (migrations/0014): coordinator.sync, only when it would
 # change something.
 _DECLARE = "SELECT * FROM coordinator._declare($1, $2::text::jsonb)"
@@ -1208,6 +1212,11 @@ class Store:
             paused=row["paused"],
             unchanged=bool(row["unchanged"]),
         )
+
+    async def run_status(self, run_id: int) -> str | None:
+        """The run's status, ``None`` if there is no such run (one statement)."""
+        status: str | None = await self._call("run_status", "fetchval", _RUN_STATUS, run_id)
+        return status
 
     async def sweep_lost(self) -> list[LostRun]:
         """Mark runs left pending/running by a dead daemon (startup only, once the lock is

@@ -316,6 +316,10 @@ class Dispatcher:
 
     # -- stopping calls early -----------------------------------------------------------
 
+    def calling(self, run_id: int) -> bool:
+        """A call of ``run_id`` is in progress here."""
+        return any(running.run_id == run_id for running in self.running.values())
+
     def request_stop(self, run_id: int, reason: str) -> bool:
         """Ask the call of ``run_id`` to stop (``pause``: an operator paused the run;
         ``stopping``: the daemon is stopping). ``False`` when no call of that run is in

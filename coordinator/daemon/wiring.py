@@ -575,7 +575,9 @@ class Daemon:
             return
         if isinstance(hint, wakes.Pause):
             self.events.emit(NotificationWake(payload={"pause": hint.run_id}))
-            if not self.dispatcher.request_stop(hint.run_id, "pause"):
+            if self.dispatcher.calling(hint.run_id) and self._nursery is not None:
+                self._nursery.start_soon(self._pause_if_asked, hint.run_id)
+            else:
                 # Not a call of ours right now (or one just claimed, not yet under way):
                 # a refresh reads the run's state and asks again if it is ours.
                 self.loop.wake()
@@ -643,6 +645,32 @@ class Daemon:
         claim. (Jobs a refresh read since were forgotten then: it offered their runs.)"""
         for hint, came in self._parked.take(self.dispatcher.served()):
             self._offer_hint(hint, None, due=came)
+
+    async def _pause_if_asked(self, run_id: int) -> None:
+        """Stop the call of ``run_id`` for a pause wake only if the run's status says an
+        operator asked (``cancel_requested``, which only ``coordinator.pause_run`` sets,
+        under the caller's row security). Any role may ``NOTIFY coordinator``: a forged
+        ``{"pause": N}`` used to stop any namespace's call. One statement per wake of a
+        call in progress here; retried by the error policy while the call lasts."""
+        attempt, failing = 0, False
+        try:
+            while self.dispatcher.calling(run_id):
+                attempt += 1
+                try:
+                    status = await self.store.run_status(run_id)
+                except Exception as exc:
+                    delay = self.policy.failed("pause_check", exc, attempt, run=run_id)
+                    failing = True
+                    await trio.sleep(delay)
+                    continue
+                if status == "cancel_requested":
+                    self.dispatcher.request_stop(run_id, "pause")
+                else:
+                    self.log.warning("wake.pause_refused", run=run_id, status=status)
+                return
+        finally:
+            if failing:
+                self.policy.recovered("pause_check")
 
     def _lifecycle_wake(self, reason: str, *, urgent: bool = False) -> None:
         self.events.emit(LifecycleWake(reason=reason, urgent=urgent or None))

@@ -130,6 +130,31 @@ class Scan:
 SEVENS = len([i for i in range(ITEMS) if i % 7 == 0])
 
 
+async def test_a_forged_pause_wake_stops_no_call(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """Any role may ``NOTIFY coordinator``: ``{"pause": N}`` stopped the call of run N
+    whatever its status (a helper cancelled another namespace's call with it, as a role
+    that could not even read the schema). The daemon now reads the run's status first:
+    only ``pause_run``'s ``cancel_requested`` stops it."""
+    await recoverable(conn)
+    harness = await start_daemon()
+    scan = Scan(hold_after=2)
+    await run_worker(nursery, scan.worker(), harness)
+    run_id = await aio(client.trigger)(conn, "scan")
+    await wait_run(conn, run_id, lambda r: r["cursor"] == 2 * BATCH)
+    await aio(conn.execute)("SELECT pg_notify('coordinator', $1)", json.dumps({"pause": run_id}))
+    await harness.wait_event("wake.pause_refused", run=run_id, status="running")
+    assert not harness.named("run.stop_requested")
+    assert (await run_row(conn, run_id))["status"] == "running"
+    # The operator's pause, through its function, still stops it at once.
+    assert await aio(client.pause_run)(conn, run_id) == "cancel_requested"
+    await harness.wait_event("run.stop_requested", run=run_id, reason="pause")
+    scan.gate.set()
+    event = (await harness.wait_event("job.run", run=run_id))[0]
+    assert event["outcome"] == "paused"
+
+
 async def test_checkpoints_pause_and_a_trigger_resumes_the_same_run(
     start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
 ) -> None:
