@@ -935,6 +935,15 @@ class WorkerExecutor:
         if self._detached:
             raise _Reject("the daemon is stopping; connect again later")
         conn.scope = self._authenticate(conn, hello)
+        held = self._conns.get(hello.worker)
+        if held is not None and _token_name(held.scope) != _token_name(conn.scope):
+            # A worker coming back replaces its old connection (a half-open one is not
+            # noticed otherwise); one with another token may not: worker ids are listed
+            # to any admin token, and taking one over failed its calls.
+            raise _Reject(
+                f"worker id {hello.worker!r} is connected with another token; "
+                "give this worker an id of its own"
+            )
         if conn.hello_scope is not None:
             conn.hello_scope.deadline = math.inf
         conn.worker, conn.types, conn.capacity = hello.worker, hello.types, hello.capacity
@@ -1739,3 +1748,9 @@ def _peer(stream: trio.abc.Stream, transport: str) -> str:
         return f"{name[0]}:{name[1]}"
     except OSError:
         return transport
+
+
+def _token_name(scope: TokenScope | None) -> str | None:
+    """Which token a connection came with (``None``: the shared token, or the Unix
+    socket's file permissions)."""
+    return None if scope is None else scope.name

@@ -221,6 +221,38 @@ async def test_plain_tcp_a_wrong_token_and_a_foreign_type_are_refused(
     assert harness.named("worker.connected") == []
 
 
+async def test_a_worker_id_held_under_another_token_is_not_taken_over(
+    start_daemon: StartDaemon,
+    server_tls: ssl.SSLContext,
+    ca: trustme.CA,
+    ca_file: Path,
+    nursery: trio.Nursery,
+) -> None:
+    """A hello with a connected worker's id replaces that connection only with the same
+    token (a worker coming back). Before, any token's worker could take the id over,
+    failing the calls of another namespace's worker (ids are listed to admin tokens)."""
+    harness, address = await tls_daemon(start_daemon, server_tls)
+    worker = Worker(worker_id="reports-1")
+
+    @worker.job("reports.daily")
+    async def daily(ctx: Context) -> int:
+        return 1
+
+    await run_worker(
+        nursery, worker, address, token=REPORTS_TOKEN, tls=tls_context(ca_file),
+        server_hostname="localhost",
+    )  # fmt: skip
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    thief = Hello(worker="reports-1", types=("billing.work",), capacity=1, token=BILLING_TOKEN)
+    [answer] = await exchange(address, [encode(thief)], tls=client_tls)
+    assert answer.message == (
+        "worker id 'reports-1' is connected with another token; give this worker an id of its own"
+    )
+    assert [e["worker"] for e in harness.named("worker.connected")] == ["reports-1"]
+    assert harness.named("worker.disconnected") == []
+
+
 async def test_mutual_tls_wants_a_client_certificate(
     start_daemon: StartDaemon, ca: trustme.CA, ca_file: Path, tmp_path: Path,
     nursery: trio.Nursery,
