@@ -581,7 +581,8 @@ class Worker:
     #: :class:`Paused` (keep it under the daemon's cancel grace, 10 s by default).
     pause_grace: float = attrs.field(default=5.0, kw_only=True)
     #: The namespace whose jobs this worker's code declares (``@worker.job(...,
-    #: cron=...)``): every job of it is the code's; ``None``: it declares nothing.
+    #: cron=...)``): every job of it is the code's; ``None``, or no handler with a
+    #: schedule: it declares nothing.
     namespace: str | None = attrs.field(default=None, kw_only=True)
     #: The daemon's answer to the last declaration (``ok``, or the problems), if any.
     last_declared: Declared | None = attrs.field(default=None, init=False)
@@ -708,6 +709,12 @@ class Worker:
             )
         if self.namespace is not None:
             Declare(namespace=self.namespace, jobs=self.declared)  # checks the names
+            if not self._declared:
+                logger.warning(
+                    "namespace %s given, but no handler carries a schedule: nothing is "
+                    "declared, and the namespace's jobs are left as they are",
+                    self.namespace,
+                )
         stop = self._stop = trio.Event()
         attempt = 0
         started = False
@@ -753,8 +760,11 @@ class Worker:
                 worker=self.worker_id, types=self.types, capacity=self.capacity, token=token
             )
             await session.send(hello)
-            if self.namespace is not None:
-                # The namespace's complete job set, as the code says (even if empty).
+            if self.namespace is not None and self._declared:
+                # The namespace's complete job set, as the code says. None at all is not
+                # a declaration that every job of the namespace is gone: a worker given
+                # its namespace for no schedule paused every job of it, SQL-defined
+                # commands included (a helper's finding, 2026-12-02).
                 await session.send(Declare(namespace=self.namespace, jobs=self.declared))
             try:
                 await self._read_loop(stream, session, nursery, welcomed)

@@ -421,6 +421,27 @@ async def test_declared_schedules_appear_change_and_pause_as_the_code_changes(
     assert len(harness.named("worker.declared")) == 4
 
 
+async def test_a_worker_with_its_namespace_but_no_schedule_declares_nothing(
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    nursery: trio.Nursery,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``Worker(namespace=...)`` whose handlers carry no schedule sent an empty
+    declaration, which paused every job of the namespace, a command defined by SQL
+    included. It now declares nothing and says so."""
+    harness = await start_daemon(refresh_spacing=0.2)
+    await define(conn, "nightly", namespace="reports", schedule_kind="cron", schedule="0 3 * * *")
+    worker = reports_worker(**{"reports.daily": {}})
+    await run_worker(nursery, worker, harness.daemon.executors["worker"].socket_path)  # type: ignore[attr-defined]
+    await trio.sleep(0.3)  # (a declaration, were one sent, would be answered by now)
+    assert worker.last_declared is None
+    assert harness.named("worker.declared") == []
+    assert (await jobs_of(conn, "reports"))["nightly"]["paused"] is False
+    assert "namespace reports given, but no handler carries a schedule" in caplog.text
+    worker.stop()
+
+
 async def test_a_declaration_with_a_problem_applies_nothing(
     start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
 ) -> None:
