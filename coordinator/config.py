@@ -37,6 +37,7 @@ import attrs
 
 from .errors import ConfigError, InvalidInput
 from .redact import Redactor
+from .text import check_namespace
 from .tokens import TokenSet, check_token, parse_tokens, single
 
 DEFAULT_CONFIG_FILE: Final = Path("/etc/coordinator/coordinator.toml")
@@ -273,6 +274,24 @@ def _words(value: Any, name: str) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _command_namespaces(value: Any, name: str) -> tuple[str, ...]:
+    """Namespaces (``*``: every one): a TOML array, or comma-separated text."""
+    if isinstance(value, str):
+        items: list[Any] = [w.strip() for w in value.split(",") if w.strip()]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise ConfigError(f"{name}: expected a list of namespaces ('*': every one), got {value!r}")
+    for item in items:
+        if item == "*":
+            continue
+        try:
+            check_namespace(item)
+        except InvalidInput as exc:
+            raise ConfigError(f"{name}: {exc.reason}") from None
+    return tuple(items)
+
+
 def _patterns(value: Any, name: str) -> tuple[str, ...]:
     """Regular expressions: a TOML array, or a JSON array (the environment)."""
     if isinstance(value, str):
@@ -387,6 +406,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         unit="runs",
         help="runs of a worker type claimed beyond its workers' free slots, each started "
         "as a slot frees; they count against concurrency (0: claimed only for a free slot)",
+    ),
+    Setting(
+        name="command_namespaces",
+        convert=_command_namespaces,
+        default=("*",),
+        help="namespaces whose jobs may run commands, as the daemon's user ('*': every "
+        "one; [] none): an operate grant elsewhere allows worker jobs only",
     ),
     Setting(
         name="stop_timeout",
@@ -678,6 +704,7 @@ class Config:
     refresh_spacing: float = 30.0
     concurrency: int = 16
     claim_ahead: int = 0
+    command_namespaces: tuple[str, ...] = ("*",)
     stop_timeout: float = 60.0
     state_dir: Path = attrs.field(factory=default_state_dir)
     pg_bin: Path | None = None

@@ -61,6 +61,7 @@ def build_daemon(
     jitter: Callable[[], float] | None = None,
     alert_sinks: Sequence[Sink] = (),
     alert_window: float = 6 * 3600.0,
+    command_namespaces: Sequence[str] = ("*",),
 ) -> Daemon:
     """A daemon with both executors: commands, and workers on ``worker_socket`` (default
     :func:`~coordinator.executors.worker.default_socket_path`) and, if given, on the TCP
@@ -70,7 +71,8 @@ def build_daemon(
     ``jitter`` (default :func:`random.random`) draws the jitter of retry delays. When any
     ``alert_sinks`` are given, an :class:`~coordinator.alerts.Alerter` is subscribed to
     its events (none otherwise: no alert configured costs nothing). ``owns_process``: the
-    daemon owns its process (``coordinator run``; see daemon/cyclic_gc.py)."""
+    daemon owns its process (``coordinator run``; see daemon/cyclic_gc.py).
+    ``command_namespaces``: the namespaces whose jobs may run commands (``*``: all)."""
     events = EventBus(log=log)
     tokens = worker_tokens if worker_tokens is not None else TokenSet()
     tcp = None
@@ -101,7 +103,10 @@ def build_daemon(
     elif worker_tls is not None:
         raise ConfigError("worker_tls_cert is set but worker_listen is not")
     executors: dict[str, Executor] = {
-        "exec": ExecExecutor(clock=clock),
+        "exec": ExecExecutor(
+            clock=clock,
+            namespaces=None if "*" in command_namespaces else frozenset(command_namespaces),
+        ),
         "worker": WorkerExecutor(
             clock=clock,
             events=events,
@@ -251,6 +256,7 @@ async def serve(
         owns_process=True,
         alert_sinks=alert_sinks(config),
         alert_window=config.alert_window,
+        command_namespaces=config.command_namespaces,
     )
     async with trio_asyncio_loop(), trio.open_nursery() as nursery:
         stopped = trio.Event()

@@ -84,6 +84,10 @@ class ExecExecutor:
     kill_grace: float = 5.0
     #: Environment the command's is built on; ``None`` means ``os.environ``.
     base_env: Mapping[str, str] | None = None
+    #: The namespaces whose jobs may run commands (``command_namespaces``); ``None``:
+    #: every one. A command runs as the daemon's user, so a role that may operate a
+    #: namespace may run anything that user may, unless its namespace is left out.
+    namespaces: frozenset[str] | None = None
 
     # -- lifecycle: a command needs nothing opened, has no pools, nothing connects --------
 
@@ -125,6 +129,20 @@ class ExecExecutor:
         started_at = self.clock.now()
         if abandon.is_set():
             return cancelled(self.clock, started_at, _io_extra(None, "", ""))
+        namespace = claim.job.namespace
+        if self.namespaces is not None and namespace not in self.namespaces:
+            allowed = ", ".join(sorted(self.namespaces)) or "none"
+            return ended(
+                self.clock,
+                started_at,
+                "failed",
+                "handler",
+                f"commands may not run in namespace {namespace!r} (command_namespaces: "
+                f"{allowed}); give the job a worker target",
+                _io_extra(None, "", ""),
+                category="invalid-input",
+                retryable=False,
+            )
         turn.take(_spawning)  # (run.started: the spawn follows, before anything yields)
         target = claim.job.target
         try:

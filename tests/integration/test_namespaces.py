@@ -517,3 +517,27 @@ async def test_alerts_and_retention_keep_to_the_roles(
         )
         == 0
     )
+
+
+async def test_commands_run_only_in_the_namespaces_command_namespaces_names(
+    start_daemon: StartDaemon, conn: asyncpg.Connection
+) -> None:
+    """A command runs as the daemon's user: a role that may operate a namespace could run
+    anything that user may (a helper read the admin token's file from a billing job).
+    ``command_namespaces`` names the namespaces whose jobs may; another's command job
+    fails without starting, as bad input, not retried."""
+    harness = await start_daemon(build={"command_namespaces": ("ops",)})
+    target = {"kind": "exec", "argv": ["sh", "-c", "echo ran"]}
+    await define(conn, "cmd", namespace="ops", target=target)
+    await define(conn, "cmd", namespace="billing", target=target, retries=3)
+    allowed = await aio(client.trigger)(conn, "cmd", namespace="ops")
+    refused = await aio(client.trigger)(conn, "cmd", namespace="billing")
+    await harness.wait_event("job.run", run=allowed, outcome="succeeded")
+    await harness.wait_event("job.run", run=refused, outcome="failed")
+    run = await aio(client.get_run)(conn, refused)
+    assert run.error_message == (
+        "commands may not run in namespace 'billing' (command_namespaces: ops); "
+        "give the job a worker target"
+    )
+    assert (run.category, run.retryable, run.retried_by) == ("invalid-input", False, None)
+    assert "ran" not in json.dumps(run.extra)

@@ -77,6 +77,23 @@ def test_durations_are_bounded(tmp_path: Path, text: str, message: str) -> None:
         load(file=None, environ={}, flags={"refresh_spacing": "3000000d"})
 
 
+def test_command_namespaces_are_every_one_unless_named(tmp_path: Path) -> None:
+    assert load(file=None, environ={}, flags={}).command_namespaces == ("*",)
+    env = {"COORDINATOR_COMMAND_NAMESPACES": "ops, default"}
+    assert load(file=None, environ=env, flags={}).command_namespaces == ("ops", "default")
+    file = tmp_path / "c.toml"
+    file.write_text("command_namespaces = []\n")
+    assert load(file=file, environ={}, flags={}).command_namespaces == ()
+    file.write_text('command_namespaces = ["ops", "bad ns"]\n')
+    with pytest.raises(ConfigError, match=r"^command_namespaces: 'bad ns': use letters"):
+        load(file=file, environ={}, flags={})
+    file.write_text('command_namespaces = "ops"\n')  # (one, as text: as in the environment)
+    assert load(file=file, environ={}, flags={}).command_namespaces == ("ops",)
+    file.write_text("command_namespaces = 3\n")
+    with pytest.raises(ConfigError, match=r"^command_namespaces: expected a list of namespaces"):
+        load(file=file, environ={}, flags={})
+
+
 def test_claim_ahead_is_a_count_from_zero(tmp_path: Path) -> None:
     assert load(file=None, environ={}, flags={}).claim_ahead == 0
     config = load(file=None, environ={"COORDINATOR_CLAIM_AHEAD": "16"}, flags={})
