@@ -772,7 +772,13 @@ class Worker:
                 logger.error("the daemon sent a bad message (%s); reconnecting", exc)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 if isinstance(exc.__cause__, ssl.SSLError):
-                    logger.error("TLS with the daemon failed: %s", exc.__cause__)
+                    hint = (
+                        ""
+                        if session.welcomed
+                        else " (does it want a client certificate this "
+                        "worker has not, or not one it trusts? its log says: worker.rejected)"
+                    )
+                    logger.error("TLS with the daemon failed: %s%s", exc.__cause__, hint)
                 else:
                     logger.warning("connection to the daemon lost")
             if session.running:
@@ -793,8 +799,17 @@ class Worker:
         while True:
             data = await stream.receive_some(_READ_SIZE)
             if not data:
-                if session.welcomed and not (self._stop is not None and self._stop.is_set()):
+                if self._stop is not None and self._stop.is_set():
+                    return
+                if session.welcomed:
                     logger.warning("the daemon closed the connection")
+                else:
+                    # Refused without a word: the daemon's log says why (worker.rejected).
+                    logger.error(
+                        "the daemon closed the connection before welcoming this worker "
+                        "(plain TCP to its TLS listener? a client certificate it does not "
+                        "accept?); its log says why (worker.rejected)"
+                    )
                 return
             for line in lines.feed(data):
                 message = parse_from_daemon(line)

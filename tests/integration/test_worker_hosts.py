@@ -253,6 +253,31 @@ async def test_a_worker_id_held_under_another_token_is_not_taken_over(
     assert harness.named("worker.disconnected") == []
 
 
+async def test_an_sdk_worker_refused_without_a_word_says_where_to_look(
+    start_daemon: StartDaemon,
+    server_tls: ssl.SSLContext,
+    nursery: trio.Nursery,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Plain TCP to the TLS listener: the daemon drops the connection (it cannot answer
+    in a protocol the worker does not speak). The worker said only "reconnecting in
+    0.5s"; it now says what may be wrong and where the daemon says why."""
+    harness, address = await tls_daemon(start_daemon, server_tls)
+    worker = Worker(worker_id="plain")
+
+    @worker.job("reports.daily")
+    async def daily(ctx: Context) -> None:
+        return None
+
+    nursery.start_soon(lambda: worker.run(address, token=REPORTS_TOKEN))
+    await harness.wait_event("worker.rejected")
+    with trio.fail_after(10):
+        while "before welcoming this worker" not in caplog.text:
+            await trio.sleep(0.01)
+    assert "plain TCP to its TLS listener?" in caplog.text
+    worker.stop()
+
+
 async def test_mutual_tls_wants_a_client_certificate(
     start_daemon: StartDaemon, ca: trustme.CA, ca_file: Path, tmp_path: Path,
     nursery: trio.Nursery,
