@@ -938,7 +938,11 @@ class Worker:
         except Paused as paused:
             result = _paused(ctx.run_id, paused)
         except Exception as exc:
-            result = _failure(ctx.run_id, exc)
+            meant = _unwrapped(exc)
+            if isinstance(meant, Paused):
+                result = _paused(ctx.run_id, meant)
+            else:
+                result = _failure(ctx.run_id, meant)
         finally:
             ctx._ended()
         return result
@@ -1053,7 +1057,40 @@ def _paused(run_id: int, paused: Paused) -> Result:
         return Result(run=run_id, ok=False, error=_clip(f"bad pause: {exc}"))
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _unwrapped(exc: Exception) -> Exception:
+    """What the handler meant to raise. A nursery (trio's, an asyncio TaskGroup,
+    ``trio_asyncio.open_loop()``) wraps what its task raised in an exception group: one
+    exception alone in it, or only :class:`Paused` ones, is the handler's own (before,
+    README's own example ended "paused by operator; the worker said: ExceptionGroup",
+    and a JobError raised in a nursery lost its category and was retried)."""
+    leaves = _leaves(exc)
+    if len(leaves) == 1 and isinstance(leaves[0], Exception):
+        return leaves[0]
+    if leaves and all(isinstance(leaf, Paused) for leaf in leaves):
+        first = leaves[0]
+        assert isinstance(first, Paused)
+        return first
+    return exc
+
+
 def _failure(run_id: int, exc: BaseException) -> Result:
+    if isinstance(exc, BaseExceptionGroup):
+        # Several at once: each said, not "Exceptions from Trio nursery (2 sub-exceptions)".
+        leaves = _leaves(exc)
+        said = "; ".join(_said(leaf) for leaf in leaves[:3])
+        more = f" (and {len(leaves) - 3} more)" if len(leaves) > 3 else ""
+        return Result(
+            run=run_id,
+            ok=False,
+            error=_clip(f"{len(leaves)} errors: {said}{more}"),
+            extra={"traceback": _traceback(exc)},
+        )
     text = str(exc)
     if isinstance(exc, JobError):
         # The handler said what failed: its message alone, and how to treat it.
@@ -1064,11 +1101,21 @@ def _failure(run_id: int, exc: BaseException) -> Result:
             retryable=exc.retryable,
             category=exc.category,
         )
-    error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return Result(
+        run=run_id, ok=False, error=_clip(_said(exc)), extra={"traceback": _traceback(exc)}
+    )
+
+
+def _said(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _traceback(exc: BaseException) -> str:
     tb = "".join(traceback.format_exception(exc))
     if len(tb) > TRACEBACK_LIMIT:
         tb = "…" + tb[-TRACEBACK_LIMIT:]
-    return Result(run=run_id, ok=False, error=_clip(error), extra={"traceback": tb})
+    return tb
 
 
 def _clip(text: str) -> str:

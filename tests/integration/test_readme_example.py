@@ -73,7 +73,13 @@ async def test_the_readme_scan_pauses_resumes_and_finds_each_problem_once(
             str(socket),
         ],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path), "APP_DSN": database},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])
+            ),
+            "APP_DSN": database,
+        },
     )
     try:
         await harness.wait_event("wake", reason="workers.changed")
@@ -96,6 +102,11 @@ async def test_the_readme_scan_pauses_resumes_and_finds_each_problem_once(
         assert paused["outcome"] == "paused"
         run = await aio(client.get_run)(conn, run_id)
         assert run.status == "paused"
+        # The example raises Paused inside trio_asyncio.open_loop(), a nursery: read as
+        # the pause it is (it said "the worker said: ExceptionGroup: Exceptions from Trio
+        # nursery (1 sub-exception)", with a traceback in extra).
+        assert run.error_message == "paused by operator"
+        assert "traceback" not in (run.extra or {})
         after = run.cursor["after_id"]
         assert 0 < after < ORDERS
         assert run.count == after  # ids are 1..N: one per order

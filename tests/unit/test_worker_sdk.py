@@ -277,6 +277,59 @@ async def test_job_error_says_whether_to_retry_and_why(sock_path: Path) -> None:
             nursery.cancel_scope.cancel()
 
 
+async def test_what_a_nursery_wraps_is_read_as_the_handler_raised_it(sock_path: Path) -> None:
+    """A nursery (trio's, asyncio's TaskGroup, trio_asyncio.open_loop as in README's
+    example) wraps its task's exception in a group: a JobError or a Paused alone in it is
+    the handler's own. Before, the run said "ExceptionGroup: Exceptions from Trio nursery
+    (1 sub-exception)", a JobError lost its category and was retried, and a pause was
+    told as a failure's text."""
+    from coordinator.worker import Paused
+
+    worker = Worker("w")
+
+    async def raise_(exc: Exception) -> None:
+        raise exc
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> None:
+        async with trio.open_nursery() as nursery:
+            if ctx.run_id == 1:
+                nursery.start_soon(
+                    raise_, JobError("no such customer", retryable=False, category="invalid-input")
+                )
+            elif ctx.run_id == 2:
+                nursery.start_soon(raise_, Paused({"at": 7}))
+            else:
+                nursery.start_soon(raise_, ValueError("a"))
+                nursery.start_soon(raise_, KeyError("b"))
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            result = await peer.recv_type("result")
+            assert (result["error"], result["retryable"], result["category"]) == (
+                "no such customer",
+                False,
+                "invalid-input",
+            )
+            await peer.call(2, recoverable=True)
+            result = await peer.recv_type("result")
+            assert result == {"type": "result", "run": 2, "ok": True, "paused": True,
+                              "cursor": {"at": 7}}  # fmt: skip
+            await peer.call(3)
+            result = await peer.recv_type("result")
+            assert result["ok"] is False
+            assert result["error"] in (
+                "2 errors: ValueError: a; KeyError: 'b'",
+                "2 errors: KeyError: 'b'; ValueError: a",
+            )
+            assert "ExceptionGroup" in result["extra"]["traceback"]
+            nursery.cancel_scope.cancel()
+
+
 def test_job_error_refuses_an_unknown_category() -> None:
     with pytest.raises(ValueError, match="category must be one of"):
         JobError("x", category="later")  # type: ignore[arg-type]
