@@ -1741,6 +1741,11 @@ async def _runs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
         ("started", _when(run.started_at)),
         ("finished", _when(run.finished_at)),
         ("instance", run.instance or "-"),
+    ]
+    progress = _progress_line(run.progress)
+    if progress is not None:  # (a running call's; a finished one's is in extra)
+        pairs.append(("progress", progress))
+    pairs += [
         ("count", str(run.count) if run.count is not None else "-"),
         ("extra", json.dumps(run.extra, ensure_ascii=False) if run.extra else "-"),
         ("error cause", run.error_cause or "-"),
@@ -1754,6 +1759,31 @@ async def _runs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
         pairs.append(("attempts", "; ".join(_describe_attempt(r, run.id) for r in chain)))
     _fields(pairs)
     return 0
+
+
+def _progress_line(progress: Any) -> str | None:
+    """A running call's latest progress as one line: ``37% sales: row 11 (at 12:00:03Z)``;
+    ``None`` when it reported none."""
+    if not isinstance(progress, dict) or not progress:
+        return None
+    parts = []
+    percent = progress.get("percent")
+    if isinstance(percent, int | float) and not isinstance(percent, bool):
+        parts.append(f"{percent:.0f}%")
+    label, message = progress.get("label"), progress.get("message")
+    if label and message:
+        parts.append(f"{label}: {message}")
+    elif label or message:
+        parts.append(str(label or message))
+    if not parts:
+        parts.append("busy")  # indeterminate: it says it is working, not how far
+    if progress.get("regressed"):
+        parts.append("(went back at least once)")
+    at = progress.get("at")
+    if isinstance(at, str):
+        with contextlib.suppress(ValueError):
+            parts.append(f"(at {_when(datetime.fromisoformat(at))})")
+    return " ".join(parts)
 
 
 def _describe_attempt(run: client.RunView, current: int) -> str:

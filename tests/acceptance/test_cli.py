@@ -279,6 +279,24 @@ def test_trigger_prints_run_id_and_is_idempotent(database: str) -> None:
     assert cli("jobs", "show", "m", "--json", dsn=database).json["last_status"] == "queued"
 
 
+def test_runs_show_prints_a_running_calls_progress(database: str) -> None:
+    """README: "Progress is kept on the run (`runs show`)", but only `--json` had it."""
+    cli("jobs", "define", "p", "--manual", "--worker", "t", dsn=database)
+    run_id = int(cli("jobs", "trigger", "p", dsn=database).out)
+    sql(
+        database,
+        "UPDATE coordinator.runs SET status = 'running', started_at = now(), "
+        "claimed_at = now(), progress = $2::jsonb WHERE id = $1",
+        run_id,
+        json.dumps(
+            {"at": "2026-12-02T09:00:03+00:00", "mode": "step", "label": "sales",
+             "percent": 36.6, "message": "row 11"}
+        ),
+    )  # fmt: skip
+    shown = cli("runs", "show", str(run_id), dsn=database).out
+    assert "progress:      37% sales: row 11 (at 2026-12-02 09:00:03Z)" in shown.splitlines()
+
+
 def test_trigger_json(database: str) -> None:
     cli("jobs", "define", "m", "--manual", "--", "true", dsn=database)
     run = cli("jobs", "trigger", "m", "--json", dsn=database).json
