@@ -899,8 +899,11 @@ def _describe_schedule(job: client.JobView) -> str:
 def _describe_retries(job: client.JobView) -> str:
     if job.retries == 0:
         return "0 (a failed run waits for the next deadline)"
+    first = job.retry_backoff
+    if job.retry_max_delay is not None and first is not None:
+        first = min(first, job.retry_max_delay)  # (the cap holds for the first one too)
     return (
-        f"{job.retries}, the first after {_duration(job.retry_backoff)}, doubling up to "
+        f"{job.retries}, the first after {_duration(first)}, doubling up to "
         f"{_duration(job.retry_max_delay)} (less up to a quarter, at random)"
     )
 
@@ -1302,6 +1305,19 @@ def _policies_from(args: argparse.Namespace) -> dict[str, Any]:
     for flag, value in (("--retry-backoff", backoff), ("--retry-max-delay", max_delay)):
         if value is not None and value <= timedelta(0):
             raise InvalidInput(flag, "must be greater than zero")
+    for flag, given in (
+        ("--retry-backoff", args.retry_backoff),
+        ("--retry-max-delay", args.retry_max_delay),
+    ):
+        if given is not None and not args.retries:
+            raise InvalidInput(flag, "only applies with --retries N")
+    if backoff > (max_delay or DEFAULT_RETRY_MAX_DELAY):
+        cap = _duration(max_delay or DEFAULT_RETRY_MAX_DELAY)
+        raise InvalidInput(
+            "--retry-backoff",
+            f"{_duration(backoff)} is longer than --retry-max-delay ({cap}), which caps "
+            "every delay: raise --retry-max-delay, or shorten the backoff",
+        )
     if grace is not None and grace < MIN_MISFIRE_GRACE:
         raise InvalidInput("--misfire-grace", "must be at least 1s")
     return {

@@ -101,6 +101,15 @@ def test_runs_list_by_category_and_show_the_chain(database: str) -> None:
         (("--retries", "-1"), "--retries"),
         (("--retry-backoff", "5"), "--retry-backoff"),
         (("--retry-max-delay", "0s"), "--retry-max-delay"),
+        # Policies that did nothing, or not what `jobs show` then said (a first delay of
+        # 2h, capped at 1m: it came after a minute).
+        (("--retry-backoff", "5s"), "--retry-backoff: only applies with --retries N"),
+        (("--retry-max-delay", "5m"), "--retry-max-delay: only applies with --retries N"),
+        (
+            ("--retries", "2", "--retry-backoff", "2h", "--retry-max-delay", "1m"),
+            "--retry-backoff: 2h is longer than --retry-max-delay (1m), which caps every delay",
+        ),
+        (("--retries", "2", "--retry-backoff", "2h"), "longer than --retry-max-delay (1h)"),
         (("--misfire", "skip"), "--misfire-grace: required with --misfire skip"),
         (("--misfire-grace", "5m"), "--misfire-grace: only applies with --misfire skip"),
         (("--misfire", "later"), "--misfire"),
