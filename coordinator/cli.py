@@ -1520,8 +1520,21 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
                     f"{_when(job.outstanding_due_at)}: it runs then (`coordinator runs "
                     f"cancel {run_id}` ends the chain of attempts)"
                 )
+            elif job.outstanding_status == "paused" and not job.recoverable:
+                # Redefined without --recoverable since it paused: no cursor is handed
+                # back (the note said it resumed from its cursor; it started over).
+                _note(
+                    f"resuming paused run {run_id} of {job.key} from the start: the job "
+                    "is no longer recoverable, so its saved cursor is not handed back"
+                )
             elif job.outstanding_status == "paused":
-                _note(f"resuming paused run {run_id} of {job.key} from its saved cursor")
+                due_at = job.outstanding_due_at
+                later = (
+                    f" once due, {_when(due_at)}"
+                    if due_at is not None and due_at > datetime.now(UTC)
+                    else ""
+                )
+                _note(f"resuming paused run {run_id} of {job.key} from its saved cursor{later}")
             else:
                 _note(f"{job.key} already has run {run_id} outstanding ({job.outstanding_status})")
         if job.invalid_reason is not None:

@@ -297,6 +297,27 @@ def test_runs_show_prints_a_running_calls_progress(database: str) -> None:
     assert "progress:      37% sales: row 11 (at 2026-12-02 09:00:03Z)" in shown.splitlines()
 
 
+def test_trigger_of_a_paused_run_says_whether_its_cursor_is_handed_back(database: str) -> None:
+    """A job redefined without --recoverable since its run paused starts that run over
+    (the note said it resumed from its saved cursor)."""
+    cli("jobs", "define", "s", "--manual", "--recoverable", "--worker", "t", dsn=database)
+    run_id = sql(
+        database,
+        "INSERT INTO coordinator.runs (job_id, trigger, status, cursor, count, paused_at) "
+        "SELECT id, 'manual', 'paused', '{\"after\": 180}', 180, now() "
+        "FROM coordinator.jobs WHERE name = 's' RETURNING id",
+    )[0]["id"]
+    r = cli("jobs", "trigger", "s", dsn=database)
+    assert f"resuming paused run {run_id} of default/s from its saved cursor" in r.err
+    sql(database, "UPDATE coordinator.runs SET status = 'paused' WHERE id = $1", run_id)
+    cli("jobs", "define", "s", "--manual", "--worker", "t", dsn=database)
+    r = cli("jobs", "trigger", "s", dsn=database)
+    assert (
+        f"resuming paused run {run_id} of default/s from the start: the job is no longer "
+        "recoverable, so its saved cursor is not handed back"
+    ) in r.err
+
+
 def test_trigger_json(database: str) -> None:
     cli("jobs", "define", "m", "--manual", "--", "true", dsn=database)
     run = cli("jobs", "trigger", "m", "--json", dsn=database).json
