@@ -1476,8 +1476,8 @@ class WorkerExecutor:
         merged.update(extra)
         if result.paused:
             message = (
-                f"the worker paused the call, but {call.conn.label()}'s job is not recoverable "
-                "(define it recoverable to resume from a cursor)"
+                f"worker {call.conn.label()} paused the call, but the job is not "
+                "recoverable (define it recoverable to resume from a cursor)"
             )
             return ended(
                 self.clock, started_at, "failed", "handler", message, merged,

@@ -1625,7 +1625,10 @@ async def test_a_paused_result_for_a_plain_job_is_a_failure(sock_path: Path) -> 
                 await trio.sleep(0.01)
     [outcome] = outcomes
     assert (outcome.status, outcome.error_cause) == ("failed", "handler")
-    assert "not recoverable" in (outcome.error_message or "")
+    assert outcome.error_message == (
+        "worker raw paused the call, but the job is not recoverable "
+        "(define it recoverable to resume from a cursor)"
+    )  # (it said "raw's job", as if the job were the worker's)
     assert outcome.cursor is None  # a plain job's cursor stays in extra, as before
     assert outcome.extra["checkpoint"] == "p"
 
