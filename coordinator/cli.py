@@ -1511,6 +1511,10 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
         if not args.json:
             print(run_id, flush=True)
         facts = await probe.gather(conn, ctx.config(), api=False)
+        if run_id == job.outstanding_run and run_args:
+            # trigger() answers with the outstanding run as it is: its args stand.
+            given = ", ".join(f"--arg {k}" if k != "force" else "--force" for k in run_args)
+            _note(f"{given} not applied: run {run_id} keeps the args it was triggered with")
         if run_id == job.outstanding_run:
             if job.outstanding_status == "unresolved":
                 _note(why.blocked(job, run_id))

@@ -307,8 +307,10 @@ def test_trigger_of_a_paused_run_says_whether_its_cursor_is_handed_back(database
         "SELECT id, 'manual', 'paused', '{\"after\": 180}', 180, now() "
         "FROM coordinator.jobs WHERE name = 's' RETURNING id",
     )[0]["id"]
-    r = cli("jobs", "trigger", "s", dsn=database)
+    r = cli("jobs", "trigger", "s", "--arg", "x=2", dsn=database)
     assert f"resuming paused run {run_id} of default/s from its saved cursor" in r.err
+    # (Its args stand: trigger() answers with the outstanding run as it is.)
+    assert f"--arg x not applied: run {run_id} keeps the args it was triggered with" in r.err
     sql(database, "UPDATE coordinator.runs SET status = 'paused' WHERE id = $1", run_id)
     cli("jobs", "define", "s", "--manual", "--worker", "t", dsn=database)
     r = cli("jobs", "trigger", "s", dsn=database)
