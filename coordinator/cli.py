@@ -65,6 +65,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -151,6 +152,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error("interrupted")
         return 130
+    except BaseExceptionGroup as group:
+        # Ctrl-C reaches trio's nurseries and comes out wrapped (a 76-line traceback).
+        interrupt, rest = group.split(KeyboardInterrupt)
+        if interrupt is None or rest is not None:
+            raise
+        _error("interrupted")
+        return 130
     return code
 
 
@@ -159,7 +167,7 @@ async def _invoke(args: argparse.Namespace) -> int:
     ctx = CommandContext(args=args)
     try:
         try:
-            return await handler(args, ctx)
+            return await _interruptible(handler, args, ctx)
         except BaseExceptionGroup as group:
             # A nursery wraps what its tasks raise: a person sees the error, not the group.
             raise first_error(group) from None
@@ -173,6 +181,35 @@ async def _invoke(args: argparse.Namespace) -> int:
     finally:
         with trio.CancelScope(shield=True):
             await ctx.stop_cluster()
+
+
+async def _interruptible(
+    handler: CommandHandler, args: argparse.Namespace, ctx: CommandContext
+) -> int:
+    """Run the command; Ctrl-C cancels it and it exits 130 with one line. Left to trio,
+    the KeyboardInterrupt could land in trio-asyncio's loop task, under the command's
+    asyncpg calls: the command then waited forever (a Ctrl-C right after `jobs trigger
+    --wait` printed the run's id), or came out as a 76-line exception group. Commands
+    that handle signals themselves (the daemon, `top`) take them while they run."""
+    interrupted = False
+    code = 130
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def interrupt() -> None:
+                nonlocal interrupted
+                async for _ in signals:
+                    interrupted = True
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(interrupt)
+            code = await handler(args, ctx)
+            nursery.cancel_scope.cancel()
+    if interrupted:
+        _error("interrupted")
+        return 130
+    return code
 
 
 def _error(message: str) -> None:

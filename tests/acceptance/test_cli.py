@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -406,6 +407,31 @@ def test_trigger_wait_failed_says_a_retry_follows(database: str) -> None:
         f"coordinator: run {run_id} failed (handler): boom; retry run {retry} (attempt 2) "
         "follows, due 2030-01-01 00:00:00Z"
     )
+
+
+def test_ctrl_c_is_one_line_and_exit_130(database: str) -> None:
+    """Ctrl-C while a command waits came out of trio's nurseries wrapped in an exception
+    group (a 76-line traceback instead of the CLI's word for it), or, right after the
+    run's id, left the command waiting forever."""
+    cli("jobs", "define", "w", "--manual", "--", "true", dsn=database)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUN_MAIN, "--dsn", database, "jobs", "trigger", "w", "--wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(None),
+        # (A shell's background job ignores SIGINT, and a Python started so keeps it.)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout is not None
+    int(proc.stdout.readline())  # the run's id: it waits now (no daemon)
+    # At once: right after the id it probes the database and the daemon, where a Ctrl-C
+    # left to trio could land in trio-asyncio's loop and leave the command waiting.
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert err.splitlines()[-1] == "coordinator: interrupted"
+    assert "Traceback" not in err
 
 
 def test_trigger_wait_timeout_says_the_daemon_is_not_running(database: str) -> None:
