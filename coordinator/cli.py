@@ -300,6 +300,16 @@ class CommandContext:
             cluster, self.started_cluster = self.started_cluster, None
             await trio.to_thread.run_sync(embedded.stop_owned, cluster)
 
+    def _dsn_field(self) -> str:
+        """Where the DSN came from, as a refusal names it: ``--dsn``, ``COORDINATOR_DSN``,
+        or ``dsn (file PATH)`` (it said ``--dsn`` for a DSN from the file)."""
+        source = self.config().source("dsn")
+        if source.layer in ("flag", "default"):
+            return "--dsn"
+        if source.layer == "env":
+            return source.origin or "COORDINATOR_DSN"
+        return f"dsn ({source})"
+
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
         """One connection (``application_name = coordinator-cli``), closed afterwards."""
@@ -308,10 +318,10 @@ class CommandContext:
             conn = await db.connect(dsn, application_name=db.APP_CLI)
         except DatabaseUnavailable as exc:
             if isinstance(exc.__cause__, ValueError):  # asyncpg refused the DSN itself
-                raise InvalidInput("--dsn", str(exc.__cause__).splitlines()[0]) from exc
+                raise InvalidInput(self._dsn_field(), str(exc.__cause__).splitlines()[0]) from exc
             raise
         except (ValueError, OverflowError) as exc:  # e.g. a port out of range
-            raise InvalidInput("--dsn", str(exc).splitlines()[0]) from exc
+            raise InvalidInput(self._dsn_field(), str(exc).splitlines()[0]) from exc
         try:
             yield conn
         finally:

@@ -27,8 +27,8 @@ import trio
 from asyncpg import Connection
 
 from ..backoff import backoff
-from ..db import APP_DAEMON, close_quietly, connect
-from ..errors import CoordinatorError
+from ..db import APP_DAEMON, close_quietly, connect, one_line
+from ..errors import ConfigError, CoordinatorError
 from ..log import EventLog
 from ..store import Store
 
@@ -92,8 +92,15 @@ class Leadership:
                         await self.store.wait_lead(self.conn)
                         nursery.cancel_scope.cancel()
                 return not scope.cancelled_caught
+            except (ValueError, OverflowError) as exc:  # e.g. a port out of range
+                await self.release()
+                raise ConfigError(f"dsn: {one_line(exc)}") from exc
             except CoordinatorError as exc:
                 await self.release()
+                if isinstance(exc.__cause__, ValueError):
+                    # asyncpg refused the DSN itself: waiting will not fix it (it was
+                    # retried forever, as if the database were unreachable).
+                    raise ConfigError(f"dsn: {one_line(exc.__cause__)}") from exc
                 attempt += 1
                 delay = backoff(attempt, cap=self.retry_cap)
                 if on_unavailable is not None:

@@ -433,9 +433,15 @@ class Daemon:
     async def _lead_and_serve(self, nursery: trio.Nursery) -> int:
         attempt = 0
         while True:
-            if not await self.leadership.acquire(
-                self._stop, on_standby=self._on_standby, on_unavailable=self._on_unavailable
-            ):
+            try:
+                acquired = await self.leadership.acquire(
+                    self._stop, on_standby=self._on_standby, on_unavailable=self._on_unavailable
+                )
+            except ConfigError as exc:  # a DSN no connection can be made with
+                self.log.error("startup.refused", error=str(exc))
+                self._last_words.append(str(exc))
+                return EXIT_CONFIG
+            if not acquired:
                 return EXIT_OK  # stopped while standing by (or before the database answered)
             try:
                 await self._start_up(nursery)

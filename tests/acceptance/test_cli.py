@@ -733,6 +733,26 @@ def test_malformed_dsn_exits_2(dsn: str) -> None:
     one_line_error(cli("jobs", "list", dsn=dsn), code=2, contains="--dsn: ")
 
 
+def test_a_malformed_dsn_is_named_where_it_was_set_and_run_refuses_it(tmp_path: Path) -> None:
+    """A DSN from the file was refused as "--dsn", and `coordinator run` retried it
+    forever as if the database were unreachable."""
+    config = tmp_path / "coordinator.toml"
+    config.write_text('dsn = "not a dsn"\n')
+    listed = cli("jobs", "list", COORDINATOR_CONFIG=str(config))
+    one_line_error(listed, code=2, contains=f"coordinator: dsn (file {config}): invalid DSN")
+    env = cli("jobs", "list", COORDINATOR_DSN="nonsense://")
+    one_line_error(env, code=2, contains="coordinator: COORDINATOR_DSN: invalid DSN")
+    ran = subprocess.run(
+        [sys.executable, "-c", RUN_MAIN, "run", "--state-dir", str(tmp_path / "state")],
+        capture_output=True,
+        text=True,
+        env=_env(None, COORDINATOR_CONFIG=str(config)),
+        timeout=60,
+    )
+    assert ran.returncode == 2, ran.stderr
+    assert "dsn: invalid DSN" in ran.stderr.splitlines()[-1]
+
+
 def test_help_exits_0() -> None:
     result = cli("--help")
     assert result.code == 0
