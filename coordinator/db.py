@@ -18,6 +18,7 @@ import socket
 import types
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, cast
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 import trio
@@ -255,13 +256,35 @@ async def connect(
             )
     except trio.TooSlowError as exc:
         raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL: no answer within {connect_timeout:g}s"
+            f"cannot connect to PostgreSQL{server_of(dsn)}: no answer within {connect_timeout:g}s"
         ) from exc
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+    except (OSError, TimeoutError) as exc:  # (the server never answered: say which)
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL{server_of(dsn)}: {one_line(exc)}"
+        ) from exc
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {one_line(exc)}") from exc
     if daemon:
         _enable_keepalive(conn)
     return conn
+
+
+def server_of(dsn: str) -> str:
+    """`` at HOST:PORT`` (or the socket's path) a DSN names, for a refusal: "[Errno 2] No
+    such file or directory" alone did not say what was tried. Never the password; empty
+    when the DSN cannot be read."""
+    try:
+        parts = urlsplit(dsn)
+        query = parse_qs(parts.query)
+        hosts = query.get("host", [""])[0] or parts.netloc.rpartition("@")[2]
+        port = query.get("port", [""])[0]
+    except ValueError:
+        return ""
+    if not hosts:
+        return ""
+    if hosts.startswith("/"):  # a socket directory: libpq's file in it
+        return f" at {hosts.rstrip('/')}/.s.PGSQL.{port or 5432}"
+    return f" at {hosts}" + (f":{port}" if port and ":" not in hosts else "")
 
 
 def one_line(exc: BaseException) -> str:

@@ -722,8 +722,16 @@ def test_dsn_from_environment_and_after_the_command(database: str) -> None:
 
 def test_unreachable_database_exits_1() -> None:
     result = cli("jobs", "list", dsn=UNREACHABLE)
-    one_line_error(result, code=1, contains="cannot connect to PostgreSQL")
+    # It says which server it tried (never the password), and the socket's path for a
+    # socket DSN (before: "[Errno 2] No such file or directory" alone).
+    one_line_error(result, code=1, contains="cannot connect to PostgreSQL at 127.0.0.1:1: ")
     assert result.out == ""
+    socket_dsn = "postgresql://app:hunter2@/x?host=/nonexistent"
+    result = cli("jobs", "list", dsn=socket_dsn)
+    one_line_error(
+        result, code=1, contains="cannot connect to PostgreSQL at /nonexistent/.s.PGSQL.5432: "
+    )
+    assert "hunter2" not in result.err
 
 
 @pytest.mark.parametrize(
