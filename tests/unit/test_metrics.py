@@ -363,3 +363,11 @@ def test_snapshot_gauges_per_job_and_workers_by_type() -> None:
     assert value(m, "coordinator_leading") == 1
     assert value(m, "coordinator_unresolved_jobs") == 2
     assert value(m, "coordinator_next_prune_timestamp_seconds") == at.timestamp()
+
+
+def test_no_created_series_doubles_the_scrape() -> None:
+    """Counters and histograms came with a `_created` gauge family each (prometheus_client's
+    default), doubling the series a scrape stores."""
+    text = Metrics().render().decode()
+    assert "_created" not in text
+    assert "coordinator_runs_total" in text or "coordinator_claims_total" in text
