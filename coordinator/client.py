@@ -1169,7 +1169,7 @@ async def summary(conn: Connection) -> dict[str, Any]:
                    (SELECT count(*) FROM live WHERE schedule_kind = 'manual') AS manual,
                    (SELECT count(*) FROM live WHERE schedule_kind <> 'manual') AS loadable,
                    n.next_run_at AS next_deadline, n.namespace || '/' || n.name AS next_job,
-                   n.target ->> 'type' AS next_worker,
+                   n.target ->> 'type' AS next_worker, b.id AS next_blocked_by,
                    (SELECT json_object_agg(status, n)::text FROM (
                         SELECT status, count(*) AS n FROM coordinator.runs
                          WHERE status IN ('queued', 'pending', 'running', 'unresolved',
@@ -1178,6 +1178,9 @@ async def summary(conn: Connection) -> dict[str, Any]:
               FROM (SELECT 1) one
               LEFT JOIN LATERAL (SELECT * FROM live WHERE next_run_at IS NOT NULL
                                   ORDER BY next_run_at LIMIT 1) n ON true
+              LEFT JOIN LATERAL (SELECT r.id FROM coordinator.runs r
+                                  WHERE r.job_id = n.id AND r.status = 'unresolved'
+                                  LIMIT 1) b ON true
             """
         )
     return {
@@ -1189,6 +1192,7 @@ async def summary(conn: Connection) -> dict[str, Any]:
         "next_deadline": _iso(row["next_deadline"]),
         "next_job": row["next_job"],
         "next_worker": row["next_worker"],
+        "next_blocked_by": row["next_blocked_by"],
         "outstanding": json.loads(row["outstanding"]) if row["outstanding"] else {},
     }
 

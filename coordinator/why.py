@@ -252,12 +252,20 @@ def status_differences(
         )
         if left_out:
             text += f" ({', '.join(left_out)} not loaded)"
-        if loaded != loadable:
-            spacing = schedules.format_duration(timedelta(seconds=refresh_spacing))
+        spacing = schedules.format_duration(timedelta(seconds=refresh_spacing))
+        last = live.get("last_refresh") or "none yet"
+        if loaded > loadable and database["manual"]:
+            # A manual job read for its run stays loaded until a full refresh: no change
+            # is needed for the counts to differ (it said "changed", which never passed).
+            text += (
+                f"; {loaded - loadable} more: manual jobs it ran since its last full "
+                f"refresh ({last}) stay loaded until the next, or jobs changed since (read "
+                f"within {spacing} of a change)"
+            )
+        elif loaded != loadable:
             text += (
                 f"; {abs(loadable - loaded)} changed since its last refresh "
-                f"({live.get('last_refresh') or 'none yet'}; one comes within {spacing} "
-                "of a change)"
+                f"({last}; one comes within {spacing} of a change)"
             )
         notes.append(text)
     armed = live.get("next_deadline") or {}
@@ -265,7 +273,13 @@ def status_differences(
     if db_job is not None and db_job != armed.get("job"):
         worker = database.get("next_worker")
         served = {str(t) for t in live.get("workers") or ()}
-        if worker is not None and worker not in served:
+        blocker = database.get("next_blocked_by")
+        if blocker is not None:
+            # (It said "running now, or changed after its last refresh".)
+            reason = (
+                f"not armed: it is blocked by unresolved run {blocker}; {resolve_hint(blocker)}"
+            )
+        elif worker is not None and worker not in served:
             reason = f"not armed: no worker serves {worker}"
         else:
             reason = "not armed by the daemon: it is running now, or changed after its last refresh"

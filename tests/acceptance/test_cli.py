@@ -761,6 +761,18 @@ def test_a_malformed_dsn_is_named_where_it_was_set_and_run_refuses_it(tmp_path: 
     assert "dsn: invalid DSN" in ran.stderr.splitlines()[-1]
 
 
+def test_status_names_the_unresolved_run_blocking_the_earliest_deadline(database: str) -> None:
+    cli("jobs", "define", "c", "--every", "1h", "--", "true", dsn=database)
+    sql(database, "UPDATE coordinator.jobs SET next_run_at = now() - interval '4 minutes'")
+    lost = sql(
+        database,
+        "INSERT INTO coordinator.runs (job_id, trigger, status, error_cause) "
+        "SELECT id, 'schedule', 'unresolved', 'lost' FROM coordinator.jobs RETURNING id",
+    )[0]["id"]
+    facts = cli("status", "--json", dsn=database).json
+    assert (facts["next_job"], facts["next_blocked_by"]) == ("default/c", lost)
+
+
 def test_help_exits_0() -> None:
     result = cli("--help")
     assert result.code == 0

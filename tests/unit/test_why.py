@@ -252,6 +252,22 @@ def test_status_differences() -> None:
     assert second.endswith("default/thumbs, is not armed: no worker serves images")
     same = {"jobs": 5, "workers": ["images"], "next_deadline": {"job": "default/thumbs"}}
     assert why.status_differences(same, database, refresh_spacing=30) == []
+    # More loaded than loadable: manual jobs it ran stay loaded (not "changed", which
+    # stood while nothing changed).
+    more = {"jobs": 4, "workers": ["images"], "next_deadline": {"job": "default/thumbs"}}
+    [text] = why.status_differences(more, database, refresh_spacing=30)
+    assert text.endswith(
+        "; 1 more: manual jobs it ran since its last full refresh (none yet) stay loaded "
+        "until the next, or jobs changed since (read within 30s of a change)"
+    )
+    # The earliest deadline's job is blocked by an unresolved run: said so (it said "it
+    # is running now, or changed after its last refresh").
+    blocked = {**database, "next_blocked_by": 19}
+    [_, second] = why.status_differences(live, blocked, refresh_spacing=30)
+    assert second.endswith(
+        "default/thumbs, is not armed: it is blocked by unresolved run 19; resolve it with "
+        "`coordinator runs resolve 19 --as failed|succeeded|retry`"
+    )
 
 
 def test_a_waiting_retry_is_what_comes_next() -> None:
