@@ -254,8 +254,10 @@ async def test_every_sql_api_function_keeps_to_the_grants(
     for fn, (sql, *extra) in calls.items():
         params = [*extra, "billing"] if "$2" in sql else ["billing"]
         # bob has no grant on billing; alice may only read reports.
-        with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_BILLING):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_BILLING) as info:
             await aio(bob.execute)(sql, *params)
+        # A short refusal: define_job's CONTEXT quoted its whole internal INSERT (0028).
+        assert "INSERT INTO" not in (info.value.context or ""), fn
         params = [*extra, "reports"] if "$2" in sql else ["reports"]
         with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_REPORTS):
             await aio(alice.execute)(sql, *params)
