@@ -1358,13 +1358,7 @@ def _policies_from(args: argparse.Namespace) -> dict[str, Any]:
     ):
         if given is not None and not args.retries:
             raise InvalidInput(flag, "only applies with --retries N")
-    if backoff > (max_delay or DEFAULT_RETRY_MAX_DELAY):
-        cap = _duration(max_delay or DEFAULT_RETRY_MAX_DELAY)
-        raise InvalidInput(
-            "--retry-backoff",
-            f"{_duration(backoff)} is longer than --retry-max-delay ({cap}), which caps "
-            "every delay: raise --retry-max-delay, or shorten the backoff",
-        )
+
     if grace is not None and grace < MIN_MISFIRE_GRACE:
         raise InvalidInput("--misfire-grace", "must be at least 1s")
     return {
