@@ -304,12 +304,17 @@ def test_trigger_of_a_paused_run_says_whether_its_cursor_is_handed_back(database
     cli("jobs", "define", "s", "--manual", "--recoverable", "--worker", "t", dsn=database)
     run_id = sql(
         database,
-        "INSERT INTO coordinator.runs (job_id, trigger, status, cursor, count, paused_at) "
-        "SELECT id, 'manual', 'paused', '{\"after\": 180}', 180, now() "
-        "FROM coordinator.jobs WHERE name = 's' RETURNING id",
+        "INSERT INTO coordinator.runs (job_id, trigger, status, cursor, count, paused_at, "
+        "error_message) SELECT id, 'manual', 'paused', '{\"after\": 180}', 180, now(), "
+        "'paused by operator' FROM coordinator.jobs WHERE name = 's' RETURNING id",
     )[0]["id"]
     r = cli("jobs", "trigger", "s", "--arg", "x=2", dsn=database)
     assert f"resuming paused run {run_id} of default/s from its saved cursor" in r.err
+    # Queued again, it is not shown with the pause's words as its error.
+    [row] = cli("runs", "list", dsn=database).out.splitlines()[1:]
+    assert "queued" in row
+    assert "paused by operator" not in row
+    assert "error:         -" in cli("runs", "show", str(run_id), dsn=database).out.splitlines()
     # (Its args stand: trigger() answers with the outstanding run as it is.)
     assert f"--arg x not applied: run {run_id} keeps the args it was triggered with" in r.err
     sql(database, "UPDATE coordinator.runs SET status = 'paused' WHERE id = $1", run_id)
