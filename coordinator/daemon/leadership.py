@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 from asyncpg import Connection
+from asyncpg.exceptions import ClientConfigurationError
 
 from ..backoff import backoff
 from ..db import APP_DAEMON, close_quietly, connect, one_line
@@ -94,10 +95,12 @@ class Leadership:
                 return not scope.cancelled_caught
             except (ValueError, OverflowError) as exc:  # e.g. a port out of range
                 await self.release()
+                if isinstance(exc, UnicodeError):  # (not the DSN's: a bug, as before)
+                    raise
                 raise ConfigError(f"dsn: {one_line(exc)}") from exc
             except CoordinatorError as exc:
                 await self.release()
-                if isinstance(exc.__cause__, ValueError):
+                if isinstance(exc.__cause__, ClientConfigurationError):
                     # asyncpg refused the DSN itself: waiting will not fix it (it was
                     # retried forever, as if the database were unreachable).
                     raise ConfigError(f"dsn: {one_line(exc.__cause__)}") from exc

@@ -102,7 +102,9 @@ def _dispatch(data: dict[str, Any]) -> Dispatch | None:
         return None
     if worker is not None and (not isinstance(worker, str) or not worker or len(worker) > 200):
         return None
-    if at is not None and not (isinstance(at, int) and not isinstance(at, bool) and at >= 0):
+    if at is not None and not (isinstance(at, int) and not isinstance(at, bool)):
+        return None
+    if at is not None and not 0 <= at <= _MAX_ID:  # (a huge one overflowed the division)
         return None
     return Dispatch(
         run_id=run_id, job_id=job_id, priority=priority, worker_type=worker, created_us=at

@@ -206,6 +206,8 @@ class Daemon:
     #: Manual runs of jobs not read yet whose worker type nobody served when their wake
     #: came: offered as soon as a worker serves the type.
     _parked: wakes.Parked = attrs.field(factory=wakes.Parked, init=False)
+    #: Runs whose pause wake is being checked against the database (one check each).
+    _pause_checks: set[int] = attrs.field(factory=set, init=False)
     #: The companions were started (once: a re-taken lead keeps them).
     _companions_started: bool = attrs.field(default=False, init=False)
     #: Schedule -> its typical gap between deadlines (seconds), for the metrics.
@@ -582,7 +584,9 @@ class Daemon:
         if isinstance(hint, wakes.Pause):
             self.events.emit(NotificationWake(payload={"pause": hint.run_id}))
             if self.dispatcher.calling(hint.run_id) and self._nursery is not None:
-                self._nursery.start_soon(self._pause_if_asked, hint.run_id)
+                if hint.run_id not in self._pause_checks:  # (one check per run at a time)
+                    self._pause_checks.add(hint.run_id)
+                    self._nursery.start_soon(self._pause_if_asked, hint.run_id)
             else:
                 # Not a call of ours right now (or one just claimed, not yet under way):
                 # a refresh reads the run's state and asks again if it is ours.
@@ -621,13 +625,20 @@ class Daemon:
         ):
             # Nobody serves it: the refresh offers the run if it is real, or a worker of
             # its type connects first and offers it then.
-            came = hint.created
-            self._parked.park(hint, self.clock.now().timestamp() if came is None else came)
+            self._parked.park(hint, self._due(hint))
             return False
         # (Nothing parked waits for a served type: the served types change only in
         # workers_changed, which offers the parked ones of a type in the same step.)
-        self._offer_hint(hint, None if known is None else known.namespace, due=hint.created)
+        self._offer_hint(hint, None if known is None else known.namespace, due=self._due(hint))
         return True
+
+    def _due(self, hint: wakes.Dispatch) -> float:
+        """When the hint's run was created (its place among the manual runs of its
+        priority), never later than now: a payload is only a hint, and any role may send
+        one (one dated in the future would put its run behind every other)."""
+        now = self.clock.now().timestamp()
+        created = hint.created
+        return now if created is None else min(created, now)
 
     def _offer_hint(
         self, hint: wakes.Dispatch, namespace: str | None, due: float | None = None
@@ -658,7 +669,7 @@ class Daemon:
         under the caller's row security). Any role may ``NOTIFY coordinator``: a forged
         ``{"pause": N}`` used to stop any namespace's call. One statement per wake of a
         call in progress here; retried by the error policy while the call lasts."""
-        attempt, failing = 0, False
+        attempt = 0
         try:
             while self.dispatcher.calling(run_id):
                 attempt += 1
@@ -666,17 +677,17 @@ class Daemon:
                     status = await self.store.run_status(run_id)
                 except Exception as exc:
                     delay = self.policy.failed("pause_check", exc, attempt, run=run_id)
-                    failing = True
                     await trio.sleep(delay)
                     continue
+                if attempt > 1:
+                    self.policy.recovered("pause_check")
                 if status == "cancel_requested":
                     self.dispatcher.request_stop(run_id, "pause")
                 else:
                     self.log.warning("wake.pause_refused", run=run_id, status=status)
                 return
         finally:
-            if failing:
-                self.policy.recovered("pause_check")
+            self._pause_checks.discard(run_id)
 
     def _lifecycle_wake(self, reason: str, *, urgent: bool = False) -> None:
         self.events.emit(LifecycleWake(reason=reason, urgent=urgent or None))

@@ -239,6 +239,18 @@ async def test_forged_notifications_never_starve_a_job(
         {"dispatch": True, "run": 7, "job": 424243, "worker": None, "priority": "background"},
         "not json at all",
         {"job": "drop table"},
+        # Its time (0027's "at") too big for a float division, or in the future.
+        '{"dispatch": true, "run": 8, "job": 424244, "worker": null, '
+        '"priority": "background", "at": 1' + "0" * 400 + "}",
+        {
+            "dispatch": True,
+            "run": 9,
+            "job": job,
+            "worker": None,
+            "priority": "background",
+            "at": 2**62,
+        },
+        {"pause": 1},
     ]
     try:
         for _ in range(3):
