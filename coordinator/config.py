@@ -260,28 +260,29 @@ def _worker_tokens(value: Any, name: str) -> TokenSet:
     return parse_tokens(value, name, kind="worker")
 
 
-def _words(value: Any, name: str) -> tuple[str, ...]:
-    """A list of words: a TOML array, or comma-separated text (the environment)."""
+def _listed(value: Any, name: str, what: str) -> list[str]:
+    """A TOML array of non-empty strings, or comma-separated text (the environment)."""
     if isinstance(value, str):
         items = [w.strip() for w in value.split(",") if w.strip()]
     elif isinstance(value, list | tuple):
         items = list(value)
     else:
-        raise ConfigError(f"{name}: expected a list of words, got {value!r}")
+        raise ConfigError(f"{name}: expected a list of {what}, got {value!r}")
     if not all(isinstance(w, str) and w.strip() for w in items):
-        raise ConfigError(f"{name}: expected a list of words, got {value!r}")
+        raise ConfigError(f"{name}: expected a list of {what}, got {value!r}")
+    return items
+
+
+def _words(value: Any, name: str) -> tuple[str, ...]:
+    """A list of words: a TOML array, or comma-separated text (the environment)."""
+    items = _listed(value, name, "words")
     Redactor(keys=tuple(items))  # refuses a word without letters or digits
     return tuple(items)
 
 
 def _command_namespaces(value: Any, name: str) -> tuple[str, ...]:
     """Namespaces (``*``: every one): a TOML array, or comma-separated text."""
-    if isinstance(value, str):
-        items: list[Any] = [w.strip() for w in value.split(",") if w.strip()]
-    elif isinstance(value, list | tuple):
-        items = list(value)
-    else:
-        raise ConfigError(f"{name}: expected a list of namespaces ('*': every one), got {value!r}")
+    items = _listed(value, name, "namespaces ('*': every one)")
     for item in items:
         if item == "*":
             continue

@@ -12,9 +12,10 @@
 --
 -- The dispatch payload now carries "at": the run's created_at, in integer microseconds
 -- since the epoch (what the refresh reads, to the microsecond, and exact in JSON). Same
--- channel, same other keys; a daemon before this file refuses a payload with a key it
--- does not know and leaves the run to its coalesced refresh (daemon and schema are
--- upgraded together: `coordinator migrate`, then the daemon).
+-- channel, same other keys. A daemon before this file ignores a payload with a key it
+-- does not know (wake.ignored): a run triggered between `coordinator migrate` and that
+-- daemon's restart starts at the restart, whose first refresh reads it (or at a refresh
+-- something else asks for first). Upgrade the schema, then restart the daemon.
 --
 -- Redefined, each from its latest definition with only the payload changed:
 -- trigger() (0019), _runs_wake() (0019), _dispatch_queued() (0022). In trigger() the new

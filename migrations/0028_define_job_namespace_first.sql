@@ -5,9 +5,11 @@
 -- quoted that whole dynamic INSERT ... ON CONFLICT statement. The wrapper of 0026 now
 -- checks the namespace first, as sync() (0026) and trigger() (0019) do: a malformed
 -- namespace in the rule's words, then _may / _require_namespace's "permission denied for
--- namespace" (42501, with its DETAIL). Same refusals, same SQLSTATEs; for a role that may
--- operate the namespace nothing changes but one call of _may, and the order: a namespace
--- refusal now comes before one of another argument.
+-- namespace" (42501, with its DETAIL). The same refusals; one SQLSTATE changes: a
+-- malformed namespace was refused by the jobs table's check trigger (23514, constraint
+-- jobs_namespace_check) and is now 22023 with the argument in COLUMN, as every other
+-- argument's refusal (0026). For a role that may operate the namespace nothing changes
+-- but one call of _may, and the order: a namespace refusal comes before any other.
 --
 -- Redefined from its latest definition (0026), with only the check added.
 
