@@ -402,8 +402,8 @@ class WorkerExecutor:
     hooks: ExecutorHooks | None = attrs.field(default=None, init=False)
     #: The TCP address actually bound (port 0 picks one), once serving.
     bound_tcp: tuple[str, int] | None = attrs.field(default=None, init=False)
-    #: Registered (not draining) connections by worker id.
-    _conns: dict[str, _Conn] = attrs.field(factory=dict, init=False)
+    #: Registered (not draining) connections by their token's name and worker id.
+    _conns: dict[tuple[str | None, str], _Conn] = attrs.field(factory=dict, init=False)
     #: Connections that said ``bye`` and still have calls in flight.
     _draining: set[_Conn] = attrs.field(factory=set, init=False)
     #: job type -> total capacity of the registered workers serving it.
@@ -935,20 +935,15 @@ class WorkerExecutor:
         if self._detached:
             raise _Reject("the daemon is stopping; connect again later")
         conn.scope = self._authenticate(conn, hello)
-        held = self._conns.get(hello.worker)
-        if held is not None and _token_name(held.scope) != _token_name(conn.scope):
-            # A worker coming back replaces its old connection (a half-open one is not
-            # noticed otherwise); one with another token may not: worker ids are listed
-            # to any admin token, and taking one over failed its calls.
-            raise _Reject(
-                f"worker id {hello.worker!r} is connected with another token; "
-                "give this worker an id of its own"
-            )
         if conn.hello_scope is not None:
             conn.hello_scope.deadline = math.inf
         conn.worker, conn.types, conn.capacity = hello.worker, hello.types, hello.capacity
         conn.send(Welcome(worker=hello.worker))  # before any call can be queued
-        old = self._conns.pop(hello.worker, None)
+        # A worker coming back replaces its old connection (a half-open one is not
+        # noticed otherwise), but only under the same token: ids are per token. Worker
+        # ids are listed to admin tokens, and a hello with another tenant's id replaced
+        # that tenant's worker and failed its calls.
+        old = self._conns.pop(_key(conn), None)
         if old is not None:
             # Runs the old connection had (or just finished) are not "never given" here.
             for run_id in [*old.finished, *old.calls]:
@@ -959,7 +954,7 @@ class WorkerExecutor:
                 error="replaced by a new connection with the same worker id",
                 lost=f"worker {hello.worker} disconnected (replaced by a new connection)",
             )
-        self._conns[hello.worker] = conn
+        self._conns[_key(conn)] = conn
         self.events.emit(
             WorkerConnected(
                 worker=hello.worker,
@@ -1142,8 +1137,8 @@ class WorkerExecutor:
 
     def _on_bye(self, conn: _Conn) -> None:
         assert conn.worker is not None
-        if self._conns.get(conn.worker) is conn:
-            del self._conns[conn.worker]
+        if self._conns.get(_key(conn)) is conn:
+            del self._conns[_key(conn)]
         conn.draining = True
         self.events.log.info("worker.bye", worker=conn.worker, busy=len(conn.calls))
         if conn.calls:
@@ -1168,10 +1163,9 @@ class WorkerExecutor:
         for declaring in list(conn.declaring):
             declaring.cancel()
         self._draining.discard(conn)
-        registered = conn.worker is not None and self._conns.get(conn.worker) is conn
+        registered = conn.worker is not None and self._conns.get(_key(conn)) is conn
         if registered:
-            assert conn.worker is not None
-            del self._conns[conn.worker]
+            del self._conns[_key(conn)]
         calls = list(conn.calls.values())
         conn.calls.clear()
         if lost is None and error is not None and reason == "rejected":
@@ -1239,7 +1233,7 @@ class WorkerExecutor:
         if (
             self._waiters
             and len(conn.calls) < conn.capacity
-            and self._conns.get(conn.worker or "") is conn
+            and self._conns.get(_key(conn)) is conn
         ):
             self._wake_first(conn)
 
@@ -1754,3 +1748,9 @@ def _token_name(scope: TokenScope | None) -> str | None:
     """Which token a connection came with (``None``: the shared token, or the Unix
     socket's file permissions)."""
     return None if scope is None else scope.name
+
+
+def _key(conn: _Conn) -> tuple[str | None, str]:
+    """A registered connection's place: its token's name and its worker id (the same id
+    under two tokens is two workers)."""
+    return (_token_name(conn.scope), conn.worker or "")

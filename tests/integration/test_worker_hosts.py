@@ -226,31 +226,40 @@ async def test_a_worker_id_held_under_another_token_is_not_taken_over(
     server_tls: ssl.SSLContext,
     ca: trustme.CA,
     ca_file: Path,
+    conn: asyncpg.Connection,
     nursery: trio.Nursery,
 ) -> None:
-    """A hello with a connected worker's id replaces that connection only with the same
-    token (a worker coming back). Before, any token's worker could take the id over,
-    failing the calls of another namespace's worker (ids are listed to admin tokens)."""
+    """A hello with a connected worker's id replaces that connection only under the same
+    token (a worker coming back): ids are per token. Before, any token's worker could
+    take the id over, failing another namespace's calls (ids are listed to admin tokens);
+    then, refused instead, it could hold the id while its owner was away."""
     harness, address = await tls_daemon(start_daemon, server_tls)
     worker = Worker(worker_id="reports-1")
+    seen: list[str] = []
 
     @worker.job("reports.daily")
     async def daily(ctx: Context) -> int:
+        seen.append(ctx.namespace)
         return 1
 
+    await define(
+        conn, "daily", namespace="reports", target={"kind": "worker", "type": "reports.daily"}
+    )
     await run_worker(
         nursery, worker, address, token=REPORTS_TOKEN, tls=tls_context(ca_file),
         server_hostname="localhost",
     )  # fmt: skip
     client_tls = ssl.create_default_context()
     ca.configure_trust(client_tls)
-    thief = Hello(worker="reports-1", types=("billing.work",), capacity=1, token=BILLING_TOKEN)
-    [answer] = await exchange(address, [encode(thief)], tls=client_tls)
-    assert answer.message == (
-        "worker id 'reports-1' is connected with another token; give this worker an id of its own"
-    )
-    assert [e["worker"] for e in harness.named("worker.connected")] == ["reports-1"]
-    assert harness.named("worker.disconnected") == []
+    other = Hello(worker="reports-1", types=("billing.work",), capacity=1, token=BILLING_TOKEN)
+    answers = await exchange(address, [encode(other)], tls=client_tls)
+    assert [type(a).__name__ for a in answers] == ["Welcome"]  # another worker, same id
+    assert [e.get("replaced") for e in harness.named("worker.connected")] == [None, None]
+    assert [e["reason"] for e in harness.named("worker.disconnected")] != ["replaced"]
+    # The reports worker was never replaced: its calls still come to it.
+    run_id = await aio(client.trigger)(conn, "daily", namespace="reports")
+    await harness.wait_event("job.run", run=run_id, outcome="succeeded")
+    assert seen == ["reports"]
 
 
 async def test_an_sdk_worker_refused_without_a_word_says_where_to_look(
