@@ -153,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error("interrupted")
         return 130
     except BaseExceptionGroup as group:
-        # Ctrl-C reaches trio's nurseries and comes out wrapped (a 76-line traceback).
+        # A Ctrl-C before _interruptible takes SIGINT (trio-asyncio's loop starting)
+        # comes out of its nursery wrapped: one line all the same.
         interrupt, rest = group.split(KeyboardInterrupt)
         if interrupt is None or rest is not None:
             raise
@@ -1772,7 +1773,7 @@ async def _runs_list(args: argparse.Namespace, ctx: CommandContext) -> int:
                 _when(run.started_at),
                 _when(run.finished_at),
                 str(run.count) if run.count is not None else "-",
-                _clip(": ".join(filter(None, (run.category, _run_error(run)))), 40) or "-",
+                _clip(": ".join(filter(None, (run.category, run.standing_error))), 40) or "-",
             )
             for run in runs
         ],
@@ -1824,7 +1825,7 @@ async def _runs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
         ("extra", json.dumps(run.extra, ensure_ascii=False) if run.extra else "-"),
         ("error cause", run.error_cause or "-"),
         ("category", run.category or "-"),
-        ("error" if run.status != "paused" else "paused", _run_error(run) or "-"),
+        ("error" if run.status != "paused" else "paused", run.standing_error or "-"),
     ]
     pairs += _recoverable_fields(run)
     if run.retryable is not None:
@@ -1833,14 +1834,6 @@ async def _runs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
         pairs.append(("attempts", "; ".join(_describe_attempt(r, run.id) for r in chain)))
     _fields(pairs)
     return 0
-
-
-def _run_error(run: client.RunView) -> str | None:
-    """The run's error text, unless it is queued or running again: a paused run resumed
-    kept "paused by operator" in its row, shown as if the queued run had failed."""
-    if run.status in ("queued", "pending", "running"):
-        return None
-    return run.error_message
 
 
 def _progress_line(progress: Any) -> str | None:

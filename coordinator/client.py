@@ -359,6 +359,18 @@ class RunView:
         return self.status in OUTSTANDING
 
     @property
+    def ongoing(self) -> bool:
+        """Queued, pending or running: not ended, not paused."""
+        return self.status in ("queued", "pending", "running")
+
+    @property
+    def standing_error(self) -> str | None:
+        """``error_message``, unless the run is under way again: a paused run queued again
+        keeps its pause's words ("paused by operator") in its row until it ends, and they
+        are not its error (the CLI and the page showed them as one)."""
+        return None if self.ongoing else self.error_message
+
+    @property
     def reason(self) -> str | None:
         """Why it did not succeed, as shown to people: redacted, one line, bounded
         (:meth:`coordinator.redact.Redactor.safe_reason`)."""

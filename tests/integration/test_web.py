@@ -241,6 +241,24 @@ async def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(
     assert {a["status"] for a in site.audits if a["path"].startswith("/jobs/")} == {403}
 
 
+async def test_a_run_queued_again_is_not_shown_with_its_pause_as_an_error(
+    site: Site, conn: asyncpg.Connection
+) -> None:
+    """A paused run queued again keeps "paused by operator" in its row until it ends; the
+    page (like the CLI) showed it as the queued run's error."""
+    job = await define(conn, "again", target={"kind": "worker", "type": "nobody"})
+    run_id = await aio(conn.fetchval)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, error_message, paused_at) "
+        "VALUES ($1, 'manual', 'queued', 'paused by operator', now()) RETURNING id",
+        job,
+    )
+    await site.sign_in()
+    for path in (f"/runs/{run_id}", "/jobs/default/again"):
+        page = (await site.get(path)).text
+        assert f"/runs/{run_id}" in page, path
+        assert "paused by operator" not in page, path
+
+
 async def test_run_pause_resume_and_resolve_from_the_page(
     site: Site, conn: asyncpg.Connection
 ) -> None:
