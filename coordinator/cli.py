@@ -1073,7 +1073,10 @@ def _duration_arg(text: str | None, flag: str) -> timedelta | None:
 async def _run(args: argparse.Namespace, ctx: CommandContext) -> int:
     # The daemon checks (or, with --migrate, applies) the schema itself, waiting with
     # backoff while the database is unreachable instead of exiting at once.
+    from .service import preflight
+
     config = ctx.config()
+    preflight(config)  # (refused before an embedded database is started or waited for)
     dsn = await ctx.database()
     return await _serve(config, dsn, migrate=args.migrate)
 
@@ -1288,18 +1291,13 @@ def _status_of_database(
 
 
 async def _config(args: argparse.Namespace, ctx: CommandContext) -> int:
+    from .service import refusals
+
     config = ctx.config()
-    if config.admin_listen:
-        # Checked by `run` (whose environment may differ: a service's env file); said here.
-        try:
-            config_mod.parse_listen(
-                config.admin_listen,
-                setting="admin_listen",
-                allow_remote=config.admin_allow_remote,
-                allowed_by="admin_allow_remote",
-            )
-        except ConfigError as exc:
-            _note(f"`coordinator run` with these settings would refuse: {exc}")
+    # What `run` refuses before connecting, said here (the service's environment may
+    # differ: its env file, its user's rights to the files named).
+    for problem in refusals(config):
+        _note(f"`coordinator run` with these settings would refuse: {problem}")
     rows = config.describe()
     if getattr(args, "json", False):
         values = config.redacted()

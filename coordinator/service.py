@@ -75,33 +75,7 @@ def build_daemon(
     ``command_namespaces``: the namespaces whose jobs may run commands (``*``: all)."""
     events = EventBus(log=log)
     tokens = worker_tokens if worker_tokens is not None else TokenSet()
-    tcp = None
-    if worker_listen:
-        tcp = parse_listen(worker_listen, setting="worker_listen", allow_remote=True)
-        if not is_loopback(tcp[0]):
-            if worker_tls is None:
-                raise ConfigError(
-                    f"worker_listen: {tcp[0]} is not a loopback address: workers on other "
-                    "hosts connect over TLS only (set worker_tls_cert and worker_tls_key); "
-                    "refusing plain TCP"
-                )
-            if not tokens:
-                raise ConfigError(
-                    f"worker_listen: {tcp[0]} is not a loopback address: each worker on "
-                    "another host needs a token of its own (worker_tokens)"
-                )
-            if worker_token:
-                raise ConfigError(
-                    "worker_token: a shared token is for a loopback worker_listen only; "
-                    "give each worker its own in worker_tokens"
-                )
-        elif not worker_token and not tokens:
-            raise ConfigError(
-                "worker_listen is set but neither worker_token nor worker_tokens is: TCP "
-                "workers need a token"
-            )
-    elif worker_tls is not None:
-        raise ConfigError("worker_tls_cert is set but worker_listen is not")
+    tcp = worker_tcp(worker_listen, tls=worker_tls is not None, token=worker_token, tokens=tokens)
     executors: dict[str, Executor] = {
         "exec": ExecExecutor(
             clock=clock,
@@ -146,6 +120,102 @@ def build_daemon(
         events.subscribe(alerter.observe)
         daemon.companions.append(alerter)
     return daemon
+
+
+def worker_tcp(
+    worker_listen: str | None, *, tls: bool, token: str | None, tokens: TokenSet
+) -> tuple[str, int] | None:
+    """The TCP address workers connect to (``None``: the Unix socket only), or a
+    :class:`ConfigError` for a listener that would be open to the wrong peers: on
+    loopback a token is required; on any other address TLS and a token per worker
+    (``worker_tokens``), never the shared ``worker_token``. ``tls``: the listener
+    has a certificate."""
+    if not worker_listen:
+        if tls:
+            raise ConfigError("worker_tls_cert is set but worker_listen is not")
+        return None
+    tcp = parse_listen(worker_listen, setting="worker_listen", allow_remote=True)
+    if not is_loopback(tcp[0]):
+        if not tls:
+            raise ConfigError(
+                f"worker_listen: {tcp[0]} is not a loopback address: workers on other "
+                "hosts connect over TLS only (set worker_tls_cert and worker_tls_key); "
+                "refusing plain TCP"
+            )
+        if not tokens:
+            raise ConfigError(
+                f"worker_listen: {tcp[0]} is not a loopback address: each worker on "
+                "another host needs a token of its own (worker_tokens)"
+            )
+        if token:
+            raise ConfigError(
+                "worker_token: a shared token is for a loopback worker_listen only; "
+                "give each worker its own in worker_tokens"
+            )
+    elif not token and not tokens:
+        raise ConfigError(
+            "worker_listen is set but neither worker_token nor worker_tokens is: TCP "
+            "workers need a token"
+        )
+    return tcp
+
+
+def refusals(config: Config) -> list[str]:
+    """Every reason ``coordinator run`` refuses these settings before it connects to
+    the database, one line each (none: it starts). :func:`preflight` raises the first;
+    ``coordinator config`` lists them all, so that a check before a restart sees what
+    the service will say (as far as this process can: files are read with its rights,
+    and a port in use shows only when bound)."""
+    found: list[str] = []
+
+    def check(step: Callable[[], object]) -> object:
+        try:
+            return step()
+        except (ConfigError, SpoolError) as exc:
+            found.append(str(exc))
+            return None
+
+    check(Spool(config.spool_path).check)
+    check(partial(alert_sinks, config))
+    tls = check(partial(worker_tls_context, config))
+    check(
+        partial(
+            worker_tcp,
+            config.worker_listen,
+            # (A certificate that did not load is refused above: judge the rest as if set.)
+            tls=tls is not None or config.worker_tls_cert is not None,
+            token=config.worker_token,
+            tokens=config.worker_tokens,
+        )
+    )
+    if config.admin_listen:
+        check(
+            partial(
+                parse_listen,
+                config.admin_listen,
+                setting="admin_listen",
+                allow_remote=config.admin_allow_remote,
+                allowed_by="admin_allow_remote",
+            )
+        )
+        scopes = check(config.admin_scopes)  # (None: refused above)
+        if scopes is not None and not scopes:
+            found.append(_NO_ADMIN_TOKEN)
+    return found
+
+
+def preflight(config: Config) -> None:
+    """Raise the first of :func:`refusals` (a :class:`ConfigError`: one line, exit 2)."""
+    found = refusals(config)
+    if found:
+        raise ConfigError(found[0])
+
+
+#: ``admin_listen`` with no token to check requests against.
+_NO_ADMIN_TOKEN = (
+    "admin_listen is set, but none of admin_token, admin_token_file and admin_tokens "
+    "is: the admin API needs a token"
+)
 
 
 def alert_sinks(config: Config) -> list[Sink]:
@@ -226,10 +296,7 @@ async def serve(
     ``log`` (default :func:`event_log`) lets a caller observe the events (the demo)."""
     redact.install(config.redactor())  # before anything is logged, stored or served
     log = log if log is not None else event_log(config)
-    try:
-        Spool(config.spool_path).check()
-    except SpoolError as exc:
-        raise ConfigError(str(exc)) from None
+    preflight(config)
     daemon = build_daemon(
         dsn=dsn,
         settings=DaemonSettings(
@@ -292,10 +359,7 @@ async def _start_admin(
 
     tokens = config.admin_scopes()
     if not tokens:
-        raise ConfigError(
-            "admin_listen is set, but none of admin_token, admin_token_file and admin_tokens "
-            "is: the admin API needs a token"
-        )
+        raise ConfigError(_NO_ADMIN_TOKEN)  # (preflight said so already)
     assert config.admin_listen is not None
     metrics = Metrics(
         status=partial(daemon.status, deadlines=config.metrics_max_jobs),

@@ -176,10 +176,49 @@ def test_config_says_what_run_would_refuse(
     monkeypatch.setenv("COORDINATOR_CONFIG", str(empty))
     monkeypatch.setenv("COORDINATOR_ADMIN_LISTEN", "8787")
     assert main(["config"]) == 0
-    assert capsys.readouterr().err == (
+    assert capsys.readouterr().err.splitlines() == [
         "coordinator: note: `coordinator run` with these settings would refuse: "
-        "admin_listen: expected HOST:PORT, not '8787'\n"
+        "admin_listen: expected HOST:PORT, not '8787'",
+        "coordinator: note: `coordinator run` with these settings would refuse: "
+        "admin_listen is set, but none of admin_token, admin_token_file and admin_tokens "
+        "is: the admin API needs a token",
+    ]
+
+
+def test_config_lists_every_refusal_of_run_and_run_refuses_before_the_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`coordinator config` says each thing `coordinator run` refuses (not only the
+    first, nor only some), and `run` refuses the first of them, in the same words."""
+    (tmp_path / "spool.jsonl").mkdir()
+    settings = tmp_path / "coordinator.toml"
+    settings.write_text(
+        "\n".join(
+            [
+                'dsn = "postgresql://nobody@127.0.0.1:1/none"',
+                f'state_dir = "{tmp_path}"',
+                'admin_listen = "127.0.0.1:8787"',
+                'admin_token = "short"',
+                'worker_listen = "0.0.0.0:9000"',
+                'alert_email_to = ["ops@example.com"]',
+            ]
+        )
+        + "\n"
     )
+    monkeypatch.setenv("COORDINATOR_CONFIG", str(settings))
+    assert main(["config"]) == 0
+    notes = capsys.readouterr().err.splitlines()
+    prefix = "coordinator: note: `coordinator run` with these settings would refuse: "
+    assert all(line.startswith(prefix) for line in notes), notes
+    said = [line.removeprefix(prefix) for line in notes]
+    assert said[0] == f"spool: {tmp_path / 'spool.jsonl'} is a directory, not a file"
+    assert said[1] == "alert_email_to is set but alert_smtp_host is not"
+    assert said[2].startswith("worker_listen: 0.0.0.0 is not a loopback address"), said
+    assert said[3].startswith("admin token"), said
+    assert len(said) == 4, said
+
+    assert main(["run"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"coordinator: {said[0]}"]
 
 
 def test_an_empty_timezone_is_refused_not_taken_for_utc(
