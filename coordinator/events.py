@@ -319,14 +319,18 @@ class FindingsReported(Event):
 @attrs.frozen(kw_only=True)
 class RunLost(Event):
     """At start, a run left pending or running by a daemon that died was found: it is
-    ``unresolved`` (waits for an operator) or, for an idempotent job, ``retried``."""
+    ``unresolved`` (waits for an operator), for an idempotent job ``retried``, for a
+    recoverable one ``paused``."""
 
     NAME: ClassVar[str] = "startup.lost_run"
     LEVEL: ClassVar[Level] = "warning"
     run: int
     job_id: int
-    #: ``unresolved`` or ``retried``.
+    #: ``unresolved``, ``retried`` or ``paused``.
     action: str
+    #: Which attempt of its chain the run was (unknown for a result the spool could not
+    #: save).
+    attempt: int | None = None
 
 
 # -- alerts and retention ------------------------------------------------------------------

@@ -244,6 +244,8 @@ class LostRun:
     job_id: int
     #: ``unresolved``, ``retried`` or (a recoverable run) ``paused``.
     action: str
+    #: Which attempt of its chain it was (1: the first).
+    attempt: int | None = None
 
 
 # The saved deadline comes as integer microseconds since the epoch (exact): decoding a
@@ -359,7 +361,14 @@ SELECT * FROM coordinator._settle($1, $2, $3::text::timestamptz, $4::text::times
 
 # It first waits for the fence (migrations/0018): claims of a previous leader still in
 # flight on their backends commit before it looks, or are refused.
-_SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1, $2, $3)"
+# (Each run's attempt read beside: the function does not return it, and the sweep does
+# not change it. The join reads the rows as the statement began, before the sweep's
+# writes, which leave the attempt as it was.)
+_SWEEP_LOST = """
+SELECT s.run_id, s.job_id, s.action, lost.attempt
+  FROM coordinator._sweep_lost($1, $2, $3) AS s
+  LEFT JOIN coordinator.runs AS lost ON lost.id = s.run_id
+"""
 
 # A pause wake names a run; any role may NOTIFY, so before a call of ours is stopped the
 # run's own status says whether coordinator.pause_run asked it (cancel_requested).
@@ -1225,7 +1234,12 @@ class Store:
         rows = await self._call(
             "sweep_lost", "fetch", _SWEEP_LOST, self.instance, LOCK_CLASS, LOCK_OBJECT
         )
-        return [LostRun(run_id=r["run_id"], job_id=r["job_id"], action=r["action"]) for r in rows]
+        return [
+            LostRun(
+                run_id=r["run_id"], job_id=r["job_id"], action=r["action"], attempt=r["attempt"]
+            )
+            for r in rows
+        ]
 
 
 def _claim_result(row: Record, job_id: int, place: tuple[int, int, int]) -> ClaimResult:

@@ -194,6 +194,7 @@ class Alerter:
                     job_id=event.job_id,
                     job=self._keys.get(event.job_id),
                     run=event.run,
+                    attempt=event.attempt,
                     outcome="unresolved",
                     cause="lost",
                     error="the daemon that ran it stopped before saving its result",

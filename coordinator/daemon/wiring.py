@@ -510,7 +510,11 @@ class Daemon:
         await self._step("spool", self.settlement.replay)
         lost = await self._step("sweep", self.store.sweep_lost)
         for item in lost:
-            self.events.emit(RunLost(run=item.run_id, job_id=item.job_id, action=item.action))
+            self.events.emit(
+                RunLost(
+                    run=item.run_id, job_id=item.job_id, action=item.action, attempt=item.attempt
+                )
+            )
         self.log.info("startup.sweep", lost=len(lost))
         if self._listener is None:
             # LISTEN before the first refresh, so no change can fall between the two.

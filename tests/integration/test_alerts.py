@@ -222,8 +222,8 @@ async def test_a_run_left_unresolved_by_a_crash_is_alerted(
 ) -> None:
     job_id = await define(conn, "nightly", schedule_kind="cron", schedule="0 3 * * *")
     lost: int = await aio(conn.fetchval)(
-        "INSERT INTO coordinator.runs (job_id, trigger, status, claimed_at, started_at, instance)"
-        " VALUES ($1, 'schedule', 'running', now(), now(), 'dead:1:x') RETURNING id",
+        "INSERT INTO coordinator.runs (job_id, trigger, status, claimed_at, started_at, instance,"
+        " attempt) VALUES ($1, 'schedule', 'running', now(), now(), 'dead:1:x', 2) RETURNING id",
         job_id,
     )
     harness = await start_daemon(alert_sinks=sinks(smtp, receiver), alert_window=WINDOW)
@@ -234,6 +234,9 @@ async def test_a_run_left_unresolved_by_a_crash_is_alerted(
     payload = json.loads(receiver.requests[0].body)
     assert (payload["kind"], payload["run"]["outcome"]) == ("unresolved", "unresolved")
     assert payload["event"] == "startup.lost_run"
+    # Which attempt it was, as a failed run's alert says (the sweep does not return it).
+    assert payload["run"]["attempt"] == 2
+    assert "\nattempt:   2\r\n" in mail.get_content()
 
 
 async def test_a_job_that_opted_out_is_never_alerted(
