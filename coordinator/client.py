@@ -366,8 +366,9 @@ class RunView:
     @property
     def standing_error(self) -> str | None:
         """``error_message``, unless the run is under way again: a paused run queued again
-        keeps its pause's words ("paused by operator") in its row until it ends, and they
-        are not its error (the CLI and the page showed them as one)."""
+        by a trigger kept its pause's words ("paused by operator") in its row until its
+        claim before migrations/0029 (a row queued so before the upgrade still may), and
+        they are not its error."""
         return None if self.ongoing else self.error_message
 
     @property

@@ -535,6 +535,25 @@ async def test_recoverable_is_for_worker_jobs_only(conn: asyncpg.Connection) -> 
     assert (await aio(client.get_job)(conn, "scan")).recoverable is False
 
 
+async def test_a_paused_run_queued_again_keeps_no_error(conn: asyncpg.Connection) -> None:
+    """A trigger queues a paused run again (to resume from its cursor): the pause's words
+    are no longer its error while it waits (0029; the claim cleared them, not the
+    trigger, so `runs show --json` and the API showed them until then)."""
+    await _define(conn, "scan", target=WORKER, recoverable=True, paused=True)
+    run_id = await aio(client.trigger)(conn, "scan")
+    assert await aio(client.pause_run)(conn, run_id) == "paused"
+    paused = await aio(client.get_run)(conn, run_id)
+    assert paused.error_message == "paused by operator before it started"
+    assert await aio(client.trigger)(conn, "scan") == run_id
+    row = await aio(conn.fetchrow)(
+        "SELECT status, error_cause, error_message, paused_at FROM coordinator.runs WHERE id = $1",
+        run_id,
+    )
+    assert (row["status"], row["error_cause"], row["error_message"]) == ("queued", None, None)
+    assert row["paused_at"] == paused.paused_at  # when it was paused: still true
+    assert (await aio(client.get_run)(conn, run_id)).to_json()["error_message"] is None
+
+
 async def test_pause_and_cancel_of_queued_and_paused_runs(conn: asyncpg.Connection) -> None:
     job_id = await _define(conn, "scan", target=WORKER, recoverable=True, paused=True)
     run_id = await aio(client.trigger)(conn, "scan")
