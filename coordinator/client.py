@@ -466,7 +466,8 @@ class SyncResult:
 
     #: Namespace synced.
     namespace: str
-    #: Jobs created, updated (every listed job that existed) and paused (missing ones).
+    #: Jobs created, updated (every listed job that existed; one whose definition is
+    #: unchanged is not written) and paused (missing ones).
     created: int
     updated: int
     paused: int
@@ -954,8 +955,9 @@ async def sync(
     """Declare the complete job set of ``namespace`` (see ``coordinator.sync`` in SQL).
 
     ``entries`` are objects in the SQL shape (build them with :func:`job_entry`). Listed
-    jobs are created or updated; the namespace's other jobs are paused, history kept; an
-    empty list pauses them all. One statement, one wake.
+    jobs are created or updated (an unchanged one is not written); the namespace's other
+    jobs are paused, history kept; an empty list pauses them all. One statement, one wake
+    (none when nothing changed).
     """
     check_namespace(namespace)
     seen: set[str] = set()

@@ -396,6 +396,51 @@ async def test_sync_creates_updates_and_pauses_missing(conn: asyncpg.Connection)
     assert jobs["nightly"].schedule_version == 1
 
 
+async def test_an_unchanged_manifest_writes_nothing_and_wakes_nothing(
+    conn: asyncpg.Connection, database: str
+) -> None:
+    """Syncing the same manifest again changes no row (no new row version, no
+    updated_at) and sends no wake (0030): a manifest applied on every deploy costs the
+    daemon no refresh. The answer is as ever: every listed job that existed is
+    "updated"."""
+    await _define(conn, "old", namespace="svc", paused=True)  # paused: nothing to pause
+    first = await aio(client.sync_manifest)(conn, parse(MANIFEST))
+    assert (first.created, first.updated, first.paused) == (2, 0, 0)
+    rows = "SELECT name, xmin::text AS v, updated_at FROM coordinator.jobs ORDER BY name"
+    before = [tuple(r) for r in await aio(conn.fetch)(rows)]
+
+    notes: list[str] = []
+    listener = await aio(asyncpg.connect)(database)
+    try:
+        marker = trio.Event()
+
+        def heard(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+            notes.append(payload)
+            if payload == "marker":
+                marker.set()
+
+        await aio(listener.add_listener)("coordinator", heard)
+        again = await aio(client.sync_manifest)(conn, parse(MANIFEST))
+        # Notifications reach a listener in commit order: once the marker sent after
+        # the sync arrives, a wake of the sync's would have arrived before it.
+        await aio(conn.execute)("SELECT pg_notify('coordinator', 'marker')")
+        with trio.fail_after(10):
+            await marker.wait()
+    finally:
+        await aio(listener.close)()
+    assert (again.created, again.updated, again.paused) == (0, 2, 0)
+    assert [tuple(r) for r in await aio(conn.fetch)(rows)] == before
+    assert notes == ["marker"]
+
+    # A change is still written, and only the changed job.
+    changed = MANIFEST.replace('every = "6h"', 'every = "30m"')
+    result = await aio(client.sync_manifest)(conn, parse(changed))
+    assert (result.created, result.updated, result.paused) == (0, 2, 0)
+    after = {r["name"]: r["v"] for r in await aio(conn.fetch)(rows)}
+    assert after["reindex"] != dict((n, v) for n, v, _ in before)["reindex"]
+    assert after["nightly"] == dict((n, v) for n, v, _ in before)["nightly"]
+
+
 async def test_sync_empty_manifest_pauses_everything(conn: asyncpg.Connection) -> None:
     await aio(client.sync_manifest)(conn, parse(MANIFEST))
     result = await aio(client.sync_manifest)(conn, parse('namespace = "svc"\njobs = []\n'))

@@ -1,0 +1,164 @@
+-- A sync writes only what changed (found by a helper re-syncing a manifest, 2026-12-02).
+--
+-- coordinator.sync() called define_job for every entry, so syncing an unchanged manifest
+-- rewrote every listed row (a new row version, a new updated_at, WAL and a dead tuple
+-- each) and woke the daemon to re-read the namespace: a manifest applied on every deploy,
+-- or from cron, cost a write per job and a refresh each time. A worker's declaration
+-- already wrote nothing when unchanged (_declare, 0014), by one predicate over the whole
+-- list.
+--
+-- Now the predicate is a function of one entry, _job_unchanged (0014's, word for word:
+-- every field sync would write equals the row's, with define_job's defaults for what the
+-- entry leaves out, and its pause as sync would set it). _sync skips an unchanged entry
+-- (no write) and sends its wake only when it wrote or paused something; _declare asks the
+-- same function. The answer is unchanged: "updated" still counts every listed job that
+-- existed, as scripts read it.
+--
+-- Redefined from their latest definitions: _sync (0022's sync, renamed by 0026) and
+-- _declare (0014).
+
+CREATE FUNCTION coordinator._job_unchanged(p_namespace text, e jsonb) RETURNS boolean
+LANGUAGE sql STABLE SET enable_seqscan = off AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM coordinator.jobs j
+         WHERE j.namespace = p_namespace AND j.name = e->>'name'
+           AND j.removed_at IS NULL
+           AND (j.schedule_kind, j.schedule, j.timezone, j.target, j.params, j.timeout,
+                j.priority, j.idempotent, j.invalid_reason, j.retries, j.retry_backoff,
+                j.retry_max_delay, j.misfire, j.misfire_grace, j.recoverable, j.alert,
+                j.keep_last, j.retention)
+               IS NOT DISTINCT FROM
+               (e->>'schedule_kind', e->>'schedule', coalesce(e->>'timezone', 'UTC'),
+                e->'target', coalesce(e->'params', '{}'), (e->>'timeout')::interval,
+                coalesce(e->>'priority', 'background'),
+                coalesce((e->>'idempotent')::boolean, false), e->>'invalid_reason',
+                coalesce((e->>'retries')::integer, 0),
+                coalesce((e->>'retry_backoff')::interval, interval '30 seconds'),
+                coalesce((e->>'retry_max_delay')::interval, interval '1 hour'),
+                coalesce(e->>'misfire', 'run-once'), (e->>'misfire_grace')::interval,
+                coalesce((e->>'recoverable')::boolean, false),
+                coalesce((e->>'alert')::boolean, true), (e->>'keep_last')::integer,
+                (e->>'retention')::interval)
+           AND CASE WHEN e ? 'paused' THEN j.paused = (e->>'paused')::boolean
+                    ELSE NOT (j.paused AND j.sync_paused) END)
+$$;
+
+-- _declare as in 0014, the per-entry predicate now _job_unchanged.
+
+CREATE OR REPLACE FUNCTION coordinator._declare(p_namespace text, p_jobs jsonb)
+RETURNS TABLE (created integer, updated integer, paused integer, unchanged boolean)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM jsonb_array_elements(p_jobs) e
+         WHERE NOT coordinator._job_unchanged(p_namespace, e))
+       AND NOT EXISTS (
+        SELECT 1 FROM coordinator.jobs j
+         WHERE j.namespace = p_namespace AND j.removed_at IS NULL AND NOT j.paused
+           AND NOT (j.name = ANY (ARRAY(SELECT e->>'name' FROM jsonb_array_elements(p_jobs) e))))
+    THEN
+        RETURN QUERY SELECT 0, 0, 0, true;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT s.created, s.updated, s.paused, false
+                   FROM coordinator.sync(p_namespace, p_jobs) s;
+END
+$$;
+
+-- _sync as in 0022 (then sync(), renamed by 0026), an unchanged entry skipped.
+
+CREATE OR REPLACE FUNCTION coordinator._sync(namespace text, jobs jsonb)
+RETURNS TABLE (created integer, updated integer, paused integer)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+#variable_conflict use_variable
+DECLARE
+    previous_origin text := current_setting('coordinator.origin', true);
+    entry           jsonb;
+    entry_index     integer := 0;
+    problem         text := coordinator._namespace_problem(namespace);
+    names           text[] := '{}';
+    was_sync_paused boolean;
+    was_paused      boolean;
+    want_paused     boolean;
+    job_id          bigint;
+    unpaused        bigint[] := '{}';
+    n_created       integer := 0;
+    n_updated       integer := 0;
+    n_paused        integer := 0;
+    n_written       integer := 0;  -- entries define_job wrote
+BEGIN
+    PERFORM coordinator._require(namespace, 'namespace');
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'namespace';
+    END IF;
+    IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
+        RAISE EXCEPTION 'jobs must be a JSON array' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM set_config('coordinator.origin', 'quiet', true);
+    FOR entry IN SELECT value FROM jsonb_array_elements(jobs) LOOP
+        IF jsonb_typeof(entry) IS DISTINCT FROM 'object' THEN
+            RAISE EXCEPTION 'jobs[%]: must be a JSON object', entry_index
+                USING ERRCODE = 'invalid_parameter_value', COLUMN = 'jobs';
+        ELSIF entry->>'name' IS NULL THEN
+            RAISE EXCEPTION 'jobs[%].name: required', entry_index
+                USING ERRCODE = 'invalid_parameter_value', COLUMN = 'jobs';
+        END IF;
+        entry_index := entry_index + 1;
+        names := names || (entry->>'name');
+        IF coordinator._job_unchanged(namespace, entry) THEN
+            n_updated := n_updated + 1;  -- (listed and existing: counted as ever)
+            CONTINUE;                    -- but nothing to write, nothing to wake
+        END IF;
+        n_written := n_written + 1;
+        SELECT j.sync_paused, j.paused INTO was_sync_paused, was_paused FROM coordinator.jobs j
+         WHERE j.namespace = namespace AND j.name = entry->>'name' AND j.removed_at IS NULL;
+        IF FOUND THEN
+            n_updated := n_updated + 1;
+        ELSE
+            n_created := n_created + 1;
+        END IF;
+        want_paused := coalesce((entry->>'paused')::boolean,
+                                CASE WHEN was_sync_paused THEN false END);
+        job_id := coordinator.define_job(
+            name            => entry->>'name',
+            schedule_kind   => entry->>'schedule_kind',
+            target          => entry->'target',
+            schedule        => entry->>'schedule',
+            namespace       => namespace,
+            timezone        => coalesce(entry->>'timezone', 'UTC'),
+            params          => coalesce(entry->'params', '{}'),
+            timeout         => (entry->>'timeout')::interval,
+            priority        => coalesce(entry->>'priority', 'background'),
+            idempotent      => coalesce((entry->>'idempotent')::boolean, false),
+            paused          => want_paused,
+            invalid_reason  => entry->>'invalid_reason',
+            retries         => (entry->>'retries')::integer,
+            retry_backoff   => (entry->>'retry_backoff')::interval,
+            retry_max_delay => (entry->>'retry_max_delay')::interval,
+            misfire         => entry->>'misfire',
+            misfire_grace   => (entry->>'misfire_grace')::interval,
+            recoverable     => coalesce((entry->>'recoverable')::boolean, false),
+            alert           => coalesce((entry->>'alert')::boolean, true),
+            keep_last       => (entry->>'keep_last')::integer,
+            retention       => (entry->>'retention')::interval);
+        IF was_paused AND want_paused IS FALSE THEN
+            unpaused := unpaused || job_id;
+        END IF;
+    END LOOP;
+    UPDATE coordinator.jobs j SET paused = true, sync_paused = true, updated_at = now()
+     WHERE j.namespace = namespace AND j.removed_at IS NULL AND NOT j.paused
+       AND NOT (j.name = ANY (names));
+    GET DIAGNOSTICS n_paused = ROW_COUNT;
+    PERFORM set_config('coordinator.origin', coalesce(previous_origin, ''), true);
+    IF n_written + n_paused > 0 AND NOT coordinator._wakes_suppressed() THEN
+        PERFORM pg_notify('coordinator', json_build_object('sync', namespace)::text);
+        -- (Item 2: define_job ran quiet here; the runs of the jobs it un-paused now.)
+        FOREACH job_id IN ARRAY unpaused LOOP
+            PERFORM coordinator._dispatch_queued(job_id);
+        END LOOP;
+    END IF;
+    RETURN QUERY SELECT n_created, n_updated, n_paused;
+END
+$$;
+
