@@ -17,6 +17,7 @@ import attrs
 
 from ..events import iso
 from ..schedule import format_duration
+from ..text import printable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -91,9 +92,14 @@ def _what(alert: Alert) -> str:
     if alert.kind == "unresolved":
         return f"run {alert.run} left unresolved by a crash"
     if alert.kind == "findings":
-        total = sum(n for _, _, n in alert.findings)
-        worst = "data_loss" if any(s == "data_loss" for _, s, _ in alert.findings) else "error"
-        return f"run {alert.run} found {total} finding(s) of severity {worst}"
+        # Each severity counted apart: "4 finding(s) of severity data_loss" for one
+        # data_loss and three errors named the worst and counted them all as it.
+        by_severity = {
+            severity: sum(n for _, s, n in alert.findings if s == severity)
+            for severity in ("data_loss", "error")
+        }
+        counted = " and ".join(f"{n} {s}" for s, n in by_severity.items() if n)
+        return f"run {alert.run} found {counted or 'no'} finding(s)"
     word = "timed out" if alert.outcome == "timed_out" else "failed"
     why = [w for w in (alert.cause, alert.category) if w]
     if len(why) == 2 and why[0] == why[1]:
@@ -139,7 +145,10 @@ def render(alert: Alert, *, redact: Callable[[str], str] = _same) -> Message:
     for name, value in rows:
         if value is None:
             continue
-        first, *rest = value.splitlines() or [""]
+        # Each line with its control characters escaped (a job's stderr may carry
+        # terminal escapes: nothing of it should act on the reader's mail client or
+        # terminal), as the CLI and the log show them.
+        first, *rest = [printable(line) for line in value.splitlines()] or [""]
         lines.append(f"{name + ':':<{width}}{first}")
         lines.extend(f"{'':<{width}}{line}" for line in rest)
     lines.append("")

@@ -351,5 +351,5 @@ async def test_a_recoverable_run_reporting_data_loss_findings_is_alerted(
     ]
     assert payload["example"] == {"kind": "blob", "severity": "data_loss", "resource_id": "b3"}
     assert smtp.messages[0]["Subject"].strip() == (  # (folded: a long header)
-        f"[coordinator] default/check run {run_id} found 2 finding(s) of severity data_loss"
+        f"[coordinator] default/check run {run_id} found 1 data_loss and 1 error finding(s)"
     )

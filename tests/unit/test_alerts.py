@@ -92,6 +92,17 @@ def test_redaction_applies_to_the_output_in_every_sink() -> None:
     assert "token=[redacted]" in message.payload["run"]["error"]
 
 
+def test_control_characters_in_the_output_are_escaped_in_the_text() -> None:
+    """A job's stderr with terminal escapes: the mail's text shows them escaped, as the
+    CLI and the log do, line by line; the webhook's JSON keeps the error as it was (JSON
+    escapes it)."""
+    message = render(alert(error="exit status 4: bad \x1b[31mred\x1b[0m\nsecond\tline"))
+    assert "\x1b" not in message.text
+    assert "error:     exit status 4: bad \\x1b[31mred\\x1b[0m" in message.text
+    assert "           second\\tline" in message.text
+    assert message.payload["run"]["error"] == "exit status 4: bad \x1b[31mred\x1b[0m\nsecond\tline"
+
+
 def test_the_webhook_body_is_signed_with_hmac_sha256() -> None:
     sink = WebhookSink(url="https://hooks.example.net/x", secret="s3cret")
     request = sink.request(render(alert()), {"X-Coordinator-Run": "4217"})
@@ -432,7 +443,7 @@ async def test_serious_findings_are_alerted_when_the_call_ends(
         (message,) = [m for _, m in sink.got]
         assert (
             message.subject
-            == "[coordinator] ops/backup run 5 found 6 finding(s) of severity data_loss"
+            == "[coordinator] ops/backup run 5 found 3 data_loss and 3 error finding(s)"
         )
         assert "findings:  lost-blob data_loss x3, orphan error x3" in message.text
         assert "example:   lost-blob data_loss b9" in message.text
