@@ -246,6 +246,11 @@ class Web:
                 "short": lambda moment: present.short_time(moment, now),
                 "csrf": self.sessions.csrf(nonce) if nonce else "",
                 "signed_in": nonce is not None,
+                # Actions are offered only where the token may take them (a read-only
+                # token's page showed Run and Pause, then answered "permission denied").
+                "may_operate": lambda namespace: access.token_of(request).allows(
+                    namespace, operate=True
+                ),
                 "here": None if fragment else _here(request),
                 "note": None if fragment else self._note(request, nonce),
                 "uptime": timedelta(seconds=round(status.uptime_s)),

@@ -360,6 +360,7 @@ async def test_the_web_page_shows_and_does_only_what_the_token_may(
             jobs = await page.get("/")
             assert jobs.status_code == 200
             assert "billing-job" in jobs.text
+            assert 'action="/jobs/billing/billing-job/run"' in jobs.text  # may operate
             assert "reports-job" not in jobs.text
             assert (await page.get("/jobs/reports/reports-job")).status_code == 403
             assert (await page.get(f"/runs/{reports_run}")).status_code == 404
@@ -384,6 +385,14 @@ async def test_the_web_page_shows_and_does_only_what_the_token_may(
         with trio.fail_after(15):
             seen = await page.get(f"/runs/{reports_run}")
             assert seen.status_code == 200
+            # No action is offered that the token may not take (the page showed Run and
+            # Pause, then refused them).
+            job_page = await page.get("/jobs/reports/reports-job")
+            listing = await page.get("/")
+            for html in (seen.text, job_page.text, listing.text):
+                assert not re.search(r'action="/jobs/reports/reports-job/(run|pause|resume)"', html)
+                assert f'action="/runs/{reports_run}/' not in html
+            assert "reports-job" in listing.text
             csrf = re.search(r'name="csrf" value="([^"]*)"', seen.text)
             assert csrf is not None
             refused = await page.post(
