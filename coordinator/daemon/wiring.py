@@ -329,7 +329,10 @@ class Daemon:
             state=self._state,
             instance=self.instance,
             uptime_s=0.0 if self._started_at is None else now - self._started_at,
-            leading=self._phase in ("ready", "stopping"),
+            # (Not while the lock's session is lost: another daemon may take it meanwhile;
+            # /healthz, the page and coordinator_leading said "leading" beside "leadership
+            # lock session lost".)
+            leading=self._phase in ("ready", "stopping") and self.store.leader_pid != 0,
             jobs=len(self.inventory.jobs),
             armed_deadlines=len(self.deadlines),
             next_deadline=next_deadline,

@@ -711,3 +711,32 @@ async def test_job_removed_while_its_call_runs(
     # The daemon carries on.
     other = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'other')")
     await harness.wait_event("job.run", run=other)
+
+
+async def test_a_lost_lock_session_is_not_reported_as_leading(
+    start_daemon: StartDaemon, conn: asyncpg.Connection
+) -> None:
+    """While the single-writer lock's session is lost, the daemon does not lead (another
+    may take the lock): the status says so (it said "leading" beside "leadership lock
+    session lost", and so did coordinator_leading). Read at the moment the state turns
+    degraded for it, then again once the lock is taken back."""
+    from coordinator.events import Event, StateChanged
+
+    harness = await start_daemon(retry_cap=0.5)
+    assert harness.daemon.status().leading
+    seen: list[tuple[bool, tuple[str, ...]]] = []
+
+    def on_event(event: Event) -> None:
+        if isinstance(event, StateChanged) and event.state == "degraded":
+            status = harness.daemon.status()
+            seen.append((status.leading, status.degraded))
+
+    harness.daemon.events.subscribe(on_event)
+    leader = harness.daemon.store.leader_pid
+    await aio(conn.execute)("SELECT pg_terminate_backend($1)", leader)
+    await harness.wait_event("leadership.regained")
+    assert seen, "the state never turned degraded"
+    assert seen[0] == (False, ("leadership lock session lost",))
+    with trio.fail_after(10):
+        while not harness.daemon.status().leading:
+            await trio.sleep(0.05)
