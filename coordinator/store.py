@@ -248,10 +248,12 @@ class LostRun:
     attempt: int | None = None
 
 
-# The saved deadline comes as integer microseconds since the epoch (exact): decoding a
-# million timestamps into datetimes costs the daemon more than reading the rows (about
-# 1.8 us each against 0.4 us for an integer, measured), and jobs share deadlines, so
-# each distinct one becomes a datetime once (_Shared.entries).
+# A job without a saved deadline also says when it was last defined (``updated_at``: its
+# first deadline counts from then, not from the refresh that reads it; see
+# inventory._Firsts). The saved deadline comes as integer microseconds since the epoch
+# (exact): decoding a million timestamps into datetimes costs the daemon more than
+# reading the rows (about 1.8 us each against 0.4 us for an integer, measured), and jobs
+# share deadlines, so each distinct one becomes a datetime once (_Shared.entries).
 _REFRESH = """
 SELECT j.id, j.namespace || '/' || j.name AS key,
        j.schedule_kind, j.schedule, j.timezone, j.priority,
@@ -259,7 +261,9 @@ SELECT j.id, j.namespace || '/' || j.name AS key,
        (extract(epoch FROM j.next_run_at) * 1000000)::bigint AS next_run_us,
        j.schedule_version,
        r.id AS run_id, r.status AS run_status, r.created_at AS run_created_at,
-       r.due_at AS run_due_at
+       r.due_at AS run_due_at,
+       CASE WHEN j.next_run_at IS NULL
+            THEN (extract(epoch FROM j.updated_at) * 1000000)::bigint END AS defined_us
   FROM coordinator.jobs j
   LEFT JOIN coordinator.runs r
          ON r.job_id = j.id
@@ -689,17 +693,20 @@ class _Shared:
     #: Saved deadlines by their microseconds since the epoch.
     times: dict[int, datetime] = attrs.field(factory=dict)
 
-    def entries(self, rows: Sequence[Record]) -> list[JobEntry]:
+    def entries(self, rows: Sequence[Record]) -> RefreshPage:
         """Entries from rows of ``_REFRESH``: each record unpacked in one step, each
         entry built with positional arguments (half the time of reading by position and
         passing keywords, at a million rows)."""
         schedules, texts, times = self.schedules, self.texts, self.times
         entries: list[JobEntry] = []
+        defined: dict[int, int] = {}
         append = entries.append
         for (
             job_id, key, kind, expression, timezone, priority, worker_type, next_run_us,
-            schedule_version, run_id, run_status, run_created_at, run_due_at,
+            schedule_version, run_id, run_status, run_created_at, run_due_at, defined_us,
         ) in rows:  # fmt: skip
+            if defined_us is not None:
+                defined[job_id] = defined_us
             shape = (kind, expression, timezone)
             schedule = schedules.get(shape)
             if schedule is None:
@@ -727,7 +734,16 @@ class _Shared:
                     run_due_at,
                 )
             )
-        return entries
+        return RefreshPage(entries, defined)
+
+
+@attrs.frozen
+class RefreshPage:
+    """One page of a refresh: its entries, and when each job that has no saved deadline
+    was last defined (microseconds since the epoch, the database's clock)."""
+
+    entries: list[JobEntry]
+    defined: dict[int, int]
 
 
 @attrs.define(eq=False)
@@ -817,7 +833,7 @@ class Store:
     # -- inventory ----------------------------------------------------------------------
 
     async def read_pages(
-        self, ids: Sequence[int] | None, out: trio.MemorySendChannel[list[JobEntry]]
+        self, ids: Sequence[int] | None, out: trio.MemorySendChannel[RefreshPage]
     ) -> None:
         """Send on ``out`` every job that may need a timer or a dispatch, a page of at most
         :data:`REFRESH_PAGE` entries per statement (an inventory smaller than a page: one
@@ -1306,6 +1322,7 @@ __all__ = [
     "JobState",
     "LostRun",
     "PruneBatch",
+    "RefreshPage",
     "Store",
     "StoreUnavailable",
 ]

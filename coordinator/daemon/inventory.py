@@ -21,7 +21,7 @@ stops the loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -34,7 +34,7 @@ from ..core.deadlines import DeadlineSet
 from ..errors import CoordinatorError, first_error
 from ..events import EventBus, Refreshed, milliseconds
 from ..model import Schedule
-from ..store import FirstDeadlines, JobEntry, Store
+from ..store import FirstDeadlines, JobEntry, RefreshPage, Store
 from . import cyclic_gc
 from .policy import ErrorPolicy
 
@@ -113,6 +113,10 @@ class Inventory:
     #: Python's cyclic garbage collector around refreshes (a daemon that owns its
     #: process freezes what a full refresh leaves alive: see :mod:`.cyclic_gc`).
     collector: cyclic_gc.Collector = attrs.field(factory=cyclic_gc.Collector)
+    #: Seconds a job's definition may precede the refresh that first reads it and still
+    #: count its first deadline from then (:class:`_Firsts`): the refresh spacing and
+    #: some slack.
+    first_lookback: float = 90.0
     jobs: dict[int, JobEntry] = attrs.field(factory=dict)
     refreshes: int = 0
     #: When the last refresh ended (wall time).
@@ -285,11 +289,11 @@ class Inventory:
         # entries), sorted here, and each page's first deadlines are written (by tasks of
         # their own) while the next page is read. Nothing is armed until everything is
         # read, and a first deadline only once it is saved.
-        read = _Read(_Firsts(self.clock.now()))
+        read = _Read(_Firsts(self.clock.now(), self.first_lookback))
         self.reading(ids)
         try:
             async with trio.open_nursery() as nursery:
-                pages_out, pages = trio.open_memory_channel[list[JobEntry]](0)
+                pages_out, pages = trio.open_memory_channel[RefreshPage](0)
                 nursery.start_soon(
                     self.store.read_pages, None if ids is None else sorted(ids), pages_out
                 )
@@ -318,7 +322,7 @@ class Inventory:
 
     async def _sort(
         self,
-        page: list[JobEntry],
+        page: RefreshPage,
         read: _Read,
         firsts_out: trio.MemorySendChannel[FirstDeadlines],
     ) -> None:
@@ -326,12 +330,14 @@ class Inventory:
         :data:`FIRST_DEADLINE_BATCH`) and to mark invalid. Once per distinct schedule:
         the checks and the first deadline; once per job: a few lookups (a million jobs
         go through here on a first start)."""
-        read.rows += len(page)
+        read.rows += len(page.entries)
+        defined = page.defined
+        recent = read.firsts.recent_us
         firsts = FirstDeadlines()
         ids, ats, versions = firsts.ids, firsts.ats, firsts.versions
         loaded = read.loaded
         verdicts = read.verdicts
-        for entry in page:
+        for entry in page.entries:
             schedule = entry.schedule
             # Keyed by identity: the store hands out one object per distinct schedule
             # (and the verdict keeps it alive, so its id is not reused meanwhile).
@@ -340,6 +346,8 @@ class Inventory:
                 verdict = verdicts[id(schedule)] = read.firsts.verdict(schedule)
             if entry.next_run_at is not None:
                 reason, first_at = verdict.reason, None
+            elif defined.get(entry.id, 0) > recent:  # defined since the lookback began
+                reason, first_at = verdict.first_since(defined[entry.id])
             elif verdict.first_at is not None:  # computed (the common case: no call)
                 reason, first_at = None, verdict.first_at
             else:
@@ -435,6 +443,8 @@ class Inventory:
         return entries
 
 
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
 #: Kinds whose first deadline the daemon computes and saves (a one-shot job's is its
 #: instant, saved by whoever defined it).
 _RECURRING: Final = frozenset({"cron", "interval"})
@@ -475,6 +485,7 @@ class _Verdict:
     #: The first deadline, once computed (``None`` before, or if there is none).
     first_at: datetime | None = None
     _first: tuple[str | None, datetime | None] | None = None
+    _since: dict[int, tuple[str | None, datetime | None]] = attrs.field(factory=dict)
 
     def first(self) -> tuple[str | None, datetime | None]:
         """``(reason the schedule is unusable, None)`` or ``(None, first deadline)``."""
@@ -486,12 +497,47 @@ class _Verdict:
             self.first_at = first_at if reason is None else None
         return self._first
 
+    def first_since(self, defined_us: int) -> tuple[str | None, datetime | None]:
+        """As :meth:`first`, counted from when the job was defined (epoch microseconds):
+        once per distinct instant (jobs inserted by one statement share theirs)."""
+        if self.reason is not None:
+            return self.reason, None
+        known = self._since.get(defined_us)
+        if known is None:
+            first_at, reason = self.firsts.first_from(self.schedule, defined_us)
+            known = self._since[defined_us] = (reason, first_at if reason is None else None)
+        return known
+
 
 @attrs.define(eq=False)
 class _Firsts:
-    """Checks schedules and computes their first deadline from ``now``."""
+    """Checks schedules and computes their first deadline: from when the job was defined
+    if that was within ``lookback`` seconds, else from ``now``.
+
+    A job's first deadline is counted from its definition (``jobs define`` prints that
+    one), but the daemon reads the job at its next refresh, up to a coalescing window
+    later: counted from the refresh, a first tick falling in between was lost, and a
+    daily job defined shortly before its time first ran a day late (found by a helper,
+    2026-12-02). Such a tick is now owed, like any overdue deadline (it runs once, or its
+    misfire policy skips it). A definition older than the lookback (a daemon that was
+    down, a row whose deadline was cleared by hand without touching ``updated_at``)
+    counts from now, as before: ticks that fell while no daemon could read the job are
+    not owed."""
 
     now: datetime
+    #: Seconds before ``now`` a definition still counts from (the refresh spacing plus
+    #: slack for a refresh's own time and the two hosts' clocks).
+    lookback: float = 90.0
+    recent_us: int = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.recent_us = int((self.now.timestamp() - self.lookback) * 1_000_000)
+
+    def first_from(self, schedule: Schedule, defined_us: int) -> tuple[datetime | None, str | None]:
+        """The first deadline counted from ``defined_us`` (never from later than now: a
+        database clock ahead of the daemon's)."""
+        defined = _EPOCH + timedelta(microseconds=defined_us)
+        return next_deadline(schedules.initial_deadline, schedule, min(defined, self.now))
 
     def verdict(self, schedule: Schedule) -> _Verdict:
         return _Verdict(

@@ -80,6 +80,10 @@ COMPANION_FINISH: Final = 10.0
 
 #: Least seconds between two STATUS= updates while only counts change.
 STATUS_EVERY: Final = 1.0
+#: Seconds beyond the refresh spacing a job's definition may precede the refresh that
+#: first reads it and still count its first deadline from then (a refresh's own time,
+#: the two hosts' clocks: inventory._Firsts).
+FIRST_LOOKBACK_SLACK: Final = 60.0
 
 #: Exit statuses of ``coordinator run`` (README, "Exit status").
 EXIT_OK: Final = 0
@@ -235,6 +239,7 @@ class Daemon:
             deadlines=self.deadlines,
             coalescer=self.coalescer,
             collector=cyclic_gc.Collector(freeze=self.owns_process),
+            first_lookback=s.refresh_spacing + FIRST_LOOKBACK_SLACK,
         )
         self.loop = DispatchLoop(
             clock=self.clock,

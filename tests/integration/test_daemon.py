@@ -740,3 +740,47 @@ async def test_a_lost_lock_session_is_not_reported_as_leading(
     with trio.fail_after(10):
         while not harness.daemon.status().leading:
             await trio.sleep(0.05)
+
+
+async def test_a_first_deadline_counts_from_the_definition_not_the_refresh(
+    start_daemon: StartDaemon, conn: asyncpg.Connection
+) -> None:
+    """`jobs define` promises the first run from when the job was defined; the daemon
+    reads the job at its next refresh, up to a coalescing window later. Counted from the
+    refresh, a first tick falling in between was lost (a daily job defined shortly before
+    its time first ran a day late). A definition within the lookback counts from itself;
+    an older one (no daemon could read it) from the refresh, as before."""
+    every = await define(conn, "hourly", schedule_kind="interval", schedule="1h")
+    minutely = await define(conn, "minutely", schedule_kind="cron", schedule="* * * * *")
+    stale = await define(conn, "stale", schedule_kind="interval", schedule="1h")
+    # Defined 40 s ago; just before the current minute began (its tick fell since); and
+    # ten minutes ago.
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET updated_at = CASE id "
+        "  WHEN $1 THEN now() - interval '40 seconds' "
+        "  WHEN $2 THEN date_trunc('minute', now()) - interval '5 seconds' "
+        "  ELSE now() - interval '10 minutes' END "
+        "WHERE id = ANY ($3::bigint[])",
+        every,
+        minutely,
+        [every, minutely, stale],
+    )
+    defined = {
+        r["id"]: r["updated_at"]
+        for r in await aio(conn.fetch)("SELECT id, updated_at FROM coordinator.jobs")
+    }
+    harness = await start_daemon()
+    # The tick that fell between the definition and the refresh is owed: it runs once.
+    ran = (await harness.wait_event("job.run", job="default/minutely", timeout=20))[0]
+    assert ran["outcome"] == "succeeded"
+    scheduled = await aio(conn.fetchval)(
+        "SELECT scheduled_for FROM coordinator.runs WHERE job_id = $1", minutely
+    )
+    assert scheduled == defined[minutely] + timedelta(seconds=5)  # the minute's start
+    saved = {
+        r["id"]: r["next_run_at"]
+        for r in await aio(conn.fetch)("SELECT id, next_run_at FROM coordinator.jobs")
+    }
+    assert saved[every] == defined[every] + timedelta(hours=1)
+    # Ten minutes ago is beyond the lookback: counted from the refresh.
+    assert saved[stale] - defined[stale] >= timedelta(hours=1, minutes=9)
