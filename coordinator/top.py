@@ -307,7 +307,7 @@ class Api:
             with urllib.request.urlopen(self._request(path), timeout=API_TIMEOUT) as answer:
                 return json.loads(answer.read())
         except urllib.error.HTTPError as exc:
-            raise TopError(f"the admin API answered {exc.code} to {path}") from None
+            raise TopError(f"the admin API answered {exc.code} to {path}{_said(exc)}") from None
         except (OSError, ValueError) as exc:
             reason = getattr(exc, "reason", None) or exc
             raise TopError(f"nothing answered at {api_url(self.listen, path)} ({reason})") from None
@@ -407,12 +407,23 @@ class Top:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_signal, signals, nursery.cancel_scope)
-                await self._read({"status", "jobs", "runs"})
+                # The status comes from the daemon's memory; jobs and runs from the
+                # database. With the database down the screen still shows the daemon's
+                # side (running calls, held results, why it is degraded), and says what
+                # it could not read: it gave up on the first answer, exactly when an
+                # operator needs it.
+                await self._read({"status"})
+                complete = True
+                try:
+                    await self._read({"jobs", "runs"})
+                except TopError as exc:
+                    self.screen.problem = str(exc)
+                    complete = False
                 if self.once:
                     self.screen.snapshot = True
                     self.draw(force=True)
                     nursery.cancel_scope.cancel()
-                    return 0
+                    return 0 if complete else 1
                 await self._live(nursery)
         return 0
 
@@ -487,6 +498,15 @@ class Top:
         while True:
             await trio.sleep(1.0)
             self.draw()
+
+
+def _said(exc: urllib.error.HTTPError) -> str:
+    """``: MESSAGE`` of an error answer's JSON body (``{"error", "message"}``), if any."""
+    try:
+        message = json.loads(exc.read()).get("message")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return f": {message}" if isinstance(message, str) and message else ""
 
 
 async def _until_signal(signals: AsyncIterator[int], scope: trio.CancelScope) -> None:

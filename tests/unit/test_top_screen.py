@@ -80,3 +80,37 @@ def test_the_header_says_what_it_follows_and_ages_read_plainly() -> None:
     assert _relative(NOW - timedelta(seconds=12), NOW) == "12s ago"
     assert _relative(NOW - timedelta(seconds=75), NOW) == "1m15s ago"
     assert _relative(NOW + timedelta(seconds=9.5), NOW) == "in 9.5s"
+
+
+def test_once_shows_the_daemons_side_when_the_database_is_down() -> None:
+    """The API answers /api/status from the daemon's memory but 503 for /api/jobs and
+    /api/runs while the database is down: `top --once` still prints the screen, says what
+    it could not read, and exits 1 (it printed only the error, exit 1)."""
+    import io
+    from typing import Any
+
+    import trio
+
+    from coordinator.top import Top, TopError
+
+    class DatabaseDown:
+        listen = "127.0.0.1:8787"
+
+        def get(self, path: str) -> Any:
+            if path == "/api/status":
+                return {
+                    "state": "degraded",
+                    "instance": "h:1:x",
+                    "degraded": ["settle: cannot connect to PostgreSQL"],
+                    "running": [{"job": "default/copy", "job_id": 1, "run": 7, "running_s": 3.0}],
+                    "retained": [],
+                    "worker_connections": [],
+                }
+            raise TopError(f"the admin API answered 503 to {path}: database unavailable")
+
+    out = io.StringIO()
+    top = Top(api=DatabaseDown(), out=out, once=True)  # type: ignore[arg-type]
+    assert trio.run(top.run) == 1
+    frame = out.getvalue()
+    assert "default/copy" in frame  # the running call, from the daemon's memory
+    assert "! the admin API answered 503 to /api/jobs: database unavailable" in frame
