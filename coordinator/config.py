@@ -884,6 +884,11 @@ class Config:
         return self.state_dir / "spool.jsonl"
 
     @property
+    def alert_outbox_path(self) -> Path:
+        """Alert deliveries a stop abandoned, sent again at the next start."""
+        return self.state_dir / "alerts-outbox.jsonl"
+
+    @property
     def embedded_root(self) -> Path:
         """Where the embedded PostgreSQL lives when no DSN is configured."""
         return self.state_dir / "postgres"

@@ -62,6 +62,7 @@ def build_daemon(
     alert_sinks: Sequence[Sink] = (),
     alert_window: float = 6 * 3600.0,
     command_namespaces: Sequence[str] = ("*",),
+    alert_outbox: Path | None = None,
 ) -> Daemon:
     """A daemon with both executors: commands, and workers on ``worker_socket`` (default
     :func:`~coordinator.executors.worker.default_socket_path`) and, if given, on the TCP
@@ -72,7 +73,9 @@ def build_daemon(
     ``alert_sinks`` are given, an :class:`~coordinator.alerts.Alerter` is subscribed to
     its events (none otherwise: no alert configured costs nothing). ``owns_process``: the
     daemon owns its process (``coordinator run``; see daemon/cyclic_gc.py).
-    ``command_namespaces``: the namespaces whose jobs may run commands (``*``: all)."""
+    ``command_namespaces``: the namespaces whose jobs may run commands (``*``: all).
+    ``alert_outbox``: where a stop keeps the alert deliveries it abandons, for the next
+    start (the alerter's ``outbox``)."""
     events = EventBus(log=log)
     tokens = worker_tokens if worker_tokens is not None else TokenSet()
     tcp = worker_tcp(worker_listen, tls=worker_tls is not None, token=worker_token, tokens=tokens)
@@ -116,6 +119,7 @@ def build_daemon(
             # installs them first). Outcomes are redacted at the settlement already; this
             # is #16's one place for an alert's text, so nothing reaches a sink unredacted.
             redact=lambda text: redact.default().text(text),
+            outbox=alert_outbox,
         )
         events.subscribe(alerter.observe)
         daemon.companions.append(alerter)
@@ -324,6 +328,7 @@ async def serve(
         alert_sinks=alert_sinks(config),
         alert_window=config.alert_window,
         command_namespaces=config.command_namespaces,
+        alert_outbox=config.alert_outbox_path,
     )
     async with trio_asyncio_loop(), trio.open_nursery() as nursery:
         stopped = trio.Event()

@@ -28,10 +28,13 @@ With no sink configured no alerter is made at all: no subscriber, no task, nothi
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Final, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 import trio
@@ -50,6 +53,7 @@ from ..events import (
     RunFinished,
     RunLost,
 )
+from ..files import private_text, write_private
 from .message import Alert, Message, render
 from .sinks import DeliveryFailed, Sink
 
@@ -100,6 +104,66 @@ class _Candidate:
     example: tuple[str, str, str] | None = None
 
 
+@attrs.frozen(kw_only=True)
+class _Delivery:
+    """One alert on its way to one sink: what a stop that abandons it keeps in the
+    outbox, and a start sends again."""
+
+    sink: str
+    job: str
+    job_id: int
+    kind: str
+    run: int
+    #: When the alert was logged: it is retried until ``at`` + the window.
+    at: datetime
+    suppressed: int
+    message: Message
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-Coordinator-Job": self.job,
+            "X-Coordinator-Kind": self.kind,
+            "X-Coordinator-Run": str(self.run),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sink": self.sink,
+            "job": self.job,
+            "job_id": self.job_id,
+            "kind": self.kind,
+            "run": self.run,
+            "at": self.at.isoformat(),
+            "suppressed": self.suppressed,
+            "subject": self.message.subject,
+            "text": self.message.text,
+            "payload": self.message.payload,
+        }
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> _Delivery:
+        """Raises ``KeyError``, ``TypeError`` or ``ValueError`` for a record that is not
+        one."""
+        at = datetime.fromisoformat(record["at"])
+        if at.tzinfo is None:
+            raise ValueError("a naive time")
+        message = Message(
+            subject=str(record["subject"]), text=str(record["text"]), payload=record["payload"]
+        )
+        if not isinstance(message.payload, dict):
+            raise TypeError("payload")
+        return cls(
+            sink=str(record["sink"]),
+            job=str(record["job"]),
+            job_id=int(record["job_id"]),
+            kind=str(record["kind"]),
+            run=int(record["run"]),
+            at=at,
+            suppressed=int(record["suppressed"]),
+            message=message,
+        )
+
+
 @attrs.define(eq=False)
 class _Found:
     """Serious findings of one call so far (until its RunFinished)."""
@@ -135,6 +199,10 @@ class Alerter:
     #: Delivery retries: the first pause and the longest (seconds).
     retry_first: float = 1.0
     retry_cap: float = 300.0
+    #: Where a stop keeps the deliveries it abandons, for the next start to send
+    #: (``None``: nowhere; they are lost, logged). The window was opened for them, so
+    #: without this the next alert of their (job, kind) was suppressed too.
+    outbox: Path | None = None
     _queue: deque[_Candidate] = attrs.field(factory=deque)
     _wake: trio.Event = attrs.field(factory=trio.Event)
     #: (job id, kind) -> end of its open window (wall epoch seconds), as last read.
@@ -152,7 +220,7 @@ class Alerter:
     _delivering: int = 0
     #: What they are (``job run N kind (sink)``), for the line that names what a stop
     #: abandons.
-    _under_way: dict[int, str] = attrs.field(factory=dict)
+    _under_way: dict[int, _Delivery] = attrs.field(factory=dict)
     _deliveries: int = 0
     _idle: trio.Event = attrs.field(factory=trio.Event)
     _busy: bool = False
@@ -291,6 +359,7 @@ class Alerter:
         """Read windows and start deliveries until cancelled (a daemon companion)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._resume_outbox()
             task_status.started()
             while True:
                 if not self._queue:
@@ -363,21 +432,33 @@ class Alerter:
             example=candidate.example,
         )
         message = render(alert, redact=self.redact)
-        assert self._nursery is not None
         for sink in self.sinks:
-            self._delivering += 1
-            self._nursery.start_soon(self._deliver, sink, alert, message)
+            self._start(
+                sink,
+                _Delivery(
+                    sink=sink.name,
+                    job=alert.job,
+                    job_id=alert.job_id,
+                    kind=alert.kind,
+                    run=alert.run,
+                    at=alert.at,
+                    suppressed=alert.suppressed,
+                    message=message,
+                ),
+            )
 
-    async def _deliver(self, sink: Sink, alert: Alert, message: Message) -> None:
-        headers = {
-            "X-Coordinator-Job": alert.job,
-            "X-Coordinator-Kind": alert.kind,
-            "X-Coordinator-Run": str(alert.run),
-        }
+    def _start(self, sink: Sink, delivery: _Delivery) -> None:
+        assert self._nursery is not None
+        self._delivering += 1
+        self._nursery.start_soon(self._deliver, sink, delivery)
+
+    async def _deliver(self, sink: Sink, alert: _Delivery) -> None:
+        headers = alert.headers()
+        message = alert.message
         attempt = 0
         self._deliveries += 1
         key = self._deliveries
-        self._under_way[key] = f"{alert.job} run {alert.run} {alert.kind} ({sink.name})"
+        self._under_way[key] = alert
         try:
             while True:
                 attempt += 1
@@ -443,11 +524,74 @@ class Alerter:
                 "(not sent yet)"
                 for c in self._queue
             ]
+            under_way = list(self._under_way.values())
+            kept = self._keep(under_way)
             self.events.log.warning(
                 "alert.abandoned",
                 pending=self.pending,
-                alerts="; ".join([*self._under_way.values(), *waiting]),
+                alerts="; ".join(
+                    [f"{d.job} run {d.run} {d.kind} ({d.sink})" for d in under_way] + waiting
+                ),
+                kept=kept or None,
+                outbox=str(self.outbox) if kept else None,
             )
+
+    # -- the outbox -----------------------------------------------------------------------
+
+    def _keep(self, deliveries: list[_Delivery]) -> int:
+        """Keep the deliveries a stop abandons in the outbox (their windows are open: the
+        next start sends them, still within their window); how many were kept."""
+        if self.outbox is None or not deliveries:
+            return 0
+        text = "".join(json.dumps(d.to_json(), separators=(",", ":")) + "\n" for d in deliveries)
+        try:
+            self.outbox.parent.mkdir(parents=True, exist_ok=True)
+            write_private(self.outbox, text)
+        except OSError as exc:
+            self.events.log.error(
+                "alert.outbox_failed", path=str(self.outbox), error=exc.strerror or repr(exc)
+            )
+            return 0
+        return len(deliveries)
+
+    def _resume_outbox(self) -> None:
+        """Send again what the last stop kept, if still within its window and its sink
+        is still configured; then the outbox is empty (a delivery failing again is kept
+        again by the next stop)."""
+        if self.outbox is None:
+            return
+        text = private_text(self.outbox)
+        if text is None:
+            if self.outbox.exists():
+                self.events.log.warning(
+                    "alert.outbox_ignored",
+                    path=str(self.outbox),
+                    reason="not a private regular file of this user",
+                )
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.outbox.unlink()
+        sinks = {sink.name: sink for sink in self.sinks}
+        now = self.clock.now()
+        resumed = expired = unreadable = 0
+        for line in text.splitlines():
+            try:
+                delivery = _Delivery.from_json(json.loads(line))
+            except (KeyError, TypeError, ValueError):
+                unreadable += 1
+                continue
+            sink = sinks.get(delivery.sink)
+            if sink is None or delivery.at + self.window <= now:
+                expired += 1
+                continue
+            self._start(sink, delivery)
+            resumed += 1
+        self.events.log.info(
+            "alert.outbox",
+            resumed=resumed,
+            expired=expired or None,
+            unreadable=unreadable or None,
+        )
 
 
 __all__ = ["FOUND_LIMIT", "QUEUE_LIMIT", "Alerter", "WindowStore"]

@@ -353,3 +353,53 @@ async def test_a_recoverable_run_reporting_data_loss_findings_is_alerted(
     assert smtp.messages[0]["Subject"].strip() == (  # (folded: a long header)
         f"[coordinator] default/check run {run_id} found 1 data_loss and 1 error finding(s)"
     )
+
+
+async def test_an_alert_a_stop_abandons_is_sent_by_the_next_start(
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    smtp: SmtpServer,
+    receiver: HttpReceiver,
+    tmp_path: Any,
+) -> None:
+    """The mail server is down when a run fails: the webhook gets the alert, the email
+    retries until the daemon stops. The stop keeps that delivery in the outbox; the next
+    start sends it (the window was opened for it: before, the mail was lost and the
+    window then suppressed the next failure's alert too)."""
+    await define(conn, "flaky", target=FAIL)
+    outbox = tmp_path / "state" / "alerts-outbox.jsonl"
+    smtp.stop()
+    first = await start_daemon(
+        alert_sinks=sinks(smtp, receiver),
+        alert_window=WINDOW,
+        stop_timeout=1.0,
+        build={"alert_outbox": outbox},
+    )
+    # (The email's retry waits when the stop comes, rather than being under way in a
+    # thread a stop abandons: such an attempt may still deliver, and its mail would
+    # come twice, which is allowed -- at least once -- but not what this test counts.)
+    alerter(first).retry_first = 60.0
+    run_id = await fail_once(conn, first)
+    await first.wait_event("alert.sent", sink="webhook", run=run_id)
+    await first.wait_event("alert.failed", sink="email", run=run_id)
+    await first.stop()
+    abandoned = first.named("alert.abandoned")
+    assert len(abandoned) == 1
+    assert abandoned[0]["kept"] == 1
+    assert f"default/flaky run {run_id} failed (email)" in abandoned[0]["alerts"]
+    assert outbox.exists()
+    assert outbox.stat().st_mode & 0o077 == 0  # (the error text may be sensitive)
+
+    smtp.start()
+    second = await start_daemon(
+        alert_sinks=sinks(smtp, receiver),
+        alert_window=WINDOW,
+        build={"alert_outbox": outbox},
+    )
+    await second.wait_event("alert.sent", sink="email", run=run_id)
+    assert second.named("alert.outbox")[0]["resumed"] == 1
+    assert not outbox.exists()
+    (mail,) = smtp.messages
+    assert mail["Subject"] == "[coordinator] default/flaky failed (handler, unknown)"
+    assert mail["X-Coordinator-Run"] == str(run_id)
+    assert len(receiver.requests) == 1  # the webhook had it already: not sent twice
