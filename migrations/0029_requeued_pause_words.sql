@@ -9,7 +9,11 @@
 -- row now says nothing it does not mean. paused_at stays until the claim, as before: when
 -- it was paused is still true.
 --
--- Redefined from its latest definition (0027), with only that UPDATE changed.
+-- Its refusal of args names them (COLUMN 'args'), and NULL args are 22004 as README
+-- says of every required argument (they were 22023 without a COLUMN).
+--
+-- Redefined from its latest definition (0027), with only that UPDATE and that refusal
+-- changed.
 
 CREATE OR REPLACE FUNCTION coordinator.trigger(namespace text, name text, args jsonb DEFAULT '{}')
 RETURNS bigint
@@ -43,7 +47,9 @@ BEGIN
             USING ERRCODE = 'no_data_found', HINT = 'coordinator.job_not_found';
     END IF;
     IF args IS NULL OR jsonb_typeof(args) <> 'object' THEN
-        RAISE EXCEPTION 'args must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+        PERFORM coordinator._require(args, 'args');  -- (NULL: 22004, as README says)
+        RAISE EXCEPTION 'args must be a JSON object'
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'args';
     END IF;
     LOOP
         SELECT r.id, r.status INTO run_id, run_status FROM coordinator.runs r

@@ -14,6 +14,11 @@
 -- same function. The answer is unchanged: "updated" still counts every listed job that
 -- existed, as scripts read it.
 --
+-- Two refusals of sync say more, as README promises of the front doors: jobs that are
+-- not an array name the argument (COLUMN 'jobs'), and a value define_job refuses (an
+-- interval of zero, a misfire grace without skip...) names its entry, `jobs[1].every:
+-- ...`, as a value that does not cast already did (0026), with COLUMN 'jobs'.
+--
 -- Redefined from their latest definitions: _sync (0022's sync, renamed by 0026) and
 -- _declare (0014).
 
@@ -86,6 +91,10 @@ DECLARE
     n_updated       integer := 0;
     n_paused        integer := 0;
     n_written       integer := 0;  -- entries define_job wrote
+    refusal         text;
+    refusal_state   text;
+    refusal_detail  text;
+    refusal_hint    text;
 BEGIN
     PERFORM coordinator._require(namespace, 'namespace');
     IF problem IS NOT NULL THEN
@@ -93,9 +102,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', COLUMN = 'namespace';
     END IF;
     IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
-        RAISE EXCEPTION 'jobs must be a JSON array' USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'jobs must be a JSON array'
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'jobs';
     END IF;
     PERFORM set_config('coordinator.origin', 'quiet', true);
+    BEGIN
     FOR entry IN SELECT value FROM jsonb_array_elements(jobs) LOOP
         IF jsonb_typeof(entry) IS DISTINCT FROM 'object' THEN
             RAISE EXCEPTION 'jobs[%]: must be a JSON object', entry_index
@@ -146,6 +157,19 @@ BEGIN
             unpaused := unpaused || job_id;
         END IF;
     END LOOP;
+    EXCEPTION WHEN invalid_parameter_value OR null_value_not_allowed THEN
+        -- define_job's refusal names its argument, not the entry: say which entry
+        -- (entry_index is one past it by then), as a value that does not cast is said.
+        GET STACKED DIAGNOSTICS refusal = MESSAGE_TEXT, refusal_state = RETURNED_SQLSTATE,
+                                refusal_detail = PG_EXCEPTION_DETAIL,
+                                refusal_hint = PG_EXCEPTION_HINT;
+        IF refusal LIKE 'jobs[%' THEN
+            RAISE;
+        END IF;
+        RAISE EXCEPTION 'jobs[%].%', entry_index - 1, refusal
+            USING ERRCODE = refusal_state, COLUMN = 'jobs', DETAIL = refusal_detail,
+                  HINT = refusal_hint;
+    END;
     UPDATE coordinator.jobs j SET paused = true, sync_paused = true, updated_at = now()
      WHERE j.namespace = namespace AND j.removed_at IS NULL AND NOT j.paused
        AND NOT (j.name = ANY (names));

@@ -471,6 +471,25 @@ async def test_sql_api_refuses_null(conn: asyncpg.Connection) -> None:
     assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.jobs") == 1
 
 
+async def test_trigger_names_its_args_when_it_refuses_them(conn: asyncpg.Connection) -> None:
+    """(0029) args that are not an object are refused with the argument in COLUMN, and
+    NULL args as every NULL argument is (22004)."""
+    await _define(conn, name="a")
+    error = await refused(conn, "SELECT coordinator.trigger('default', 'a', '[1, 2]')")
+    assert (error.sqlstate, error.column_name, error.message) == (
+        "22023",
+        "args",
+        "args must be a JSON object",
+    )
+    error = await refused(conn, "SELECT coordinator.trigger('default', 'a', NULL)")
+    assert (error.sqlstate, error.column_name, error.message) == (
+        "22004",
+        "args",
+        "args: must not be NULL",
+    )
+    assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.runs") == 0
+
+
 async def test_resolve_with_null_outcome_leaves_the_run_unresolved(
     conn: asyncpg.Connection,
 ) -> None:
@@ -491,7 +510,14 @@ async def test_sync_refuses_a_bad_namespace_and_bad_entries(conn: asyncpg.Connec
     error = await refused(conn, "SELECT * FROM coordinator.sync('ns', '[3]')")
     assert error.message == "jobs[0]: must be a JSON object"
     error = await refused(conn, "SELECT * FROM coordinator.sync('ns', '[{\"name\": \"a\"}]')")
-    assert error.message == "schedule_kind: must not be NULL"
+    # (0030) define_job's refusal names the entry too, with the argument jobs.
+    assert (error.sqlstate, error.column_name, error.message) == (
+        "22004",
+        "jobs",
+        "jobs[0].schedule_kind: must not be NULL",
+    )
+    error = await refused(conn, "SELECT * FROM coordinator.sync('ns', '{}')")
+    assert (error.sqlstate, error.column_name) == ("22023", "jobs")
     error = await refused(conn, "SELECT * FROM coordinator.sync('ns', '[{\"name\": null}]')")
     assert error.message == "jobs[0].name: required"
     # (0026) A name listed twice is refused, as the client and a manifest refuse it; a
@@ -514,6 +540,11 @@ async def test_sync_refuses_a_bad_namespace_and_bad_entries(conn: asyncpg.Connec
         (
             [{**ok, "timeout": "forever"}],
             'jobs[0].timeout: invalid input syntax for type interval: "forever"',
+        ),
+        # (0030) A value that casts but define_job refuses, named with its entry.
+        (
+            [ok, {**ok, "name": "b", "schedule_kind": "interval", "schedule": "0"}],
+            "jobs[1].every: '0': a duration must be greater than zero",
         ),
     ]:
         error = await refused(
