@@ -718,7 +718,11 @@ def _add_sync(groups: _Subparsers) -> None:
         "(default: apply nothing, exit 2)",
     )
     # The default since invalid entries stopped being applied silently; still accepted.
-    choice.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)
+    choice.add_argument(
+        "--strict",
+        action="store_true",
+        help="apply nothing when any entry has a problem (the default; accepted for old scripts)",
+    )
 
 
 def _daemon_settings(parser: argparse.ArgumentParser) -> None:

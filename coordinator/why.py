@@ -154,8 +154,11 @@ def after_define(
         )
     kept = saved is not None and schedule.kind in ("cron", "interval")
     first = saved if kept else initial_deadline_or_none(schedule, now)
+    # (An interval counts from the definition's commit, by the database's clock: about.)
     about = "about " if schedule.kind == "interval" and not kept else ""
     text = f"next run {about}{when(first)}"
+    if schedule.kind == "once" and first is not None and first < now:
+        text += " (past: it runs once, late, unless its misfire policy skips it)"
     missing = []
     if facts.daemon_running is False:
         missing.append("a daemon runs")
@@ -167,10 +170,9 @@ def after_define(
         return f"{text}, once {' and '.join(missing)}: none does now{start}"
     if kept:
         return f"{text} (unchanged: its saved deadline stands)"
-    armed = f"armed at the daemon's next refresh (within {_within(facts)})"
-    if schedule.kind == "interval":
-        return f"{text} ({schedule.expression} after it is {armed})"
-    return f"{text}, {armed}"
+    # (The daemon counts a first deadline from the definition too: one that falls before
+    # that refresh still runs, late by at most the wait.)
+    return f"{text}, armed at the daemon's next refresh (within {_within(facts)})"
 
 
 def initial_deadline_or_none(schedule: Schedule, now: datetime) -> datetime | None:

@@ -232,6 +232,19 @@ def test_after_define() -> None:
         every, exec_target, namespace="default", name="b", paused=False, facts=LEADING,
         now=NOW, saved=saved,
     ) == "next run 2026-11-30 07:59:58Z (unchanged: its saved deadline stands)"  # fmt: skip
+    # An interval's first deadline counts from the definition, as the daemon counts it
+    # (it said "5m after it is armed at the daemon's next refresh").
+    assert why.after_define(
+        every, exec_target, namespace="default", name="b", paused=False, facts=LEADING, now=NOW
+    ) == ("next run about 2026-11-30 08:05:00Z, armed at the daemon's next refresh (within 30s)")
+    # A one-shot instant already past says so: it runs once, late.
+    past = Schedule(kind="once", expression="2026-11-30T07:00:00Z")
+    assert why.after_define(
+        past, exec_target, namespace="default", name="p", paused=False, facts=LEADING, now=NOW
+    ) == (
+        "next run 2026-11-30 07:00:00Z (past: it runs once, late, unless its misfire policy "
+        "skips it), armed at the daemon's next refresh (within 30s)"
+    )
 
 
 def test_status_differences() -> None:
