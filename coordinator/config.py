@@ -884,6 +884,11 @@ class Config:
         return self.state_dir / "spool.jsonl"
 
     @property
+    def command_ledger_path(self) -> Path:
+        """The process groups of the running commands (coordinator.executors.ledger)."""
+        return self.state_dir / "commands"
+
+    @property
     def alert_outbox_path(self) -> Path:
         """Alert deliveries a stop abandoned, sent again at the next start."""
         return self.state_dir / "alerts-outbox.jsonl"

@@ -28,6 +28,7 @@ from .db import trio_asyncio_loop
 from .errors import ConfigError
 from .events import EventBus
 from .executors import ExecExecutor
+from .executors.ledger import CommandLedger
 from .executors.worker import WorkerExecutor, default_socket_path
 from .log import EventLog, Level
 from .protocol import is_loopback
@@ -63,6 +64,7 @@ def build_daemon(
     alert_window: float = 6 * 3600.0,
     command_namespaces: Sequence[str] = ("*",),
     alert_outbox: Path | None = None,
+    command_ledger: Path | None = None,
 ) -> Daemon:
     """A daemon with both executors: commands, and workers on ``worker_socket`` (default
     :func:`~coordinator.executors.worker.default_socket_path`) and, if given, on the TCP
@@ -75,7 +77,9 @@ def build_daemon(
     daemon owns its process (``coordinator run``; see daemon/cyclic_gc.py).
     ``command_namespaces``: the namespaces whose jobs may run commands (``*``: all).
     ``alert_outbox``: where a stop keeps the alert deliveries it abandons, for the next
-    start (the alerter's ``outbox``)."""
+    start (the alerter's ``outbox``). ``command_ledger``: the directory where running
+    commands' process groups are recorded, for the next start to stop those a killed
+    daemon left (:mod:`coordinator.executors.ledger`)."""
     events = EventBus(log=log)
     tokens = worker_tokens if worker_tokens is not None else TokenSet()
     tcp = worker_tcp(worker_listen, tls=worker_tls is not None, token=worker_token, tokens=tokens)
@@ -83,6 +87,8 @@ def build_daemon(
         "exec": ExecExecutor(
             clock=clock,
             namespaces=None if "*" in command_namespaces else frozenset(command_namespaces),
+            ledger=None if command_ledger is None else CommandLedger(command_ledger),
+            events=events,
         ),
         "worker": WorkerExecutor(
             clock=clock,
@@ -329,6 +335,7 @@ async def serve(
         alert_window=config.alert_window,
         command_namespaces=config.command_namespaces,
         alert_outbox=config.alert_outbox_path,
+        command_ledger=config.command_ledger_path,
     )
     async with trio_asyncio_loop(), trio.open_nursery() as nursery:
         stopped = trio.Event()

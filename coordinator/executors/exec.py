@@ -38,9 +38,11 @@ import attrs
 import trio
 
 from ..clock import WallClock
+from ..events import EventBus
 from ..model import EXIT_TEMPFAIL, Outcome
 from ..text import TRUNCATED, clip, storable
 from .base import AT_ONCE, Turn
+from .ledger import CommandLedger
 from .outcomes import CANCELLED_MESSAGE, cancelled, ended, timed_out_message
 
 if TYPE_CHECKING:
@@ -88,6 +90,11 @@ class ExecExecutor:
     #: every one. A command runs as the daemon's user, so a role that may operate a
     #: namespace may run anything that user may, unless its namespace is left out.
     namespaces: frozenset[str] | None = None
+    #: The groups of the commands running, kept in the state directory, so that the next
+    #: start stops those a killed daemon left (``None``: not kept).
+    ledger: CommandLedger | None = None
+    #: Where the orphans stopped at start are said.
+    events: EventBus | None = None
 
     # -- lifecycle: a command needs nothing opened, has no pools, nothing connects --------
 
@@ -95,7 +102,10 @@ class ExecExecutor:
         """Nothing to report: commands have no pools."""
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Nothing to open."""
+        """Nothing to open; but first stop the commands a daemon killed outright left
+        running (the lock is ours, no run has started yet: :mod:`.ledger`)."""
+        if self.ledger is not None:
+            await self.ledger.stop_orphans(grace=self.kill_grace, events=self.events)
         task_status.started()
 
     async def detach(self) -> None:
@@ -175,15 +185,21 @@ class ExecExecutor:
 
         out, err = _Tail(self.output_limit), _Tail(self.output_limit)
         timeout = claim.job.timeout
+        if self.ledger is not None:
+            self.ledger.record(proc.pid, claim.run_id)
         try:
-            ending = await self._supervise(proc, stdin_data, timeout, abandon, out, err)
-        except BaseException:
+            try:
+                ending = await self._supervise(proc, stdin_data, timeout, abandon, out, err)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await self._stop_after_cancel(proc)
+                raise
+            # The main process has exited and is not reaped yet: reap it now (immediate).
             with trio.CancelScope(shield=True):
-                await self._stop_after_cancel(proc)
-            raise
-        # The main process has exited and is not reaped yet: reap it now (immediate).
-        with trio.CancelScope(shield=True):
-            returncode = await proc.wait()
+                returncode = await proc.wait()
+        finally:
+            if self.ledger is not None:
+                self.ledger.forget(proc.pid)
         finished_at = self.clock.now()
         return self._settle(started_at, finished_at, ending, timeout, returncode, out, err)
 

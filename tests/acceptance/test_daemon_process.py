@@ -196,6 +196,52 @@ def test_killed_mid_run_of_an_idempotent_job_runs_it_once_more(
     assert effects.read_text().split() == ["1", "2"]
 
 
+def _alive(pid: int) -> bool:
+    """A live process (a zombie waiting for its parent is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X")
+
+
+def test_a_daemon_killed_outright_has_its_commands_stopped_by_the_next_start(
+    daemons: Any, database: str, tmp_path: Path
+) -> None:
+    """A daemon killed with SIGKILL leaves its command running (it leads a process group
+    of its own). The next start with the same state directory stops it before the sweep's
+    retry of the idempotent job can run beside it (two copies side by side before)."""
+    pid_file, started, effects = tmp_path / "pid", tmp_path / "started", tmp_path / "effects"
+    cmd = (
+        f'echo "$COORDINATOR_ATTEMPT" >> {effects}; echo $$ > {pid_file}; touch {started}; '
+        f'if [ "$COORDINATOR_ATTEMPT" = 1 ]; then exec sleep 300; fi'
+    )
+    defined = cli(database, "jobs", "define", "sweep", "--manual", "--idempotent", "--",
+                  "sh", "-c", cmd)  # fmt: skip
+    assert defined.returncode == 0, defined.stderr
+    state = ["--state-dir", str(tmp_path / "state")]
+    first = daemons("d1", *state)
+    first.wait_event("ready")
+    run_id = int(cli(database, "jobs", "trigger", "sweep").stdout.strip())
+    wait_until(started.exists)
+    orphan = int(pid_file.read_text())
+    first.kill()
+    assert _alive(orphan)  # nothing stopped it with the daemon
+
+    second = daemons("d2", *state)
+    stopped = second.wait_event("startup.orphan_stopped")
+    assert (stopped["run"], stopped["pgid"], stopped["signal"]) == (run_id, orphan, "SIGTERM")
+    assert not _alive(orphan)
+    second.wait_event("startup.lost_run", action="retried")
+    run = second.wait_event("job.run", trigger="retry")
+    assert run["outcome"] == "succeeded"
+    assert effects.read_text().split() == ["1", "2"]
+    names = [e["event"] for e in second.events()]
+    assert names.index("startup.orphan_stopped") < names.index("job.run")
+    # Only the groups still running are recorded: the finished retry left nothing.
+    assert list((tmp_path / "state" / "commands").iterdir()) == []
+
+
 def _define_tick(database: str, effects: Path) -> None:
     """A 1 s interval job writing its run id. Idempotent: the leader is killed at a moment
     the test does not choose, maybe during a run, whose outcome is then unknown; a
