@@ -1168,21 +1168,37 @@ async def summary(conn: Connection) -> dict[str, Any]:
     counts, the earliest saved deadline of a job that can run and that job, and
     outstanding runs by status.
 
-    ``loadable`` counts the jobs a daemon loads at a refresh (neither paused, invalid nor
-    manual-only), so it can be compared with the daemon's own count.
+    ``loadable`` counts the jobs a daemon loads at a refresh, by the refresh's own rule
+    (neither paused nor invalid, and a cron or interval schedule, a saved deadline, or a
+    run outstanding that is not paused), so it can be compared with the daemon's own
+    count; ``manual`` and ``done`` (one-shot jobs whose instant was served) count the
+    other jobs it leaves out. (A manual job with a queued or unresolved run is loaded:
+    counted as manual-only, it made `status` say the daemon had run jobs it had not.)
     """
     with translate_errors():
         row = await conn.fetchrow(
             """
             WITH live AS (
-                SELECT * FROM coordinator.jobs WHERE NOT paused AND invalid_reason IS NULL)
+                SELECT j.*, EXISTS (
+                           SELECT 1 FROM coordinator.runs r
+                            WHERE r.job_id = j.id
+                              AND r.status IN ('queued', 'pending', 'running', 'unresolved',
+                                               'cancel_requested')) AS outstanding
+                  FROM coordinator.jobs j WHERE NOT j.paused AND j.invalid_reason IS NULL),
+                 loads AS (
+                SELECT *, schedule_kind IN ('cron', 'interval') OR next_run_at IS NOT NULL
+                          OR outstanding AS loaded
+                  FROM live)
             SELECT (SELECT count(*) FROM coordinator.jobs WHERE removed_at IS NULL) AS jobs,
                    (SELECT count(*) FROM coordinator.jobs
                      WHERE paused AND removed_at IS NULL) AS paused,
                    (SELECT count(*) FROM coordinator.jobs
                      WHERE invalid_reason IS NOT NULL AND removed_at IS NULL) AS invalid,
-                   (SELECT count(*) FROM live WHERE schedule_kind = 'manual') AS manual,
-                   (SELECT count(*) FROM live WHERE schedule_kind <> 'manual') AS loadable,
+                   (SELECT count(*) FROM loads
+                     WHERE NOT loaded AND schedule_kind = 'manual') AS manual,
+                   (SELECT count(*) FROM loads
+                     WHERE NOT loaded AND schedule_kind <> 'manual') AS done,
+                   (SELECT count(*) FROM loads WHERE loaded) AS loadable,
                    n.next_run_at AS next_deadline, n.namespace || '/' || n.name AS next_job,
                    n.target ->> 'type' AS next_worker, b.id AS next_blocked_by,
                    (SELECT json_object_agg(status, n)::text FROM (
@@ -1203,6 +1219,7 @@ async def summary(conn: Connection) -> dict[str, Any]:
         "paused": row["paused"],
         "invalid": row["invalid"],
         "manual": row["manual"],
+        "done": row["done"],
         "loadable": row["loadable"],
         "next_deadline": _iso(row["next_deadline"]),
         "next_job": row["next_job"],

@@ -245,8 +245,13 @@ def status_differences(
     if isinstance(loaded, int) and loaded != total:
         left_out = [
             f"{database[key]} {word}"
-            for key, word in (("paused", "paused"), ("invalid", "invalid"), ("manual", "manual"))
-            if database[key]
+            for key, word in (
+                ("paused", "paused"),
+                ("invalid", "invalid"),
+                ("manual", "manual"),
+                ("done", "one-shot done"),
+            )
+            if database.get(key)
         ]
         text = (
             f"the database holds {total} jobs and the daemon has loaded {loaded}: it loads "

@@ -758,3 +758,24 @@ async def test_a_nul_in_a_name_is_named_as_the_name(conn: asyncpg.Connection) ->
         "namespace: 'n\\x00s': use letters, digits, '.', '_' and '-', "
         "starting with a letter or a digit"
     )
+
+
+async def test_the_summary_counts_what_a_refresh_loads(conn: asyncpg.Connection) -> None:
+    """loadable follows the refresh's rule: a manual job with a run outstanding is loaded
+    (counted as manual-only, `status` explained it as a job the daemon had run when it
+    had run nothing), a served one-shot job is not."""
+    await _define(conn, "idle")  # manual, nothing queued: not loaded
+    await _define(conn, "queued")
+    await aio(client.trigger)(conn, "queued")
+    await _define(conn, "hourly", schedule=Schedule(kind="interval", expression="1h"))
+    served = await _define(
+        conn, "once", schedule=Schedule(kind="once", expression="2026-01-01T00:00:00Z")
+    )
+    await aio(conn.execute)("UPDATE coordinator.jobs SET next_run_at = NULL WHERE id = $1", served)
+    summary = await aio(client.summary)(conn)
+    assert (summary["jobs"], summary["loadable"], summary["manual"], summary["done"]) == (
+        4,
+        2,  # hourly, and queued for its run
+        1,  # idle
+        1,  # once, served
+    )
