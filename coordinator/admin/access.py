@@ -51,6 +51,18 @@ TOKEN_KEY: Final = "coordinator.token"
 _NOBODY: Final = TokenScope(name="-", digest="-", namespaces=frozenset(), access="read")
 
 
+#: Where a request's audit record gathers what its handler adds (:func:`note_audit`).
+AUDIT_KEY: Final = "coordinator.audit"
+
+
+def note_audit(request: Request, **fields: Any) -> None:
+    """Add ``fields`` (``None`` ones left out) to this request's audit record: the API's
+    handlers and the page's actions say the same things (job, run, created...)."""
+    notes: dict[str, Any] | None = request.scope.get(AUDIT_KEY)
+    if notes is not None:
+        notes.update({k: v for k, v in fields.items() if v is not None})
+
+
 def token_of(request: Request | dict[str, Any]) -> TokenScope:
     """The token the request was let in with (nothing, on an open endpoint)."""
     scope = request if isinstance(request, dict) else request.scope

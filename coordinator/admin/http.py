@@ -117,7 +117,6 @@ MAX_DB_REQUESTS: Final = 8
 MAX_LIMIT: Final = 1000
 
 _MAX_BIGINT: Final = 2**63 - 1
-_AUDIT_KEY: Final = "coordinator.audit"
 
 #: Sent with every response. Scripts, styles and images only from this server's
 #: ``/static`` (no inline code at all), nothing framed, forms only posted here.
@@ -213,7 +212,7 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         notes: dict[str, Any] = {}
-        scope[_AUDIT_KEY] = notes
+        scope[access.AUDIT_KEY] = notes
         audited = scope["method"] != "POST"
 
         def audit(status: int) -> None:
@@ -306,11 +305,7 @@ def _remote(scope: Scope) -> str | None:
     return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
-def _note(request: Request, **fields: Any) -> None:
-    """Add fields to this request's audit record."""
-    notes: dict[str, Any] | None = request.scope.get(_AUDIT_KEY)
-    if notes is not None:
-        notes.update({k: v for k, v in fields.items() if v is not None})
+_note = access.note_audit
 
 
 # --------------------------------------------------------------------------- inputs

@@ -485,6 +485,15 @@ class Web:
                 note, fields = await act(conn, form)
         except CoordinatorError as exc:
             note, fields = str(exc), {"ok": False, "http_status": error_status(exc)[0]}
+        # The audit record says what the API's says of the same action (it had only the
+        # method, path and status).
+        access.note_audit(
+            request,
+            job=_job_of(request),
+            run=fields.get("run"),
+            run_status=fields.get("status"),
+            created=fields.get("created"),
+        )
         return _answer(request, form, note, self._marked, **fields)
 
     def _marked(self, request: Request, note: str) -> str:
@@ -498,10 +507,16 @@ class Web:
             job = await aio(client.get_job)(conn, name, namespace=namespace)
             run_id = await aio(client.trigger)(conn, name, namespace=namespace)
             if run_id == job.outstanding_run:
-                return f"run {run_id} is already {job.outstanding_status}", {"run": run_id}
+                return f"run {run_id} is already {job.outstanding_status}", {
+                    "run": run_id,
+                    "created": False,
+                }
             if job.paused:  # (as the CLI says it: the run waits)
-                return f"run {run_id} queued; it waits while the job is paused", {"run": run_id}
-            return f"run {run_id} queued", {"run": run_id}
+                return f"run {run_id} queued; it waits while the job is paused", {
+                    "run": run_id,
+                    "created": True,
+                }
+            return f"run {run_id} queued", {"run": run_id, "created": True}
 
         return await self._act(request, act)
 
@@ -637,6 +652,14 @@ def _answer(
     glue = "&" if "?" in back else "?"
     query = urlencode({"note": note, "mark": mark(request, note)})
     return RedirectResponse(f"{back}{glue}{query}", status_code=303)
+
+
+def _job_of(request: Request) -> str | None:
+    """``namespace/name`` of a job action's path; ``None`` for a run's."""
+    if "ns" not in request.path_params:
+        return None
+    namespace, name = job_key(request)
+    return f"{namespace}/{name}"
 
 
 def _here(request: Request) -> str:

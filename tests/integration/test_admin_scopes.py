@@ -376,10 +376,13 @@ async def test_the_web_page_shows_and_does_only_what_the_token_may(
                 "/jobs/billing/billing-job/run", data={"csrf": csrf.group(1)}, headers=fetch
             )
             assert ran.status_code == 200, ran.text
-    # The page's POSTs are audited under the token that signed in.
-    assert ("billing-ops", "/jobs/billing/billing-job/run", 200) in [
-        (a.get("token"), a["path"], a["status"]) for a in http.audits
-    ]
+    # The page's POSTs are audited under the token that signed in, with what the API's
+    # audit says of the same action (the job, the run, whether it was created).
+    audited = [a for a in http.audits if a["path"] == "/jobs/billing/billing-job/run"]
+    assert [(a.get("token"), a["status"]) for a in audited] == [("billing-ops", 200)]
+    assert audited[0]["job"] == "billing/billing-job"
+    assert audited[0]["created"] is True
+    assert isinstance(audited[0]["run"], int)
     # A read-only token signs in, sees its namespace, changes nothing.
     async with signed_in(http.http, REPORTS_READ) as page:
         with trio.fail_after(15):
