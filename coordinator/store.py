@@ -365,14 +365,12 @@ SELECT * FROM coordinator._settle($1, $2, $3::text::timestamptz, $4::text::times
 
 # It first waits for the fence (migrations/0018): claims of a previous leader still in
 # flight on their backends commit before it looks, or are refused.
-# (Each run's attempt read beside: the function does not return it, and the sweep does
-# not change it. The join reads the rows as the statement began, before the sweep's
-# writes, which leave the attempt as it was.)
-_SWEEP_LOST = """
-SELECT s.run_id, s.job_id, s.action, lost.attempt
-  FROM coordinator._sweep_lost($1, $2, $3) AS s
-  LEFT JOIN coordinator.runs AS lost ON lost.id = s.run_id
-"""
+_SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1, $2, $3)"
+# Which attempt each swept run was: the function does not return it, and a join in its
+# statement would read the rows as they were before its wait on the fence, missing the
+# runs a dead leader's claims committed meanwhile (found in review). The sweep does not
+# change the attempt: read after it, the lost runs only, and only when there are some.
+_LOST_ATTEMPTS = "SELECT id, attempt FROM coordinator.runs WHERE id = ANY ($1::text::bigint[])"
 
 # A pause wake names a run; any role may NOTIFY, so before a call of ours is stopped the
 # run's own status says whether coordinator.pause_run asked it (cancel_requested).
@@ -1250,9 +1248,17 @@ class Store:
         rows = await self._call(
             "sweep_lost", "fetch", _SWEEP_LOST, self.instance, LOCK_CLASS, LOCK_OBJECT
         )
+        attempts: dict[int, int] = {}
+        if rows:
+            ids = "{" + ",".join(str(int(r["run_id"])) for r in rows) + "}"
+            read = await self._call("sweep_lost", "fetch", _LOST_ATTEMPTS, ids)
+            attempts = {r["id"]: r["attempt"] for r in read}
         return [
             LostRun(
-                run_id=r["run_id"], job_id=r["job_id"], action=r["action"], attempt=r["attempt"]
+                run_id=r["run_id"],
+                job_id=r["job_id"],
+                action=r["action"],
+                attempt=attempts.get(r["run_id"]),
             )
             for r in rows
         ]

@@ -21,6 +21,7 @@ Every text that comes from a job or a run is printed with control characters esc
 from __future__ import annotations
 
 import collections
+import http.client
 import json
 import shutil
 import signal
@@ -504,7 +505,7 @@ def _said(exc: urllib.error.HTTPError) -> str:
     """``: MESSAGE`` of an error answer's JSON body (``{"error", "message"}``), if any."""
     try:
         message = json.loads(exc.read()).get("message")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, http.client.HTTPException):
         return ""
     return f": {message}" if isinstance(message, str) and message else ""
 

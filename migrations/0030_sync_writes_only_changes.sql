@@ -7,9 +7,11 @@
 -- already wrote nothing when unchanged (_declare, 0014), by one predicate over the whole
 -- list.
 --
--- Now the predicate is a function of one entry, _job_unchanged (0014's, word for word:
--- every field sync would write equals the row's, with define_job's defaults for what the
--- entry leaves out, and its pause as sync would set it). _sync skips an unchanged entry
+-- Now the predicate is a function of one entry, _job_unchanged (0014's: every field sync
+-- would write equals the row's, with define_job's defaults for what the entry leaves
+-- out, and its pause as sync would set it; JSON and durations now compared as written,
+-- so that 1.0 for 1 in params, or 24 hours for 1 day -- equal as values, not to a worker
+-- or across a change of daylight saving time -- is written). _sync skips an unchanged entry
 -- (no write) and sends its wake only when it wrote or paused something; _declare asks the
 -- same function. The answer is unchanged: "updated" still counts every listed job that
 -- existed, as scripts read it.
@@ -28,22 +30,24 @@ LANGUAGE sql STABLE SET enable_seqscan = off AS $$
         SELECT 1 FROM coordinator.jobs j
          WHERE j.namespace = p_namespace AND j.name = e->>'name'
            AND j.removed_at IS NULL
-           AND (j.schedule_kind, j.schedule, j.timezone, j.target, j.params, j.timeout,
-                j.priority, j.idempotent, j.invalid_reason, j.retries, j.retry_backoff,
-                j.retry_max_delay, j.misfire, j.misfire_grace, j.recoverable, j.alert,
-                j.keep_last, j.retention)
+           AND (j.schedule_kind, j.schedule, j.timezone, j.target::text, j.params::text,
+                j.timeout::text, j.priority, j.idempotent, j.invalid_reason, j.retries,
+                j.retry_backoff::text, j.retry_max_delay::text, j.misfire,
+                j.misfire_grace::text, j.recoverable, j.alert, j.keep_last,
+                j.retention::text)
                IS NOT DISTINCT FROM
                (e->>'schedule_kind', e->>'schedule', coalesce(e->>'timezone', 'UTC'),
-                e->'target', coalesce(e->'params', '{}'), (e->>'timeout')::interval,
+                (e->'target')::text, coalesce(e->'params', '{}')::text,
+                (e->>'timeout')::interval::text,
                 coalesce(e->>'priority', 'background'),
                 coalesce((e->>'idempotent')::boolean, false), e->>'invalid_reason',
                 coalesce((e->>'retries')::integer, 0),
-                coalesce((e->>'retry_backoff')::interval, interval '30 seconds'),
-                coalesce((e->>'retry_max_delay')::interval, interval '1 hour'),
-                coalesce(e->>'misfire', 'run-once'), (e->>'misfire_grace')::interval,
+                coalesce((e->>'retry_backoff')::interval, interval '30 seconds')::text,
+                coalesce((e->>'retry_max_delay')::interval, interval '1 hour')::text,
+                coalesce(e->>'misfire', 'run-once'), (e->>'misfire_grace')::interval::text,
                 coalesce((e->>'recoverable')::boolean, false),
                 coalesce((e->>'alert')::boolean, true), (e->>'keep_last')::integer,
-                (e->>'retention')::interval)
+                (e->>'retention')::interval::text)
            AND CASE WHEN e ? 'paused' THEN j.paused = (e->>'paused')::boolean
                     ELSE NOT (j.paused AND j.sync_paused) END)
 $$;
@@ -101,7 +105,8 @@ BEGIN
         RAISE EXCEPTION '%', problem
             USING ERRCODE = 'invalid_parameter_value', COLUMN = 'namespace';
     END IF;
-    IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
+    PERFORM coordinator._require(jobs, 'jobs');  -- (NULL: 22004, as README says)
+    IF jsonb_typeof(jobs) <> 'array' THEN
         RAISE EXCEPTION 'jobs must be a JSON array'
             USING ERRCODE = 'invalid_parameter_value', COLUMN = 'jobs';
     END IF;
@@ -166,9 +171,19 @@ BEGIN
         IF refusal LIKE 'jobs[%' THEN
             RAISE;
         END IF;
-        RAISE EXCEPTION 'jobs[%].%', entry_index - 1, refusal
-            USING ERRCODE = refusal_state, COLUMN = 'jobs', DETAIL = refusal_detail,
-                  HINT = refusal_hint;
+        refusal := format('jobs[%s].%s', entry_index - 1, refusal);
+        -- (A DETAIL or HINT the refusal did not have comes back as '': not sent on.)
+        IF refusal_detail <> '' AND refusal_hint <> '' THEN
+            RAISE EXCEPTION USING MESSAGE = refusal, ERRCODE = refusal_state, COLUMN = 'jobs',
+                                  DETAIL = refusal_detail, HINT = refusal_hint;
+        ELSIF refusal_detail <> '' THEN
+            RAISE EXCEPTION USING MESSAGE = refusal, ERRCODE = refusal_state, COLUMN = 'jobs',
+                                  DETAIL = refusal_detail;
+        ELSIF refusal_hint <> '' THEN
+            RAISE EXCEPTION USING MESSAGE = refusal, ERRCODE = refusal_state, COLUMN = 'jobs',
+                                  HINT = refusal_hint;
+        END IF;
+        RAISE EXCEPTION USING MESSAGE = refusal, ERRCODE = refusal_state, COLUMN = 'jobs';
     END;
     UPDATE coordinator.jobs j SET paused = true, sync_paused = true, updated_at = now()
      WHERE j.namespace = namespace AND j.removed_at IS NULL AND NOT j.paused

@@ -28,7 +28,6 @@ With no sink configured no alerter is made at all: no subscriber, no task, nothi
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import deque
 from collections.abc import Callable
@@ -569,15 +568,23 @@ class Alerter:
                     reason="not a private regular file of this user",
                 )
             return
-        with contextlib.suppress(FileNotFoundError):
+        try:
             self.outbox.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            # (Not sent again, then: the next start would send them twice.)
+            self.events.log.error(
+                "alert.outbox_failed", path=str(self.outbox), error=exc.strerror or repr(exc)
+            )
+            return
         sinks = {sink.name: sink for sink in self.sinks}
         now = self.clock.now()
         resumed = expired = unreadable = 0
         for line in text.splitlines():
             try:
                 delivery = _Delivery.from_json(json.loads(line))
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, OverflowError):
                 unreadable += 1
                 continue
             sink = sinks.get(delivery.sink)

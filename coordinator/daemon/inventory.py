@@ -347,7 +347,10 @@ class Inventory:
             if entry.next_run_at is not None:
                 reason, first_at = verdict.reason, None
             elif defined.get(entry.id, 0) > recent:  # defined since the lookback began
-                reason, first_at = verdict.first_since(defined[entry.id])
+                # (To the second: exact for cron, whose ticks fall on whole minutes; an
+                # interval's first run is "about" that anyway. Jobs defined one by one
+                # then share a computation per second, not one each.)
+                reason, first_at = verdict.first_since(defined[entry.id] // 1_000_000)
             elif verdict.first_at is not None:  # computed (the common case: no call)
                 reason, first_at = None, verdict.first_at
             else:
@@ -497,15 +500,15 @@ class _Verdict:
             self.first_at = first_at if reason is None else None
         return self._first
 
-    def first_since(self, defined_us: int) -> tuple[str | None, datetime | None]:
-        """As :meth:`first`, counted from when the job was defined (epoch microseconds):
-        once per distinct instant (jobs inserted by one statement share theirs)."""
+    def first_since(self, defined_s: int) -> tuple[str | None, datetime | None]:
+        """As :meth:`first`, counted from when the job was defined (epoch seconds):
+        once per distinct second."""
         if self.reason is not None:
             return self.reason, None
-        known = self._since.get(defined_us)
+        known = self._since.get(defined_s)
         if known is None:
-            first_at, reason = self.firsts.first_from(self.schedule, defined_us)
-            known = self._since[defined_us] = (reason, first_at if reason is None else None)
+            first_at, reason = self.firsts.first_from(self.schedule, defined_s)
+            known = self._since[defined_s] = (reason, first_at if reason is None else None)
         return known
 
 
@@ -533,10 +536,10 @@ class _Firsts:
     def __attrs_post_init__(self) -> None:
         self.recent_us = int((self.now.timestamp() - self.lookback) * 1_000_000)
 
-    def first_from(self, schedule: Schedule, defined_us: int) -> tuple[datetime | None, str | None]:
-        """The first deadline counted from ``defined_us`` (never from later than now: a
+    def first_from(self, schedule: Schedule, defined_s: int) -> tuple[datetime | None, str | None]:
+        """The first deadline counted from ``defined_s`` (never from later than now: a
         database clock ahead of the daemon's)."""
-        defined = _EPOCH + timedelta(microseconds=defined_us)
+        defined = _EPOCH + timedelta(seconds=defined_s)
         return next_deadline(schedules.initial_deadline, schedule, min(defined, self.now))
 
     def verdict(self, schedule: Schedule) -> _Verdict:

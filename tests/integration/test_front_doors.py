@@ -518,6 +518,12 @@ async def test_sync_refuses_a_bad_namespace_and_bad_entries(conn: asyncpg.Connec
     )
     error = await refused(conn, "SELECT * FROM coordinator.sync('ns', '{}')")
     assert (error.sqlstate, error.column_name) == ("22023", "jobs")
+    error = await refused(conn, "SELECT * FROM coordinator.sync('ns', NULL)")
+    assert (error.sqlstate, error.column_name, error.message) == (
+        "22004",
+        "jobs",
+        "jobs: must not be NULL",
+    )
     error = await refused(conn, "SELECT * FROM coordinator.sync('ns', '[{\"name\": null}]')")
     assert error.message == "jobs[0].name: required"
     # (0026) A name listed twice is refused, as the client and a manifest refuse it; a
@@ -551,6 +557,7 @@ async def test_sync_refuses_a_bad_namespace_and_bad_entries(conn: asyncpg.Connec
             conn, "SELECT * FROM coordinator.sync('ns', $1::text::jsonb)", json.dumps(entries)
         )
         assert (error.sqlstate, error.column_name, error.message) == ("22023", "jobs", message)
+        assert (error.detail, error.hint) == (None, None)  # (none made up: not even '')
     # What casts is taken as before (strings for booleans and numbers, a number of seconds
     # for an interval); an unknown key is ignored as before, but said in a WARNING.
     warnings: list[str] = []

@@ -53,3 +53,71 @@ def test_a_pid_that_changed_hands_is_left_alone(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of group ``pgid`` (zombies excluded)."""
+    from pathlib import Path
+
+    members = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
+            members.append(int(proc.name))
+    return members
+
+
+def test_what_a_group_keeps_after_its_leader_exits_is_killed(tmp_path: Path) -> None:
+    """The leader dies on SIGTERM; a child that ignores it stays in the group: it gets
+    SIGKILL (a retry would otherwise run beside it)."""
+    import time
+
+    proc = subprocess.Popen(["sh", "-c", '(trap "" TERM; sleep 60) & wait'], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while len(_group(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(_group(proc.pid)) >= 2
+        ledger = CommandLedger(tmp_path / "commands")
+        ledger.record(proc.pid, 9)
+        assert trio.run(lambda: ledger.stop_orphans(grace=5.0, events=None)) == 1
+        proc.wait(5)
+        deadline = time.monotonic() + 5
+        while _group(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _group(proc.pid) == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_commands_of_a_daemon_still_running_are_left_alone(tmp_path: Path) -> None:
+    """Two daemons given one state directory: the entries of the one that runs are not
+    the other's to stop."""
+    command, daemon = _spawn(), _spawn()
+    try:
+        ledger = CommandLedger(tmp_path / "commands")
+        ledger.record(command.pid, 7)
+        path = tmp_path / "commands" / str(command.pid)
+        entry = json.loads(path.read_text())
+        entry.update(daemon=daemon.pid, daemon_start=_start_ticks(daemon.pid))
+        path.write_text(json.dumps(entry))
+        path.chmod(0o600)
+        assert trio.run(lambda: ledger.stop_orphans(grace=5.0, events=None)) == 0
+        assert command.poll() is None
+        assert path.exists()
+        # Once that daemon is gone, its command is an orphan.
+        daemon.kill()
+        daemon.wait()
+        assert trio.run(lambda: ledger.stop_orphans(grace=5.0, events=None)) == 1
+        assert command.wait(5) == -15
+    finally:
+        for proc in (command, daemon):
+            proc.kill()
+            proc.wait()
