@@ -717,6 +717,12 @@ def _add_sync(groups: _Subparsers) -> None:
         help="store entries with problems inert and apply the rest "
         "(default: apply nothing, exit 2)",
     )
+    sync.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say which jobs would be created, changed or paused, and apply nothing (every "
+        "check of a real sync runs, in a transaction rolled back)",
+    )
     # The default since invalid entries stopped being applied silently; still accepted.
     choice.add_argument(
         "--strict",
@@ -1981,6 +1987,8 @@ async def _sync(args: argparse.Namespace, ctx: CommandContext) -> int:
             for problem in manifest.problems:
                 print(printable(problem.located(manifest.source)), file=sys.stderr)
         raise manifests.ManifestRejected(manifest)
+    if getattr(args, "dry_run", False):
+        return await _sync_plan(args, ctx, manifest, problems)
     async with ctx.connection() as conn:
         result = await db.aio(client.sync_manifest)(conn, manifest)
     if args.json:
@@ -2000,6 +2008,42 @@ async def _sync(args: argparse.Namespace, ctx: CommandContext) -> int:
     if manifest.problems:
         count = len(manifest.problems)
         print(f"{count} problem{'s' if count != 1 else ''} (those jobs are stored inert):")
+        for problem in manifest.problems:
+            _say(f"  {problem.located(manifest.source)}")
+    return 0
+
+
+async def _sync_plan(
+    args: argparse.Namespace,
+    ctx: CommandContext,
+    manifest: manifests.Manifest,
+    problems: list[dict[str, Any]],
+) -> int:
+    """``sync --dry-run``: what the sync would do, nothing applied."""
+    async with ctx.connection() as conn:
+        plan = await db.aio(client.plan_sync)(conn, manifest.namespace, manifest.entries)
+    if args.json:
+        _print_json(
+            {
+                **plan.to_json(),
+                "applied": False,
+                "dry_run": True,
+                "invalid": list(manifest.invalid),
+                "problems": problems,
+            }
+        )
+        return 0
+    _say(
+        f"would sync namespace {plan.namespace}: {len(plan.create)} created, "
+        f"{len(plan.change)} changed, {len(plan.unchanged)} unchanged, {len(plan.pause)} "
+        "paused (dry run: nothing applied)"
+    )
+    for word, names in (("create", plan.create), ("change", plan.change), ("pause", plan.pause)):
+        for name in names:
+            _say(f"  {word:<7} {name}")
+    if manifest.problems:
+        count = len(manifest.problems)
+        print(f"{count} problem{'s' if count != 1 else ''} (those jobs would be stored inert):")
         for problem in manifest.problems:
             _say(f"  {problem.located(manifest.source)}")
     return 0

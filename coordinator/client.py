@@ -79,6 +79,7 @@ __all__ = [
     "PruneView",
     "RunStats",
     "RunView",
+    "SyncPlan",
     "SyncResult",
     "WaitTimeout",
     "check_retention",
@@ -478,6 +479,31 @@ class SyncResult:
             "created": self.created,
             "updated": self.updated,
             "paused": self.paused,
+        }
+
+
+@attrs.frozen(kw_only=True)
+class SyncPlan:
+    """What a sync would do, found by doing it in a transaction that is rolled back
+    (``coordinator sync --dry-run``): every check of the real one ran."""
+
+    namespace: str
+    #: Listed jobs that do not exist yet.
+    create: tuple[str, ...]
+    #: Listed jobs whose definition (or pause) would change.
+    change: tuple[str, ...]
+    #: Listed jobs the sync would not write.
+    unchanged: tuple[str, ...]
+    #: The namespace's jobs the manifest leaves out, running now: they would be paused.
+    pause: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "create": list(self.create),
+            "change": list(self.change),
+            "unchanged": list(self.unchanged),
+            "pause": list(self.pause),
         }
 
 
@@ -977,6 +1003,57 @@ async def sync(
         )
     return SyncResult(
         namespace=namespace, created=row["created"], updated=row["updated"], paused=row["paused"]
+    )
+
+
+#: Each listed job as it stands before a sync (in the plan's transaction).
+_SYNC_PLAN = """
+SELECT e.value->>'name' AS name,
+       EXISTS (SELECT 1 FROM coordinator.jobs j
+                WHERE j.namespace = $1 AND j.name = e.value->>'name'
+                  AND j.removed_at IS NULL) AS known,
+       coordinator._job_unchanged($1, e.value) AS unchanged
+  FROM jsonb_array_elements($2::text::jsonb) WITH ORDINALITY AS e(value, at)
+ ORDER BY e.at
+"""
+#: The namespace's running jobs a sync leaves out (as sync pauses them).
+_SYNC_LEFT_OUT = """
+SELECT name FROM coordinator.jobs
+ WHERE namespace = $1 AND removed_at IS NULL AND NOT paused AND NOT (name = ANY ($2::text[]))
+ ORDER BY name
+"""
+
+
+async def plan_sync(
+    conn: Connection, namespace: str, entries: Sequence[Mapping[str, Any]]
+) -> SyncPlan:
+    """What :func:`sync` would do, without doing it: the sync runs, with every check it
+    makes (a refusal is raised as the real one raises it), in a transaction that is then
+    rolled back, so nothing is written and no wake is sent."""
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        # First the refusals, as the real sync words them; then, rolled back to before
+        # it, how each listed job stands.
+        inner = conn.transaction()
+        await inner.start()
+        try:
+            await sync(conn, namespace, entries)
+        finally:
+            await inner.rollback()
+        names = [str(e.get("name")) for e in entries]
+        payload = _to_json_text([dict(e) for e in entries], "jobs")
+        with translate_errors(namespace=namespace, field="jobs"):
+            listed = await conn.fetch(_SYNC_PLAN, namespace, payload)
+            left_out = await conn.fetch(_SYNC_LEFT_OUT, namespace, names)
+    finally:
+        await transaction.rollback()
+    return SyncPlan(
+        namespace=namespace,
+        create=tuple(r["name"] for r in listed if not r["known"]),
+        change=tuple(r["name"] for r in listed if r["known"] and not r["unchanged"]),
+        unchanged=tuple(r["name"] for r in listed if r["unchanged"]),
+        pause=tuple(r["name"] for r in left_out),
     )
 
 

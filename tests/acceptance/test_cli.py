@@ -597,6 +597,66 @@ def test_sync_applies_and_reports(database: str, tmp_path: Path) -> None:
     assert again["problems"][0]["line"] == 11
 
 
+def test_sync_dry_run_says_what_would_change_and_applies_nothing(
+    database: str, tmp_path: Path
+) -> None:
+    """`sync --dry-run`: which jobs a sync would create, change or pause, every check of
+    the real one made, nothing written (a transaction rolled back)."""
+    base = """
+        namespace = "svc"
+
+        [[jobs]]
+        name = "nightly"
+        cron = "0 2 * * *"
+        command = ["nightly.sh"]
+
+        [[jobs]]
+        name = "reindex"
+        every = "6h"
+        worker = "search"
+        """
+    assert cli("sync", _manifest(tmp_path, base), dsn=database).code == 0
+    cli("jobs", "define", "by-hand", "-n", "svc", "--manual", "--", "true", dsn=database)
+    before = cli("jobs", "list", "-n", "svc", "--json", dsn=database).json
+    changed = (
+        base.replace('every = "6h"', 'every = "30m"')
+        + """
+        [[jobs]]
+        name = "fresh"
+        manual = true
+        command = ["true"]
+        """
+    )
+    path = _manifest(tmp_path, changed)
+    r = cli("sync", path, "--dry-run", dsn=database)
+    assert r.code == 0, r
+    assert r.out.splitlines() == [
+        "would sync namespace svc: 1 created, 1 changed, 1 unchanged, 1 paused "
+        "(dry run: nothing applied)",
+        "  create  fresh",
+        "  change  reindex",
+        "  pause   by-hand",
+    ]
+    assert cli("jobs", "list", "-n", "svc", "--json", dsn=database).json == before
+    plan = cli("sync", path, "--dry-run", "--json", dsn=database).json
+    assert (plan["create"], plan["change"], plan["unchanged"], plan["pause"]) == (
+        ["fresh"],
+        ["reindex"],
+        ["nightly"],
+        ["by-hand"],
+    )
+    assert (plan["applied"], plan["dry_run"]) == (False, True)
+    # A manifest with a problem is refused by a dry run as by a sync (exit 2).
+    bad = _manifest(
+        tmp_path,
+        base.replace('cron = "0 2 * * *"', 'cron = "0 2 * * *"\n        misfire_grace = "5m"'),
+    )
+    refused = cli("sync", bad, "--dry-run", dsn=database)
+    assert refused.code == 2, refused
+    assert "misfire_grace" in refused.err
+    assert cli("jobs", "list", "-n", "svc", "--json", dsn=database).json == before
+
+
 @pytest.mark.parametrize("flags", [(), ("--strict",)])
 def test_sync_refuses_a_manifest_with_problems(
     database: str, tmp_path: Path, flags: tuple[str, ...]
