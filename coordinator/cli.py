@@ -1773,7 +1773,9 @@ async def _runs_list(args: argparse.Namespace, ctx: CommandContext) -> int:
         [
             (
                 str(run.id),
-                run.job_key,
+                # (A removed job's kept runs beside those of a new job of the same name
+                # were told apart only by --json's job_id.)
+                f"{run.job_key} (removed)" if run.job_removed else run.job_key,
                 run.trigger,
                 _run_status(run),
                 str(run.attempt),

@@ -349,6 +349,8 @@ class RunView:
     finding_counts: dict[str, int] = attrs.field(factory=dict)
     #: Its job is recoverable: the run keeps a cursor and may be paused.
     recoverable: bool = False
+    #: Its job was removed, history kept (the name may belong to a new job since).
+    job_removed: bool = False
 
     @property
     def job_key(self) -> str:
@@ -414,6 +416,7 @@ class RunView:
             "resumes": self.resumes,
             "finding_counts": self.finding_counts,
             "recoverable": self.recoverable,
+            "job_removed": self.job_removed,
         }
 
 
@@ -1445,7 +1448,7 @@ _RUN_COLUMNS: Final = """
     (SELECT x.id FROM coordinator.runs x WHERE x.retry_of = r.id
       ORDER BY x.id LIMIT 1) AS retried_by, r.cursor::text AS cursor,
     r.last_progress_at, r.paused_at, r.resumes, r.finding_counts::text AS finding_counts,
-    j.recoverable
+    j.recoverable, j.removed_at IS NOT NULL AS job_removed
   FROM coordinator.runs r JOIN coordinator.jobs j ON j.id = r.job_id
 """
 
@@ -1530,6 +1533,7 @@ def _run_view(row: Mapping[str, Any]) -> RunView:
         resumes=row["resumes"],
         finding_counts=_json_field(row["finding_counts"]) or {},
         recoverable=row["recoverable"],
+        job_removed=bool(row.get("job_removed")),
     )
 
 

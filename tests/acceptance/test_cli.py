@@ -881,3 +881,23 @@ def test_define_again_says_the_saved_deadline_stands_and_a_spent_one_shot_is_don
     listed = cli("jobs", "list", dsn=database)
     [row] = [line for line in listed.out.splitlines() if " once " in f" {line} "]
     assert " done " in row
+
+
+def test_runs_of_a_removed_job_are_told_from_a_new_job_of_its_name(database: str) -> None:
+    """A job removed with its history kept, and a new job given its name: `runs list
+    --job NAME` lists both jobs' runs; the removed one's say so (only --json's job_id
+    told them apart)."""
+    cli("jobs", "define", "gone", "--manual", "--", "true", dsn=database)
+    old = cli("jobs", "trigger", "gone", dsn=database).out.strip()
+    assert cli("jobs", "remove", "gone", "--keep-history", dsn=database).code == 0
+    cli("jobs", "define", "gone", "--manual", "--", "true", dsn=database)
+    new = cli("jobs", "trigger", "gone", dsn=database).out.strip()
+    rows = {
+        line.split()[0]: line
+        for line in cli("runs", "list", "--job", "gone", dsn=database).out.splitlines()[1:]
+    }
+    assert " default/gone (removed) " in rows[old]
+    assert "(removed)" not in rows[new]
+    listed = {str(r["id"]): r["job_removed"] for r in cli(
+        "runs", "list", "--job", "gone", "--json", dsn=database).json}  # fmt: skip
+    assert listed == {old: True, new: False}
