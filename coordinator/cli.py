@@ -1429,6 +1429,13 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
             now=datetime.now(UTC),
             done=why.one_shot_done(job),
             saved=job.next_run_at if _same_schedule(before, job) else None,
+            retry=(
+                (job.outstanding_run, job.outstanding_due_at)
+                if job.outstanding_run is not None
+                and job.outstanding_due_at is not None
+                and job.outstanding_status == "queued"
+                else None
+            ),
         )
     )
     return 0

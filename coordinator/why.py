@@ -137,8 +137,10 @@ def after_define(
     now: datetime,
     done: bool = False,
     saved: datetime | None = None,
+    retry: tuple[int, datetime] | None = None,
 ) -> str:
     """The line ``jobs define`` prints after ``defined ...``: when it will first run.
+    ``retry``: a retry of the job waits (its run and due time): it comes first.
     ``done``: a one-shot job left as it was, whose instant was served already. ``saved``:
     the job's saved deadline after the define (a changed cron or interval schedule clears
     it; one still there is the deadline that stands, not a new estimate)."""
@@ -151,6 +153,13 @@ def after_define(
             f"done: its instant {when(initial_deadline_or_none(schedule, now))} was served "
             "(run, or skipped by its misfire policy); it runs again only if defined with "
             f"another --at, or triggered ({command('trigger', namespace, name)})"
+        )
+    if retry is not None:
+        # (A retry's due time, not the schedule's next tick: it said "next run about"
+        # the define-time estimate while the retry waited.)
+        run_id, due = retry
+        return (
+            f"next run: the retry of run {run_id}, due {when(due)}; the schedule goes on after it"
         )
     kept = saved is not None and schedule.kind in ("cron", "interval")
     first = saved if kept else initial_deadline_or_none(schedule, now)

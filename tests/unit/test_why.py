@@ -237,6 +237,13 @@ def test_after_define() -> None:
     assert why.after_define(
         every, exec_target, namespace="default", name="b", paused=False, facts=LEADING, now=NOW
     ) == ("next run about 2026-11-30 08:05:00Z, armed at the daemon's next refresh (within 30s)")
+    # A retry waits: it comes first, whatever the schedule's estimate.
+    assert why.after_define(
+        every, exec_target, namespace="default", name="r", paused=False, facts=LEADING,
+        now=NOW, retry=(41, NOW + timedelta(seconds=90)),
+    ) == (
+        "next run: the retry of run 41, due 2026-11-30 08:01:30Z; the schedule goes on after it"
+    )  # fmt: skip
     # A one-shot instant already past says so: it runs once, late.
     past = Schedule(kind="once", expression="2026-11-30T07:00:00Z")
     assert why.after_define(
