@@ -146,6 +146,12 @@ def after_define(
     it; one still there is the deadline that stands, not a new estimate)."""
     if paused:
         return f"paused: it runs once resumed ({command('resume', namespace, name)})"
+    if retry is not None:
+        # (A retry's due time, not the schedule's next tick: it said "next run about"
+        # the define-time estimate while the retry waited.)
+        run_id, due = retry
+        after = "; the schedule goes on after it" if schedule.kind in ("cron", "interval") else ""
+        return f"next run: the retry of run {run_id}, due {when(due)}{after}"
     if schedule.kind == "manual":
         return f"manual: it runs when triggered ({command('trigger', namespace, name)})"
     if done:
@@ -153,13 +159,6 @@ def after_define(
             f"done: its instant {when(initial_deadline_or_none(schedule, now))} was served "
             "(run, or skipped by its misfire policy); it runs again only if defined with "
             f"another --at, or triggered ({command('trigger', namespace, name)})"
-        )
-    if retry is not None:
-        # (A retry's due time, not the schedule's next tick: it said "next run about"
-        # the define-time estimate while the retry waited.)
-        run_id, due = retry
-        return (
-            f"next run: the retry of run {run_id}, due {when(due)}; the schedule goes on after it"
         )
     kept = saved is not None and schedule.kind in ("cron", "interval")
     first = saved if kept else initial_deadline_or_none(schedule, now)
