@@ -2014,12 +2014,17 @@ async def _sync(args: argparse.Namespace, ctx: CommandContext) -> int:
         f"synced namespace {result.namespace}: {result.created} created, "
         f"{result.updated} updated, {result.paused} paused"
     )
+    _say_inert(manifest, "are")
+    return 0
+
+
+def _say_inert(manifest: manifests.Manifest, verb: str) -> None:
+    """The entries ``--allow-invalid`` stores inert (``verb``: are, or would be)."""
     if manifest.problems:
         count = len(manifest.problems)
-        print(f"{count} problem{'s' if count != 1 else ''} (those jobs are stored inert):")
+        print(f"{count} problem{'s' if count != 1 else ''} (those jobs {verb} stored inert):")
         for problem in manifest.problems:
             _say(f"  {problem.located(manifest.source)}")
-    return 0
 
 
 async def _sync_plan(
@@ -2050,11 +2055,7 @@ async def _sync_plan(
     for word, names in (("create", plan.create), ("change", plan.change), ("pause", plan.pause)):
         for name in names:
             _say(f"  {word:<7} {name}")
-    if manifest.problems:
-        count = len(manifest.problems)
-        print(f"{count} problem{'s' if count != 1 else ''} (those jobs would be stored inert):")
-        for problem in manifest.problems:
-            _say(f"  {problem.located(manifest.source)}")
+    _say_inert(manifest, "would be")
     return 0
 
 
