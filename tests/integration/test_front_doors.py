@@ -290,6 +290,12 @@ OUT_OF_BOUNDS: list[tuple[dict[str, Any], str, str]] = [
         "the years 1970 to 9999",
     ),
     ({"schedule_kind": "once", "schedule": "infinity"}, "at", "out of range"),
+    # (0031: the jobs table's check trigger said these, 23514 with a CONTEXT quoting the
+    # whole INSERT ... ON CONFLICT; an empty name read "at most 200 characters, not 0".)
+    ({"name": "é" * 201}, "name", "name: at most 200 characters, not 201"),
+    ({"name": ""}, "name", "name: must be a non-empty string"),
+    ({"name": " x"}, "name", "name: must not start or end with whitespace"),
+    ({"name": "a\nb"}, "name", "name: control characters are not allowed (U+000A"),
     # (0026: the table's CHECK constraints said these, naming a constraint, not the argument.)
     (
         {"schedule_kind": "weekly", "schedule": "x"},
@@ -328,6 +334,7 @@ async def test_define_job_refuses_out_of_bounds(conn: asyncpg.Connection) -> Non
         assert info.value.sqlstate == "22023", kw
         assert info.value.column_name == column, kw
         assert message in info.value.message, kw
+        assert "INSERT INTO" not in (info.value.context or ""), kw
         # The client reads the field from the error, and says it once.
         with pytest.raises(InvalidInput) as translated, client.translate_errors():
             await _define(conn, **kw)

@@ -198,16 +198,41 @@ async def test_read_only_grants_refuse_writes(
         )
         == "reports"
     )
-    # The guard's wording is only wording: with it skipped (a forged daemon origin) the
-    # policies still refuse.
+    # A forged daemon origin changes nothing (migrations/0031): the guard is part of the
+    # enforcement, since the UPDATE policies admit readable rows and check only the new
+    # row. With the guard skipped, alice moved reports' jobs and runs into billing, which
+    # she operates, and could then delete them.
+    reports_runs = (
+        "SELECT count(*) FROM coordinator.runs r JOIN coordinator.jobs j ON j.id = r.job_id "
+        "WHERE j.namespace = 'reports'"
+    )
+    before = await aio(conn.fetchval)(reports_runs)
     await aio(alice.execute)("SET coordinator.origin = 'daemon'")
-    with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_REPORTS):
         await aio(alice.execute)("UPDATE coordinator.jobs SET paused = true WHERE name = 'a'")
-    with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_REPORTS):
+        await aio(alice.execute)(
+            "UPDATE coordinator.jobs SET namespace = 'billing', name = 'stolen' "
+            "WHERE namespace = 'reports'"
+        )
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_REPORTS):
+        await aio(alice.execute)(
+            "UPDATE coordinator.runs SET job_id = $1 WHERE job_id = ANY ($2::bigint[])",
+            jobs["billing/a"],
+            [jobs["reports/a"], jobs["reports/b"]],
+        )
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match='namespace "ops"'):
         await aio(alice.execute)(
             "INSERT INTO coordinator.jobs (namespace, name, schedule_kind, target) "
             "VALUES ('ops', 'x', 'manual', '{}')"
         )
+    assert await aio(conn.fetchval)(reports_runs) == before > 0
+    assert (
+        await aio(conn.fetchval)(
+            "SELECT count(*) FROM coordinator.jobs WHERE namespace = 'reports'"
+        )
+        == 2
+    )
     assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.jobs WHERE paused") == 0
 
 
