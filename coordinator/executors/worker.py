@@ -595,7 +595,11 @@ class WorkerExecutor:
             data, problem = b"", f"cannot send the call: {exc}"
         else:
             if len(data) - 1 > MAX_LINE:
-                problem = f"call message of {len(data) - 1} bytes exceeds {MAX_LINE}"
+                problem = (
+                    f"call message of {len(data) - 1} bytes exceeds {MAX_LINE}: the run's "
+                    "args, the job's params and its cursor must fit in one protocol line "
+                    "(pass large inputs by reference); not sent"
+                )
         if problem is not None:
             # Never sent, and never will be (its args or params cannot go on the wire):
             # the run's input, which a retry would send the same.
