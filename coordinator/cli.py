@@ -1561,7 +1561,13 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
     wait = args.wait or args.wait_timeout is not None
     wait_timeout = _duration_arg(args.wait_timeout, "--wait-timeout")
     async with ctx.connection() as conn:
-        job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
+        try:
+            job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
+        except JobNotFound:
+            # A job the role cannot see: refused as trigger() refuses it, for a
+            # namespace the role may not operate (not "unknown job", as the read said).
+            await db.aio(client.require_operate)(conn, args.namespace)
+            raise
         run_id = await db.aio(client.trigger)(
             conn, args.name, namespace=args.namespace, args=run_args
         )

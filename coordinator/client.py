@@ -100,6 +100,7 @@ __all__ = [
     "prune",
     "prune_preview",
     "remove",
+    "require_operate",
     "resolve",
     "resume",
     "resume_run",
@@ -876,6 +877,16 @@ async def trigger(
             "SELECT coordinator.trigger($1, $2, $3::text::jsonb)", namespace, name, args_text
         )
     return run_id
+
+
+async def require_operate(conn: Connection, namespace: str) -> None:
+    """Raise :class:`~coordinator.errors.PermissionDenied` in the SQL API's words unless
+    the connection's role may operate ``namespace`` (a no-op for an unconfined role). A
+    read of a job the role cannot see says only "unknown job"; a command about to write
+    asks this first, so that it refuses as ``trigger()`` would."""
+    check_namespace(namespace)
+    with translate_errors(namespace=namespace):
+        await conn.execute("SELECT coordinator._require_namespace($1, true)", namespace)
 
 
 async def pause(conn: Connection, name: str, *, namespace: str = "default") -> None:

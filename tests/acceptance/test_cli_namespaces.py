@@ -102,3 +102,36 @@ async def test_prune_as_an_application_role_says_who_may(database: str, role: st
         "schema's owner or a member of coordinator_admin (the daemon prunes on its own "
         "deadline)"
     ]
+
+
+async def test_trigger_of_a_namespace_the_role_may_not_operate_says_so(
+    database: str, role: str
+) -> None:
+    """As ``coordinator.trigger()`` says it, not "unknown job" (the lookup before it sees
+    nothing there); an unknown job of its own namespace is still that."""
+    conn = await aio(asyncpg.connect)(database)
+    try:
+        await aio(conn.execute)(
+            "SELECT coordinator.define_job('secret', 'manual', "
+            '\'{"kind": "exec", "argv": ["true"]}\', namespace => \'reports\')'
+        )
+    finally:
+        await aio(conn.close)()
+    for ns, access in (("billing", ()), ("reports", ("--read-only",))):
+        granted = await trio.to_thread.run_sync(cli, database, "grant", role, ns, *access)
+        assert granted.returncode == 0, granted.stderr
+    as_role = database.replace("postgresql://postgres@", f"postgresql://{role}@", 1)
+    for ns in ("reports", "ops"):
+        refused = await trio.to_thread.run_sync(
+            cli, as_role, "jobs", "trigger", "secret", "--namespace", ns
+        )
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.startswith(
+            f'coordinator: permission denied for namespace "{ns}" ('
+        ), refused.stderr
+        assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    unknown = await trio.to_thread.run_sync(
+        cli, as_role, "jobs", "trigger", "nosuch", "--namespace", "billing"
+    )
+    assert unknown.returncode == 2, unknown.stderr
+    assert unknown.stderr == "coordinator: unknown job billing/nosuch\n"
