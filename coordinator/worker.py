@@ -1212,7 +1212,7 @@ class _Prepared:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``coordinator worker MODULE:OBJECT [--socket PATH | --tcp HOST:PORT]``: run the
-    worker until SIGINT/SIGTERM (the first leaves cleanly, letting running calls finish;
+    worker until SIGINT/SIGTERM/SIGHUP (the first leaves cleanly, letting running calls finish;
     a second one cancels them). Returns the exit status. Starts its own trio run; from
     inside one (trio or trio-asyncio) use :func:`amain`."""
     prepared = _prepare(argv)
@@ -1342,7 +1342,9 @@ async def _serve_until_signalled(prepared: _Prepared) -> None:
 
 
 async def _watch_signals(worker: Worker, everything: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    # SIGHUP (a closed terminal) leaves cleanly too: its default action ended the
+    # process at once, and the daemon failed the calls it was running (crashed).
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         count = 0
         async for signum in signals:
             count += 1

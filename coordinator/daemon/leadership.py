@@ -87,11 +87,21 @@ class Leadership:
                 if await self.store.try_lead(self.conn):
                     return True
                 on_standby()
+                waited: CoordinatorError | None = None
                 with trio.CancelScope() as scope:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(_cancel_when_set, stop, scope)
-                        await self.store.wait_lead(self.conn)
+                        try:
+                            await self.store.wait_lead(self.conn)
+                        except CoordinatorError as exc:
+                            # Raised here, it would leave the nursery inside an exception
+                            # group that the retry below does not catch: a standby whose
+                            # waiting session ended (a database restart, a failover)
+                            # exited instead of waiting again.
+                            waited = exc
                         nursery.cancel_scope.cancel()
+                if waited is not None:
+                    raise waited
                 return not scope.cancelled_caught
             except (ValueError, OverflowError) as exc:  # e.g. a port out of range
                 await self.release()

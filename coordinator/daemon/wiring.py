@@ -782,7 +782,10 @@ class Daemon:
 
     async def _watch_signals(self) -> None:
         try:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            # SIGHUP (a closed terminal, a stray `kill -HUP`) stops as SIGTERM does: its
+            # default action ended the process at once, results held or not.
+            stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+            with trio.open_signal_receiver(*stops) as signals:
                 async for signum in signals:
                     name = signal.Signals(signum).name
                     self.log.info("signal", signal=name)

@@ -124,11 +124,14 @@ def wait_until(predicate: Any, timeout: float = 20.0) -> None:
     raise AssertionError("condition not met in time")
 
 
-def test_sigterm_stops_cleanly(daemons: Any) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_stops_cleanly(daemons: Any, signum: signal.Signals) -> None:
+    # (SIGHUP's default action ended the process at once: no stop, no flush, no spool.)
     d = daemons()
     d.wait_event("ready")
-    d.proc.send_signal(signal.SIGTERM)
+    d.proc.send_signal(signum)
     assert d.proc.wait(30) == 0
+    assert d.wait_event("signal")["signal"] == signum.name
     d.wait_event("stopped")
 
 

@@ -210,3 +210,30 @@ async def test_a_leader_that_took_both_locks_is_fenced_once_its_session_ends(
         await pool.close()
     assert alive["reason"] is None
     assert gone["reason"] == "fenced"
+
+
+async def test_a_standby_whose_waiting_session_ends_waits_again(
+    conn: asyncpg.Connection, database: str, start_daemon: Any
+) -> None:
+    """A database restart or a failover ends the standby's waiting session: it reconnects
+    with backoff and stands by again (it exited, "leadership: database unavailable"),
+    then leads once the leader's lock is gone."""
+    holder = await _connect(database)
+    try:
+        await aio(holder.fetchval)("SELECT pg_advisory_lock($1, $2)", LOCK_CLASS, LOCK_OBJECT)
+        standby = await start_daemon(wait_ready=False)
+        await standby.wait_event("standby")
+        ended = await aio(conn.fetchval)(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT pg_advisory_lock(%'"
+        )
+        assert ended == 1
+        await standby.wait_event("startup.database_unavailable")
+        await standby.wait_event("standby", count=2)
+        assert not standby.done.is_set()
+        assert standby.named("daemon.failed") == []
+    finally:
+        await aio(holder.close)()
+    with trio.fail_after(15):
+        await standby.daemon.ready.wait()
+    assert await standby.stop() == 0

@@ -836,7 +836,10 @@ def test_a_demo_s_directory_names_its_worker_socket(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="signals and sockets: Linux")
-async def test_command_serves_and_stops_cleanly_on_sigterm(sock_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+async def test_command_serves_and_stops_cleanly_on_sigterm(
+    sock_path: Path, tmp_path: Path, signum: signal.Signals
+) -> None:
     (tmp_path / "cw_app.py").write_text(textwrap.dedent(WORKER_MODULE))
     served = trio.Event()
     events: list[dict[str, Any]] = []
@@ -876,7 +879,7 @@ async def test_command_serves_and_stops_cleanly_on_sigterm(sock_path: Path, tmp_
                 assert outcome.status == "succeeded"
                 assert outcome.count == 6
                 assert outcome.extra["pid"] == proc.pid
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signum)  # (SIGHUP's default action: no goodbye)
                 assert await proc.wait() == 0
             finally:
                 if proc.returncode is None:
@@ -887,7 +890,7 @@ async def test_command_serves_and_stops_cleanly_on_sigterm(sock_path: Path, tmp_
                 while chunk := await proc.stderr.receive_some(65536):
                     stderr += chunk
                 await proc.stderr.aclose()
-            assert b"leaving cleanly" in stderr
+            assert f"{signum.name}: leaving cleanly".encode() in stderr
             assert [e["reason"] for e in events if e["event"] == "worker.disconnected"] == ["bye"]
             nursery.cancel_scope.cancel()
 
