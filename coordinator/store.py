@@ -179,7 +179,9 @@ class JobState:
     """The job's deadline state right after a settlement, so it can be re-armed at once."""
 
     #: ``saved`` | ``already`` (saved before: a retry or replay) | ``gone`` (job removed)
-    #: | ``paused`` (a give-back of a run an operator paused meanwhile: migrations/0025).
+    #: | ``paused`` (a give-back of a run an operator paused meanwhile: migrations/0025)
+    #: | ``late`` (saved over the ``unresolved`` mark of another daemon's sweep) |
+    #: ``superseded`` (the run was ended otherwise meanwhile: not saved; migrations/0032).
     outcome: str
     job_id: int | None = None
     paused: bool = False
@@ -349,6 +351,11 @@ SELECT * FROM coordinator._claim($1, $2, $3::text::timestamptz, $4, $5, $6, $7, 
 """
 
 _SETTLE_MANY = "SELECT * FROM coordinator._settle_many($1)"
+
+# Items that came back 'already', sent once more: a run another daemon's sweep left
+# `unresolved` is settled after all ('late'), one ended otherwise is 'superseded'
+# (migrations/0032). Never sent while nothing comes back 'already'.
+_SETTLE_LATE = "SELECT * FROM coordinator._settle_late($1::text::json)"
 
 # Runs given back (never sent: an outcome whose status is ``queued``): item by item, each
 # in a subtransaction of its own (migrations/0023; they are rare, and _settle_many's
@@ -1034,9 +1041,12 @@ class Store:
     async def _settle_batch(self, items: list[HeldResult]) -> list[JobState | BaseException]:
         back = [i for i, h in enumerate(items) if h.outcome.status == "queued"]
         if not back:
+            states: list[JobState | BaseException]
             if len(items) == 1:
-                return [await self._settle_one(items[0])]
-            return await self._settle_items(_SETTLE_MANY, items)
+                states = [await self._settle_one(items[0])]
+            else:
+                states = await self._settle_items(_SETTLE_MANY, items)
+            return await self._settle_late(items, states)
         # Give-backs go apart (a statement of their own after the results, if any); each
         # statement's failure is its own items' only.
         out: list[JobState | BaseException] = [
@@ -1057,6 +1067,28 @@ class Store:
                 done = [exc] * len(indexes)
             for i, state in zip(indexes, done, strict=True):
                 out[i] = state
+        return out
+
+    async def _settle_late(
+        self, items: list[HeldResult], states: list[JobState | BaseException]
+    ) -> list[JobState | BaseException]:
+        """Send the results that came back ``already`` once more, to be saved over an
+        ``unresolved`` mark another daemon's sweep left (``late``) or told apart from a
+        result saved before (``superseded``: the run was ended otherwise)."""
+        again = [
+            i
+            for i, state in enumerate(states)
+            if isinstance(state, JobState) and state.outcome == "already"
+        ]
+        if not again:
+            return states
+        try:
+            done = await self._settle_items(_SETTLE_LATE, [items[i] for i in again])
+        except Exception as exc:  # (held and re-sent whole, as the batcher would)
+            done = [exc] * len(again)
+        out = list(states)
+        for i, state in zip(again, done, strict=True):
+            out[i] = state
         return out
 
     async def _settle_items(

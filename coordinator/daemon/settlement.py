@@ -268,8 +268,28 @@ class Settlement:
             outcome, problem = await self._replay_one(record)
             if problem is not None:
                 refused.append((record, problem))
-            elif outcome in ("saved", "paused"):  # ("paused": a give-back, paused as asked)
+            elif outcome in ("saved", "paused", "late"):
+                # ("paused": a give-back, paused as asked; "late": over the unresolved
+                # mark of another daemon's sweep, migrations/0032.)
                 saved += 1
+                if outcome == "late":
+                    log.warning(
+                        "settle.late",
+                        run=record.run_id,
+                        job=record.job_key,
+                        outcome=record.outcome.status,
+                        reason="replayed from the "
+                        "spool over the unresolved mark of another daemon's sweep",
+                    )
+            elif outcome == "superseded":
+                already += 1
+                log.warning(
+                    "settle.superseded",
+                    run=record.run_id,
+                    job=record.job_key,
+                    outcome=record.outcome.status,
+                    reason="replayed from the spool after the run was ended otherwise: not saved",
+                )
             else:
                 already += 1
         rejected = None

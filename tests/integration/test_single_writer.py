@@ -237,3 +237,68 @@ async def test_a_standby_whose_waiting_session_ends_waits_again(
     with trio.fail_after(15):
         await standby.daemon.ready.wait()
     assert await standby.stop() == 0
+
+
+async def _lock_holder_pid(conn: asyncpg.Connection) -> int:
+    pid: int = await aio(conn.fetchval)(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+        "AND classid = $1 AND objid = $2",
+        LOCK_CLASS,
+        LOCK_OBJECT,
+    )
+    return pid
+
+
+@pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
+async def test_a_result_that_comes_after_another_leaders_sweep_is_saved_or_said(
+    conn: asyncpg.Connection, tmp_path: Any, start_daemon: Any, idempotent: bool
+) -> None:
+    """A leader whose lock session ends while a standby waits steps down; the standby
+    sweeps its running run. The old leader's call goes on, and its result used to come
+    back 'already' and be dropped without a word, the run left unresolved and its job
+    blocked although the result was in hand (migrations/0032). Now it is saved over the
+    unresolved mark, and the daemon that leads re-reads the job; a run the sweep ended
+    otherwise (an idempotent job's retry) keeps that end, and the result is said."""
+    marker = tmp_path / "ran"
+    job_id = await define(
+        conn,
+        "slow",
+        target={"kind": "exec", "argv": ["sh", "-c", f"sleep 1.5; echo x >> {marker}"]},
+        idempotent=idempotent,
+    )
+    old = await start_daemon(spool_path=tmp_path / "old.jsonl")
+    new = await start_daemon(wait_ready=False, spool_path=tmp_path / "new.jsonl")
+    await new.wait_event("standby")
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'slow')")
+    await old.wait_event("run.started", run=run_id)
+    # The old leader's lock session ends (as a database restart or a cut would end it);
+    # the standby takes the lock at once and sweeps the run.
+    await aio(conn.fetchval)(
+        "SELECT pg_terminate_backend($1)", await _lock_holder_pid(conn)
+    )
+    lost = await new.wait_event("startup.lost_run", run=run_id)
+    with trio.fail_after(15):
+        await new.daemon.ready.wait()
+        await old.done.wait()
+    assert old.named("leadership.lost")
+    row = await aio(conn.fetchrow)(
+        "SELECT status, error_message FROM coordinator.runs WHERE id = $1", run_id
+    )
+    if not idempotent:
+        assert lost[0]["action"] == "unresolved"
+        # Saved after all: the truth, not the sweep's guess, and the job free again.
+        assert row["status"] == "succeeded", row
+        assert old.named("settle.late", run=run_id, outcome="succeeded")
+        assert old.named("job.run", run=run_id)
+        # The leader now was told, and re-read the job (its own sessions wake nobody).
+        await new.wait_event("wake", payload={"job": job_id})
+        again = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'slow')")
+        assert again != run_id
+        await new.wait_event("job.run", run=again, timeout=15)
+    else:
+        # The sweep queued a retry: the retry's end stands, the old result is said.
+        assert row["status"] != "succeeded", row
+        said = old.named("settle.superseded", run=run_id)
+        assert said and said[0]["outcome"] == "succeeded"
+        assert not old.named("job.run", run=run_id)
+    assert old.status == 1  # stepped down
