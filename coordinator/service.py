@@ -170,7 +170,7 @@ def worker_tcp(
     return tcp
 
 
-def refusals(config: Config) -> list[str]:
+def refusals(config: Config, *, probe: bool = False) -> list[str]:
     """Every reason ``coordinator run`` refuses these settings before it connects to
     the database, one line each (none: it starts). :func:`preflight` raises the first;
     ``coordinator config`` lists them all, so that a check before a restart sees what
@@ -185,7 +185,7 @@ def refusals(config: Config) -> list[str]:
             found.append(str(exc))
             return None
 
-    check(Spool(config.spool_path).check)
+    check(partial(Spool(config.spool_path).check, probe=probe))
     check(partial(alert_sinks, config))
     tls = check(partial(worker_tls_context, config))
     check(
@@ -215,8 +215,9 @@ def refusals(config: Config) -> list[str]:
 
 
 def preflight(config: Config) -> None:
-    """Raise the first of :func:`refusals` (a :class:`ConfigError`: one line, exit 2)."""
-    found = refusals(config)
+    """Raise the first of :func:`refusals` (a :class:`ConfigError`: one line, exit 2),
+    the state directory tried by writing in it."""
+    found = refusals(config, probe=True)
     if found:
         raise ConfigError(found[0])
 

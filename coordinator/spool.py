@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 import zlib
 from datetime import datetime
 from pathlib import Path
@@ -163,14 +164,24 @@ class Spool:
 
     path: Path
 
-    def check(self) -> None:
-        """Refuse a path that can never hold the journal (a directory, say): raises
-        :class:`SpoolError` naming it. Called at start, before anything is owed."""
+    def check(self, *, probe: bool = False) -> None:
+        """Refuse a path that can never hold the journal (a directory, say, or a
+        directory that cannot be written): raises :class:`SpoolError` naming it. Called at
+        start, before anything is owed: found only at a stop, with results to keep, it
+        was a lost result. ``probe``: make the directory and write a file there and
+        remove it (``coordinator run``); otherwise ask the file system's permissions only
+        (``coordinator config``, which changes nothing)."""
         if self.path.is_dir():
             raise SpoolError(f"spool: {self.path} is a directory, not a file")
         parent = self.path.parent
         if parent.exists() and not parent.is_dir():
             raise SpoolError(f"spool: {parent} is not a directory")
+        why = _unwritable(parent, probe=probe)
+        if why is not None:
+            raise SpoolError(
+                f"spool: cannot write in {parent}: {why} (results the database refuses at "
+                "a stop are kept there; give the state directory to the daemon's user)"
+            )
 
     def append(self, results: Iterable[HeldResult]) -> None:
         """Add ``results`` to the journal, durably, or raise :class:`SpoolError`."""
@@ -281,6 +292,23 @@ class Spool:
             _unlink_quietly(path)
             raise SpoolError(f"cannot write {path}: {exc.strerror or exc}") from exc
         os.close(fd)
+
+
+def _unwritable(directory: Path, *, probe: bool) -> str | None:
+    """Why files cannot be made in ``directory`` (``None``: they can)."""
+    if not probe:
+        existing = directory
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent  # (made on the first write: its parent must allow it)
+        return None if os.access(existing, os.W_OK | os.X_OK) else "permission denied"
+    try:
+        _make_private_dir(directory)
+        fd, name = tempfile.mkstemp(prefix=".probe-", dir=directory)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def _make_private_dir(path: Path) -> None:

@@ -93,8 +93,10 @@ class ExecExecutor:
     #: The groups of the commands running, kept in the state directory, so that the next
     #: start stops those a killed daemon left (``None``: not kept).
     ledger: CommandLedger | None = None
-    #: Where the orphans stopped at start are said.
+    #: Where the orphans stopped at start, and a ledger that cannot be written, are said.
     events: EventBus | None = None
+    #: The last command could not be recorded (said once until one is again).
+    _ledger_failing: bool = False
 
     # -- lifecycle: a command needs nothing opened, has no pools, nothing connects --------
 
@@ -123,6 +125,23 @@ class ExecExecutor:
     def available(self, target: Target) -> bool:
         """Commands can always be started."""
         return target.kind == "exec"
+
+    def _note_ledger(self, problem: str | None, run_id: int) -> None:
+        """Say when commands start going unrecorded (once, until one is recorded again):
+        a daemon killed outright would leave them running, unseen by the next start."""
+        if problem is None:
+            self._ledger_failing = False
+            return
+        if self._ledger_failing or self.events is None:
+            return
+        self._ledger_failing = True
+        self.events.log.warning(
+            "commands.unrecorded",
+            run=run_id,
+            error=problem,
+            consequence="if this daemon is killed outright, the next start will not stop "
+            "this command (nor the next ones, until the state directory can be written)",
+        )
 
     def cancel(self, run_id: int, reason: str) -> bool:
         """Commands cannot be recoverable (a command has no way to hand back a cursor; the
@@ -186,7 +205,7 @@ class ExecExecutor:
         out, err = _Tail(self.output_limit), _Tail(self.output_limit)
         timeout = claim.job.timeout
         if self.ledger is not None:
-            self.ledger.record(proc.pid, claim.run_id)
+            self._note_ledger(self.ledger.record(proc.pid, claim.run_id), claim.run_id)
         try:
             try:
                 ending = await self._supervise(proc, stdin_data, timeout, abandon, out, err)

@@ -94,13 +94,15 @@ class CommandLedger:
         factory=lambda: (os.getpid(), _start_ticks(os.getpid()))
     )
 
-    def record(self, pgid: int, run_id: int) -> None:
-        """The command leading group ``pgid`` runs ``run_id`` (best effort: a ledger
-        that cannot be written loses only this safeguard). Private to this user, and not
-        synced: a host that crashes takes the commands with it."""
+    def record(self, pgid: int, run_id: int) -> str | None:
+        """The command leading group ``pgid`` runs ``run_id``; why it could not be
+        recorded (``None``: it was, or its leader is already gone). Best effort: a
+        ledger that cannot be written loses only this safeguard, and the caller says so
+        (on a full disk the entry was left an empty file, without a word). Private to
+        this user, and not synced: a host that crashes takes the commands with it."""
         start = _start_ticks(pgid)
         if start is None or not self._boot:
-            return
+            return None
         owner_pid, owner_start = self._owner
         entry = {
             "pgid": pgid,
@@ -110,15 +112,17 @@ class CommandLedger:
             "daemon": owner_pid,
             "daemon_start": owner_start,
         }
-        with contextlib.suppress(OSError):
+        path = self.directory / str(pgid)
+        try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(
-                self.directory / str(pgid),
-                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
-                0o600,
-            )
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as file:
                 file.write(json.dumps(entry))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                path.unlink()  # (not left empty or torn)
+            return f"{path}: {exc.strerror or exc}"
+        return None
 
     def forget(self, pgid: int) -> None:
         """The group's leader was reaped (its pid may be reused from now on)."""

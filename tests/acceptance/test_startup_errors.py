@@ -104,6 +104,22 @@ def test_a_spool_path_that_is_a_directory(database: str, tmp_path: Path) -> None
     assert_one_line_refusal(result, "spool", "is a directory")
 
 
+def test_a_state_directory_that_cannot_be_written(database: str, tmp_path: Path) -> None:
+    """Refused at start (it was accepted, and found only at a stop with results to keep,
+    which were then lost). /proc takes no new directory, even from root."""
+    env = {**os.environ, "COORDINATOR_DSN": database}
+    env.pop("COORDINATOR_TEST_DSN", None)
+    env["COORDINATOR_WORKER_SOCKET"] = str(Path(tempfile.mkdtemp(prefix="cw-")) / "w.sock")
+    result = subprocess.run(
+        [*COORDINATOR, "run", "--state-dir", f"/proc/coordinator-{tmp_path.name}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert_one_line_refusal(result, "spool: cannot write in /proc/coordinator-")
+
+
 def test_a_worker_listener_without_a_token(database: str, tmp_path: Path) -> None:
     result = run(database, tmp_path, {"COORDINATOR_WORKER_LISTEN": "127.0.0.1:0"})
     assert_one_line_refusal(result, "worker_token")

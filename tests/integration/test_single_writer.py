@@ -273,9 +273,7 @@ async def test_a_result_that_comes_after_another_leaders_sweep_is_saved_or_said(
     await old.wait_event("run.started", run=run_id)
     # The old leader's lock session ends (as a database restart or a cut would end it);
     # the standby takes the lock at once and sweeps the run.
-    await aio(conn.fetchval)(
-        "SELECT pg_terminate_backend($1)", await _lock_holder_pid(conn)
-    )
+    await aio(conn.fetchval)("SELECT pg_terminate_backend($1)", await _lock_holder_pid(conn))
     lost = await new.wait_event("startup.lost_run", run=run_id)
     with trio.fail_after(15):
         await new.daemon.ready.wait()
@@ -299,6 +297,7 @@ async def test_a_result_that_comes_after_another_leaders_sweep_is_saved_or_said(
         # The sweep queued a retry: the retry's end stands, the old result is said.
         assert row["status"] != "succeeded", row
         said = old.named("settle.superseded", run=run_id)
-        assert said and said[0]["outcome"] == "succeeded"
+        assert said
+        assert said[0]["outcome"] == "succeeded"
         assert not old.named("job.run", run=run_id)
     assert old.status == 1  # stepped down

@@ -484,3 +484,36 @@ async def test_escaped_process_holding_stdout_does_not_hang_the_call(tmp_path: P
         if escapee.exists():
             os.kill(read_pid(escapee), signal.SIGKILL)
             await wait_gone(read_pid(escapee))
+
+
+async def test_commands_going_unrecorded_are_said_once(tmp_path: Path) -> None:
+    """The ledger's directory cannot be written (here: under a regular file; on a full
+    disk the entry used to be left an empty file without a word): the commands still
+    run, and a warning says, once until one is recorded again, what that costs."""
+    import io
+
+    from coordinator.events import EventBus
+    from coordinator.executors.ledger import CommandLedger
+    from coordinator.log import EventLog
+
+    blocker = tmp_path / "state"
+    blocker.write_text("not a directory")
+    events: list[dict[str, Any]] = []
+    log = EventLog(stream=io.StringIO(), observers=[events.append])
+    ledger = CommandLedger(blocker / "commands")
+    ex = executor(ledger=ledger, events=EventBus(log=log))
+    for _ in range(2):
+        assert (await run(make_claim(["sleep", "0.2"]), ex)).status == "succeeded"
+    said = [e for e in events if e["event"] == "commands.unrecorded"]
+    assert len(said) == 1, events
+    assert "Not a directory" in said[0]["error"]
+    assert said[0]["run"] == 42
+    # Recorded again once it can be: said again only after a new failure.
+    blocker.unlink()
+    blocker.mkdir()
+    assert (await run(make_claim(["sleep", "0.2"]), ex)).status == "succeeded"
+    blocker.joinpath("commands").rmdir()
+    blocker.rmdir()
+    blocker.write_text("again")
+    assert (await run(make_claim(["sleep", "0.2"]), ex)).status == "succeeded"
+    assert len([e for e in events if e["event"] == "commands.unrecorded"]) == 2
