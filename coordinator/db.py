@@ -24,7 +24,7 @@ import asyncpg
 import trio
 import trio_asyncio
 
-from .errors import DatabaseUnavailable
+from .errors import ConfigError, DatabaseUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -244,6 +244,9 @@ async def connect(
     ``daemon=True`` marks the session so the wake triggers skip its writes, and turns on
     TCP keepalive so a dead server is noticed without sending any SQL.
     """
+    problem = dsn_problem(dsn)
+    if problem is not None:
+        raise ConfigError(f"dsn: {problem}")
     settings = {"application_name": application_name}
     if daemon:
         settings["coordinator.origin"] = "daemon"
@@ -267,6 +270,45 @@ async def connect(
     if daemon:
         _enable_keepalive(conn)
     return conn
+
+
+#: What asyncpg takes for ``target_session_attrs``.
+_SESSION_ATTRS: Final = ("any", "primary", "standby", "prefer-standby", "read-write", "read-only")
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """Why ``dsn`` cannot be used, in words a person can act on (``None``: it may be).
+    asyncpg's own refusals named a Python object (``expected to be one of <built-in
+    method values of mappingproxy object at 0x...>``) or a conversion (``invalid literal
+    for int() with base 10``), and a libpq keyword string got "scheme is expected"."""
+    if "://" not in dsn and "=" in dsn:
+        return (
+            "use the URI form, postgresql://USER@HOST:PORT/DATABASE (the keyword form, "
+            "host=... dbname=..., is libpq's; asyncpg reads URIs only)"
+        )
+    try:
+        parts = urlsplit(dsn)
+        query = parse_qs(parts.query)
+    except ValueError as exc:
+        return f"not a URI: {exc}"
+    if parts.scheme not in ("postgresql", "postgres"):
+        return (
+            f"the scheme must be postgresql:// (or postgres://), not "
+            f"{parts.scheme + '://' if parts.scheme else 'none'}"
+        )
+    hosts = parts.netloc.rpartition("@")[2]
+    for host in filter(None, hosts.split(",")):
+        name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+        if colon and port and not (port.isdigit() and 0 < int(port) < 65536):
+            return f"port {port!r} of host {name or host!r} is not a number from 1 to 65535"
+    for port in query.get("port", []):
+        for one in port.split(","):
+            if one and not (one.isdigit() and 0 < int(one) < 65536):
+                return f"port {one!r} is not a number from 1 to 65535"
+    for attrs in query.get("target_session_attrs", []):
+        if attrs not in _SESSION_ATTRS:
+            return f"target_session_attrs must be one of {', '.join(_SESSION_ATTRS)}, not {attrs!r}"
+    return None
 
 
 def server_of(dsn: str) -> str:

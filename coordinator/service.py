@@ -24,7 +24,7 @@ from .alerts import Alerter, EmailSink, Sink, WebhookSink
 from .clock import SystemWallClock
 from .config import local_timezone, parse_listen
 from .daemon import Daemon, DaemonSettings
-from .db import trio_asyncio_loop
+from .db import dsn_problem, trio_asyncio_loop
 from .errors import ConfigError
 from .events import EventBus
 from .executors import ExecExecutor
@@ -185,6 +185,10 @@ def refusals(config: Config, *, probe: bool = False) -> list[str]:
             found.append(str(exc))
             return None
 
+    if config.dsn is not None:
+        problem = dsn_problem(config.dsn)
+        if problem is not None:
+            found.append(f"dsn: {problem}")
     check(partial(Spool(config.spool_path).check, probe=probe))
     check(partial(alert_sinks, config))
     tls = check(partial(worker_tls_context, config))

@@ -103,6 +103,9 @@ class Leadership:
                 if waited is not None:
                     raise waited
                 return not scope.cancelled_caught
+            except ConfigError:  # a DSN no connection can be made with (db.dsn_problem)
+                await self.release()
+                raise
             except (ValueError, OverflowError) as exc:  # e.g. a port out of range
                 await self.release()
                 if isinstance(exc, UnicodeError):  # (not the DSN's: a bug, as before)

@@ -475,3 +475,47 @@ def test_admin_listen_is_loaded_as_given_and_named_in_runs_refusal() -> None:
         "admin_listen: 0.0.0.0 is not a loopback address; it listens on loopback only "
         "(admin_allow_remote = true allows it)"
     )
+
+
+@pytest.mark.parametrize(
+    ("dsn", "words"),
+    [
+        ("mysql://x@y/z", "the scheme must be postgresql:// (or postgres://), not mysql://"),
+        ("postgresql://x@y:notaport/z", "port 'notaport' of host 'y' is not a number"),
+        ("postgresql://x@a:5432,b:0/z", "port '0' of host 'b' is not a number from 1 to 65535"),
+        ("postgresql://x@y/z?port=5432,x", "port 'x' is not a number"),
+        (
+            "postgresql://x@y/z?target_session_attrs=bogus",
+            "target_session_attrs must be one of any, primary, standby, prefer-standby, "
+            "read-write, read-only, not 'bogus'",
+        ),
+        ("host=db dbname=app", "use the URI form, postgresql://USER@HOST:PORT/DATABASE"),
+    ],
+)
+def test_a_dsn_no_connection_can_use_is_said_in_words(dsn: str, words: str) -> None:
+    """asyncpg said ``expected to be one of <built-in method values of mappingproxy
+    object at 0x...>`` or ``invalid literal for int() with base 10``; ``coordinator
+    config`` said nothing, though ``run`` refused."""
+    from coordinator.db import dsn_problem
+    from coordinator.service import refusals
+
+    problem = dsn_problem(dsn)
+    assert problem is not None
+    assert problem.startswith(words), problem
+    assert f"dsn: {problem}" in refusals(Config(dsn=dsn))
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://app:pw@db:5432/app",
+        "postgres://db/app?sslmode=require",
+        "postgresql://u@a:5432,b:5433/app?target_session_attrs=read-write",
+        "postgresql://u@[::1]:5432/app",
+        "postgresql:///app?host=/var/run/postgresql&port=5433",
+    ],
+)
+def test_a_usable_dsn_is_not_refused(dsn: str) -> None:
+    from coordinator.db import dsn_problem
+
+    assert dsn_problem(dsn) is None
