@@ -973,13 +973,16 @@ class WorkerExecutor:
 
     def _authenticate(self, conn: _Conn, hello: Hello) -> TokenScope | None:
         """The scope of the worker's token: its own (``worker_tokens``), or none (the
-        shared loopback token; the Unix socket, whose file permissions admit it)."""
+        shared loopback token; no token on the Unix socket, whose file permissions
+        admit it).
+
+        A token given on the Unix socket is checked as over TCP: ignoring a wrong one
+        there welcomed a worker that meant to be confined to its namespaces as one that
+        reaches every namespace."""
         scope = self.tokens.find(hello.token)
-        if scope is None and conn.transport != "unix":
-            expected = (self.token or "").encode()
-            given = (hello.token or "").encode()
-            if not expected or not given or not hmac.compare_digest(given, expected):
-                raise _Reject("missing or wrong token")
+        tokenless = not hello.token and conn.transport == "unix"
+        if scope is None and not tokenless and not self._shared_token(hello.token):
+            raise _Reject("missing or wrong token")
         if scope is not None:
             refused = [t for t in hello.types if not scope.allows_type(t)]
             if refused:
@@ -988,6 +991,11 @@ class WorkerExecutor:
                     f"(it may serve {', '.join(sorted(scope.types or ()))})"
                 )
         return scope
+
+    def _shared_token(self, given: str | None) -> bool:
+        """Whether ``given`` is the shared ``worker_token`` (compared in constant time)."""
+        expected = (self.token or "").encode()
+        return bool(expected and given) and hmac.compare_digest((given or "").encode(), expected)
 
     def _on_declare(self, conn: _Conn, declare: Declare) -> None:
         """A worker's declared schedules: checked here against what the worker is

@@ -1368,6 +1368,35 @@ async def test_tcp_on_loopback_requires_the_token(sock_path: Path) -> None:
             assert (await h.call(make_claim(1, args={"reply": 4}))).count == 4
 
 
+async def test_a_token_on_the_unix_socket_is_checked_as_over_tcp(sock_path: Path) -> None:
+    """The socket's permissions admit a worker without a token (unscoped); a token given
+    there is checked as over TCP: a worker's own scopes it, the shared one leaves it
+    unscoped, and one that matches nothing is refused and logged. It used to be ignored:
+    the worker was welcomed reaching every namespace."""
+    mine = "billing-host-token-" + "b" * 20
+    tokens = parse_tokens(
+        {"billing-host": {"hash": hash_token(mine), "namespaces": ["billing"]}},
+        "worker_tokens",
+        kind="worker",
+    )
+    with trio.fail_after(GUARD):
+        async with harness(sock_path, tokens=tokens, token="shared-secret") as h:
+            wrong = await h.connect()
+            await wrong.send({**HELLO, "token": "wrongtoken"})
+            await wrong.expect_error_and_close("missing or wrong token")
+            assert [e["error"] for e in h.named("worker.rejected")] == ["missing or wrong token"]
+            assert h.named("worker.connected") == []
+
+            await (await h.connect()).hello("scoped", token=mine)
+            await (await h.connect()).hello("shared", token="shared-secret")
+            await (await h.connect()).hello("plain")
+            assert {w.id: w.namespaces for w in h.executor.connections()} == {
+                "plain": None,
+                "scoped": ("billing",),
+                "shared": None,
+            }
+
+
 def test_configuration_is_checked() -> None:
     clock, log = SystemWallClock(), EventBus(log=EventLog())
     with pytest.raises(InvalidInput, match="socket path"):
