@@ -16,7 +16,9 @@ Costs: a connected, quiet worker is one task blocked in ``receive_some`` (and on
 writer, blocked on its empty outbox): no heartbeat, no timer, no SQL. Timers exist only
 while something is owed: a connection that has not said ``hello`` yet, a call's timeout,
 a cancel's grace period, and the spacing of progress and checkpoint writes for a running
-call.
+call. A TCP worker whose host vanishes (no FIN, no RST) is noticed by the kernel's TCP
+keepalive (:class:`TcpKeepalive`), not by anything of ours: the blocked read fails and
+the connection goes as any lost one.
 
 Recoverable jobs (docs/design.md, "Recoverable runs"): the call carries the run's cursor
 and counter; ``checkpoint`` messages update them and ``finding`` messages add findings,
@@ -145,6 +147,7 @@ __all__ = [
     "FINISHED_MEMORY",
     "PROGRESS_LOG_LIMIT",
     "SAVE_LIMIT",
+    "TcpKeepalive",
     "WorkerExecutor",
     "WorkerSocketError",
     "default_socket_path",
@@ -166,6 +169,47 @@ FINDINGS_BACKLOG: Final = 10_000
 _FLUSH_LIMIT: Final = 1.0
 _READ_SIZE: Final = 64 * 1024
 _UNIX_PATH_MAX: Final = 107
+
+
+@attrs.frozen(kw_only=True)
+class TcpKeepalive:
+    """How the kernel lets go of a TCP worker whose host vanished (power loss, a cut
+    network: no FIN, no RST), since the daemon sends nothing to a quiet worker. A
+    connection quiet for ``idle`` seconds is probed every ``interval`` seconds and
+    dropped after ``count`` unanswered probes; data written and unacknowledged for as
+    long (:attr:`limit`, ``TCP_USER_TIMEOUT``) drops it too, since the kernel does not
+    probe while data is unacknowledged and would retransmit a ``call`` sent to a dead
+    host for about 15 minutes. Either way the read fails and the connection's calls end
+    as for any lost worker. The defaults give up on a silent host after about a minute."""
+
+    #: Seconds a connection is quiet before the first probe.
+    idle: int = attrs.field(default=30, validator=attrs.validators.ge(1))
+    #: Seconds between two probes.
+    interval: int = attrs.field(default=10, validator=attrs.validators.ge(1))
+    #: Unanswered probes after which the connection is dropped.
+    count: int = attrs.field(default=3, validator=attrs.validators.ge(1))
+
+    @property
+    def limit(self) -> int:
+        """Seconds of silence after which the peer is given up."""
+        return self.idle + self.interval * self.count
+
+    def options(self) -> list[tuple[int, int, int]]:
+        """``(level, option, value)`` to set on a socket: the Linux-only ones (all but
+        ``SO_KEEPALIVE``) where this platform has them."""
+        tcp = socket.IPPROTO_TCP
+        wanted = [
+            (socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
+            (tcp, "TCP_KEEPIDLE", self.idle),
+            (tcp, "TCP_KEEPINTVL", self.interval),
+            (tcp, "TCP_KEEPCNT", self.count),
+            (tcp, "TCP_USER_TIMEOUT", self.limit * 1000),  # milliseconds
+        ]
+        return [
+            (level, getattr(socket, name), value)
+            for level, name, value in wanted
+            if hasattr(socket, name)
+        ]
 
 
 class WorkerSocketError(ConfigError):
@@ -396,6 +440,8 @@ class WorkerExecutor:
     checkpoint_interval: float = 2.0
     #: Seconds a new connection may take to say ``hello``.
     hello_timeout: float = 10.0
+    #: When the kernel gives up on a TCP worker that went silent.
+    keepalive: TcpKeepalive = attrs.field(factory=TcpKeepalive)
 
     #: What the daemon attached: the ``changed`` hook (served types or capacities
     #: changed) and progress writes. Until attached nothing is reported or written.
@@ -837,6 +883,8 @@ class WorkerExecutor:
     async def _handle(
         self, stream: trio.abc.Stream, *, transport: Literal["unix", "tcp", "tls"]
     ) -> None:
+        if transport != "unix":  # (a Unix socket's peer is on this host: it cannot vanish)
+            _keep_alive(stream, self.keepalive)
         send, recv = trio.open_memory_channel[bytes](math.inf)
         conn = _Conn(
             stream=stream,
@@ -1754,6 +1802,16 @@ def _peer(stream: trio.abc.Stream, transport: str) -> str:
         return f"{name[0]}:{name[1]}"
     except OSError:
         return transport
+
+
+def _keep_alive(stream: trio.abc.Stream, keepalive: TcpKeepalive) -> None:
+    """Turn on TCP keepalive for an accepted worker connection, plain or TLS."""
+    raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    if not isinstance(raw, trio.SocketStream):
+        return
+    for level, option, value in keepalive.options():
+        with contextlib.suppress(OSError):  # a kernel without the option
+            raw.setsockopt(level, option, value)
 
 
 def _token_name(scope: TokenScope | None) -> str | None:

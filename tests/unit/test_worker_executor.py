@@ -8,12 +8,16 @@ clock's autojump do not mix).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import io
 import itertools
 import json
 import os
+import socket
+import ssl
 import stat
+import struct
 import tempfile
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -24,6 +28,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+import trustme
 
 from coordinator.clock import SystemWallClock
 from coordinator.core.admission import Coverage
@@ -35,6 +40,7 @@ from coordinator.executors.outcomes import PAUSE_REASONS
 from coordinator.executors.worker import (
     CANCELLED_MESSAGE,
     PROGRESS_LOG_LIMIT,
+    TcpKeepalive,
     WorkerExecutor,
     WorkerSocketError,
 )
@@ -1366,6 +1372,108 @@ async def test_tcp_on_loopback_requires_the_token(sock_path: Path) -> None:
             await h.nursery.start(functools.partial(worker.run, (host, port), token="s3"))
             assert h.executor.connections()[0].transport == "tcp"
             assert (await h.call(make_claim(1, args={"reply": 4}))).count == 4
+
+
+def daemon_end(h: Harness) -> trio.SocketStream:
+    """The daemon's end of its one TCP worker connection (under TLS, if any)."""
+    (conn,) = h.executor._conns.values()
+    stream = conn.stream
+    raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    assert isinstance(raw, trio.SocketStream)
+    return raw
+
+
+def go_silent(stream: trio.SocketStream) -> None:
+    """Make this end of a loopback connection drop every packet it is sent, unanswered,
+    as a host that lost its power or its network does (no FIN, no RST): a classic BPF
+    socket filter that accepts nothing, which needs no privilege."""
+    drop_all = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))  # ret #0
+    program = struct.pack("HP", 1, ctypes.addressof(drop_all))
+    try:
+        stream.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_ATTACH_FILTER", 26), program)
+    except OSError as exc:  # not Linux
+        pytest.skip(f"cannot attach a socket filter here: {exc}")
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+async def test_accepted_tcp_workers_get_tcp_keepalive(sock_path: Path, tls: bool) -> None:
+    """The daemon sends nothing to a quiet worker, so a worker's host that vanished
+    (no FIN, no RST) left its connection open, and its run running, indefinitely: the
+    kernel's keepalive (and TCP_USER_TIMEOUT, for a call sent to a dead host) is what
+    notices, about a minute on."""
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    with trio.fail_after(GUARD):
+        async with harness(
+            sock_path,
+            socket_path=None,
+            tcp=("127.0.0.1", 0),
+            token="s3",
+            tls=server if tls else None,
+        ) as h:
+            assert h.executor.bound_tcp is not None
+            worker = sdk_worker("tcp")
+            run = functools.partial(worker.run, h.executor.bound_tcp, token="s3")
+            await h.nursery.start(functools.partial(run, tls=client) if tls else run)
+            end = daemon_end(h)
+            assert end.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) != 0
+            expected = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
+            expected["TCP_USER_TIMEOUT"] = 60_000  # milliseconds
+            for name, value in expected.items():
+                if hasattr(socket, name):
+                    assert end.getsockopt(socket.IPPROTO_TCP, getattr(socket, name)) == value
+
+
+async def _silent_worker(h: Harness, *, before_the_call: bool) -> Outcome:
+    """A TCP worker that goes silent before or after its call reaches it: the call's
+    outcome (the connection's loss, noticed by the kernel)."""
+    assert h.executor.bound_tcp is not None
+    raw = RawWorker(await trio.open_tcp_stream(*h.executor.bound_tcp))
+    h.raws.append(raw)
+    await raw.hello("gone", token="s3")
+    if before_the_call:
+        go_silent(raw.stream)
+    outcomes: list[Outcome] = []
+    done = trio.Event()
+
+    async def call() -> None:
+        outcomes.append(await h.call(make_claim(5)))
+        done.set()
+
+    h.nursery.start_soon(call)
+    if not before_the_call:
+        assert (await raw.recv() or {})["type"] == "call"
+        go_silent(raw.stream)
+    await done.wait()
+    return outcomes[0]
+
+
+@pytest.mark.parametrize("before_the_call", [False, True], ids=["quiet", "unacknowledged"])
+async def test_a_tcp_worker_whose_host_vanished_is_let_go_and_its_call_crashes(
+    sock_path: Path, before_the_call: bool
+) -> None:
+    """A TCP worker that goes silent mid-call (keepalive probes go unanswered) or before
+    its call (the call is never acknowledged: TCP_USER_TIMEOUT) is let go within the
+    keepalive's limit (2 s here), its call ``crashed`` as for any lost worker. Before,
+    both stayed connected, and the run ``running``, until the tester closed the relay."""
+    keepalive = TcpKeepalive(idle=1, interval=1, count=1)
+    with trio.fail_after(GUARD):
+        async with harness(
+            sock_path, socket_path=None, tcp=("127.0.0.1", 0), token="s3", keepalive=keepalive
+        ) as h:
+            outcome = await _silent_worker(h, before_the_call=before_the_call)
+            assert (outcome.status, outcome.error_cause) == ("failed", "crashed")
+            assert outcome.error_message == "worker gone disconnected"
+            assert h.executor.connections() == []
+            [gone] = h.named("worker.disconnected")
+            assert (gone["worker"], gone["reason"], gone["crashed"]) == (
+                "gone",
+                "connection lost",
+                1,
+            )
 
 
 async def test_a_token_on_the_unix_socket_is_checked_as_over_tcp(sock_path: Path) -> None:
