@@ -214,6 +214,8 @@ class Running:
     kind: str = "exec"
     #: The job is recoverable (stopping it pauses it).
     recoverable: bool = False
+    #: The job is idempotent (a crash sweep queues its run again at once).
+    idempotent: bool = False
 
 
 @attrs.define(eq=False)
@@ -342,6 +344,21 @@ class Dispatcher:
         asked = 0
         for running in list(self.running.values()):
             if running.recoverable and self.request_stop(running.run_id, "stopping"):
+                asked += 1
+        return asked
+
+    def stop_rerun(self) -> int:
+        """Stepped down: ask every call whose run the new leader's sweep starts again to
+        stop now (``stopping``), rather than run beside it until the stop timeout: an
+        idempotent job's (its run queued again at once) and a recoverable one's (paused,
+        and resumed by its next tick). Other calls go on: their runs wait `unresolved`,
+        and their results, saved late, resolve them (migrations/0032). How many were
+        asked."""
+        asked = 0
+        for running in list(self.running.values()):
+            if (running.idempotent or running.recoverable) and self.request_stop(
+                running.run_id, "stopping"
+            ):
                 asked += 1
         return asked
 
@@ -588,6 +605,7 @@ class Dispatcher:
             since=trio.current_time(),
             kind=job.target.kind,
             recoverable=job.recoverable,
+            idempotent=job.idempotent,
         )
         self.on_change()
         started = RunStarted(

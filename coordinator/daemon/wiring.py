@@ -583,8 +583,20 @@ class Daemon:
         await self.leadership.keep(
             on_lost=self._update,
             on_regained=lambda: self._lifecycle_wake("leadership.regained", urgent=True),
-            on_stepped_down=self.request_stop,
+            on_stepped_down=self._stepped_down,
         )
+
+    def _stepped_down(self) -> None:
+        """Another daemon leads and has swept our running runs: stop, and first stop the
+        calls it starts again (:meth:`Dispatcher.stop_rerun`)."""
+        asked = self.dispatcher.stop_rerun()
+        if asked:
+            self.log.warning(
+                "leadership.stopping_calls",
+                calls=asked,
+                reason="the new leader runs their jobs again (idempotent or recoverable)",
+            )
+        self.request_stop()
 
     # -- wakes ----------------------------------------------------------------------------
 

@@ -97,6 +97,8 @@ class ExecExecutor:
     events: EventBus | None = None
     #: The last command could not be recorded (said once until one is again).
     _ledger_failing: bool = False
+    #: run id -> set to stop its command (:meth:`cancel`).
+    _stops: dict[int, trio.Event] = attrs.field(factory=dict)
 
     # -- lifecycle: a command needs nothing opened, has no pools, nothing connects --------
 
@@ -144,9 +146,16 @@ class ExecExecutor:
         )
 
     def cancel(self, run_id: int, reason: str) -> bool:
-        """Commands cannot be recoverable (a command has no way to hand back a cursor; the
-        database refuses such a job), so there is never a call to pause: ``False``."""
-        return False
+        """Stop the command of ``run_id`` (its group: SIGTERM, then SIGKILL after the
+        grace; the run ends ``cancelled``) when the daemon is ``stopping`` (a stepped-down
+        leader stops the calls the new leader runs again). Commands cannot be recoverable
+        (a command has no way to hand back a cursor), so there is never one to pause:
+        ``False`` for ``pause``, and when no command of that run runs here."""
+        stop = self._stops.get(run_id)
+        if stop is None or reason != "stopping":
+            return False
+        stop.set()
+        return True
 
     async def call(self, claim: Claim, *, abandon: trio.Event, turn: Turn = AT_ONCE) -> Outcome:
         """Run the claim's command and report how it ended; never raises for the command.
@@ -208,7 +217,13 @@ class ExecExecutor:
             self._note_ledger(self.ledger.record(proc.pid, claim.run_id), claim.run_id)
         try:
             try:
-                ending = await self._supervise(proc, stdin_data, timeout, abandon, out, err)
+                stop = self._stops[claim.run_id] = trio.Event()
+                try:
+                    ending = await self._supervise(
+                        proc, stdin_data, timeout, abandon, out, err, stop
+                    )
+                finally:
+                    self._stops.pop(claim.run_id, None)
             except BaseException:
                 with trio.CancelScope(shield=True):
                     await self._stop_after_cancel(proc)
@@ -248,8 +263,10 @@ class ExecExecutor:
         abandon: trio.Event,
         out: _Tail,
         err: _Tail,
+        stop: trio.Event | None = None,
     ) -> _Ending:
-        """Feed stdin and read output while the command runs; stop it if it must stop.
+        """Feed stdin and read output while the command runs; stop it if it must stop
+        (``abandon``: every call; ``stop``: this one).
 
         Returns with the main process exited but not reaped, the group killed, and our
         pipe ends closed.
@@ -263,7 +280,7 @@ class ExecExecutor:
                 nursery.start_soon(_feed, proc.stdin, stdin_data)
                 nursery.start_soon(_drain_both, proc.stdout, out, proc.stderr, err, drained)
 
-                ending = await self._wait_main(proc, time_limit, abandon)
+                ending = await self._wait_main(proc, time_limit, abandon, stop)
                 if ending != "exited":
                     await self._terminate(proc)
 
@@ -279,13 +296,20 @@ class ExecExecutor:
         return ending
 
     async def _wait_main(
-        self, proc: trio.Process, time_limit: timedelta | None, abandon: trio.Event
+        self,
+        proc: trio.Process,
+        time_limit: timedelta | None,
+        abandon: trio.Event,
+        stop: trio.Event | None = None,
     ) -> _Ending:
-        """Wait until the main process exits, the timeout passes or ``abandon`` is set."""
+        """Wait until the main process exits, the timeout passes or ``abandon`` (or
+        ``stop``) is set."""
         limit = math.inf if time_limit is None else max(time_limit.total_seconds(), 0.0)
         with trio.move_on_after(limit) as timer:
             async with trio.open_nursery() as race:
                 race.start_soon(_cancel_when_set, abandon, race.cancel_scope)
+                if stop is not None:
+                    race.start_soon(_cancel_when_set, stop, race.cancel_scope)
                 await _wait_exited(proc)
                 race.cancel_scope.cancel()
         if _has_exited(proc):

@@ -294,10 +294,18 @@ async def test_a_result_that_comes_after_another_leaders_sweep_is_saved_or_said(
         assert again != run_id
         await new.wait_event("job.run", run=again, timeout=15)
     else:
-        # The sweep queued a retry: the retry's end stands, the old result is said.
+        # The sweep queued a retry, which the new leader runs at once: the old leader
+        # stopped its copy as it stepped down (it ran beside the retry until its stop
+        # timeout), and the retry's end stands; the old result is said.
         assert row["status"] != "succeeded", row
+        assert old.named("leadership.stopping_calls", calls=1)
         said = old.named("settle.superseded", run=run_id)
         assert said
-        assert said[0]["outcome"] == "succeeded"
+        assert said[0]["outcome"] == "cancelled"
         assert not old.named("job.run", run=run_id)
+        retry = await aio(conn.fetchval)(
+            "SELECT id FROM coordinator.runs WHERE job_id = $1 AND id > $2", job_id, run_id
+        )
+        await new.wait_event("job.run", run=retry, outcome="succeeded", timeout=15)
+        assert marker.read_text() == "x\n"  # the retry's line only
     assert old.status == 1  # stepped down

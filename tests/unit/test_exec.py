@@ -517,3 +517,26 @@ async def test_commands_going_unrecorded_are_said_once(tmp_path: Path) -> None:
     blocker.write_text("again")
     assert (await run(make_claim(["sleep", "0.2"]), ex)).status == "succeeded"
     assert len([e for e in events if e["event"] == "commands.unrecorded"]) == 2
+
+
+async def test_a_command_is_stopped_when_the_daemon_stops_it(tmp_path: Path) -> None:
+    """A leader that stepped down stops the commands the new leader runs again
+    (``cancel(run, "stopping")``): its group gets SIGTERM and the run ends cancelled. A
+    pause is not for commands, nor is a run that is not running here."""
+    ex = executor()
+    outcome: list[Outcome] = []
+
+    async def call() -> None:
+        outcome.append(await run(make_claim(["sleep", "30"]), ex))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(call)
+        with trio.fail_after(SLACK):
+            while 42 not in ex._stops:
+                await trio.sleep(0.01)
+        assert not ex.cancel(42, "pause")
+        assert not ex.cancel(43, "stopping")
+        assert ex.cancel(42, "stopping")
+    assert outcome[0].status == "cancelled"
+    assert outcome[0].extra.get("signal") == "SIGTERM"
+    assert 42 not in ex._stops
