@@ -317,6 +317,8 @@ class CommandContext:
         dsn = await self.database()
         try:
             conn = await db.connect(dsn, application_name=db.APP_CLI)
+        except db.DsnError as exc:
+            raise InvalidInput(self._dsn_field(), exc.problem) from exc
         except DatabaseUnavailable as exc:
             if isinstance(exc.__cause__, ValueError):  # asyncpg refused the DSN itself
                 raise InvalidInput(self._dsn_field(), str(exc.__cause__).splitlines()[0]) from exc

@@ -133,12 +133,22 @@ def _count(value: Any, name: str) -> int:
 
 def _choice(*options: str) -> Callable[[Any, str], str]:
     def check(value: Any, name: str) -> str:
-        text = str(value)
-        if text not in options:
-            raise ConfigError(f"{name}: must be one of {', '.join(options)}, not {text!r}")
-        return text
+        if not isinstance(value, str):  # (a TOML true read 'True', as if typed so)
+            raise ConfigError(
+                f"{name}: must be one of {', '.join(options)}, as text, not {_toml(value)}"
+            )
+        if value not in options:
+            raise ConfigError(f"{name}: must be one of {', '.join(options)}, not {value!r}")
+        return value
 
     return check
+
+
+def _toml(value: Any) -> str:
+    """A value as TOML writes it (``true``, ``60``), for a refusal of a file's value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
 
 
 def _bool(value: Any, name: str) -> bool:
@@ -1058,7 +1068,10 @@ def load(
         for key, value in _read_toml(Path(path)).items():
             if key not in _BY_NAME:
                 raise ConfigError(f"config file {path}: unknown setting {key!r}")
-            values[key] = _BY_NAME[key].convert(value, key)
+            try:
+                values[key] = _BY_NAME[key].convert(value, key)
+            except ConfigError as exc:  # (which file said it, as for an unknown key)
+                raise ConfigError(f"config file {path}: {exc}") from exc
             sources[key] = Source(layer="file", origin=str(path))
     known_env = {s.env for s in SETTINGS}
     for key in environ:

@@ -246,7 +246,7 @@ async def connect(
     """
     problem = dsn_problem(dsn)
     if problem is not None:
-        raise ConfigError(f"dsn: {problem}")
+        raise DsnError(problem)
     settings = {"application_name": application_name}
     if daemon:
         settings["coordinator.origin"] = "daemon"
@@ -276,11 +276,26 @@ async def connect(
 _SESSION_ATTRS: Final = ("any", "primary", "standby", "prefer-standby", "read-write", "read-only")
 
 
+class DsnError(ConfigError):
+    """A DSN no connection can be made with (:func:`dsn_problem`): ``dsn: <problem>``;
+    the CLI names where the DSN was set instead (``--dsn``, ``COORDINATOR_DSN``...)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"dsn: {problem}")
+        self.problem = problem
+
+
 def dsn_problem(dsn: str) -> str | None:
-    """Why ``dsn`` cannot be used, in words a person can act on (``None``: it may be).
+    """Why ``dsn`` cannot be used, ``invalid DSN: ...`` in words a person can act on
+    (``None``: it may be).
     asyncpg's own refusals named a Python object (``expected to be one of <built-in
     method values of mappingproxy object at 0x...>``) or a conversion (``invalid literal
     for int() with base 10``), and a libpq keyword string got "scheme is expected"."""
+    problem = _dsn_problem(dsn)
+    return None if problem is None else f"invalid DSN: {problem}"
+
+
+def _dsn_problem(dsn: str) -> str | None:
     if "://" not in dsn and "=" in dsn:
         return (
             "use the URI form, postgresql://USER@HOST:PORT/DATABASE (the keyword form, "

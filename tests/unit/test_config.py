@@ -70,7 +70,8 @@ def test_durations_are_bounded(tmp_path: Path, text: str, message: str) -> None:
     file.write_text(text)
     with pytest.raises(ConfigError) as info:
         load(file=file, environ={}, flags={})
-    assert str(info.value).startswith(message)
+    # (Which file said it comes first, as for an unknown key.)
+    assert str(info.value).startswith(f"config file {file}: {message}")
     file.write_text('stop_timeout = "3650d"\n')  # the bound itself is fine
     assert load(file=file, environ={}, flags={}).stop_timeout == 315360000.0
     with pytest.raises(ConfigError, match=r"^--refresh-spacing: at most 3650d, not 3000000d$"):
@@ -85,12 +86,14 @@ def test_command_namespaces_are_every_one_unless_named(tmp_path: Path) -> None:
     file.write_text("command_namespaces = []\n")
     assert load(file=file, environ={}, flags={}).command_namespaces == ()
     file.write_text('command_namespaces = ["ops", "bad ns"]\n')
-    with pytest.raises(ConfigError, match=r"^command_namespaces: 'bad ns': use letters"):
+    with pytest.raises(ConfigError, match=r"c.toml: command_namespaces: 'bad ns': use letters"):
         load(file=file, environ={}, flags={})
     file.write_text('command_namespaces = "ops"\n')  # (one, as text: as in the environment)
     assert load(file=file, environ={}, flags={}).command_namespaces == ("ops",)
     file.write_text("command_namespaces = 3\n")
-    with pytest.raises(ConfigError, match=r"^command_namespaces: expected a list of namespaces"):
+    with pytest.raises(
+        ConfigError, match=r"c.toml: command_namespaces: expected a list of namespaces"
+    ):
         load(file=file, environ={}, flags={})
 
 
@@ -501,7 +504,7 @@ def test_a_dsn_no_connection_can_use_is_said_in_words(dsn: str, words: str) -> N
 
     problem = dsn_problem(dsn)
     assert problem is not None
-    assert problem.startswith(words), problem
+    assert problem.startswith(f"invalid DSN: {words}"), problem
     assert f"dsn: {problem}" in refusals(Config(dsn=dsn))
 
 
@@ -519,3 +522,15 @@ def test_a_usable_dsn_is_not_refused(dsn: str) -> None:
     from coordinator.db import dsn_problem
 
     assert dsn_problem(dsn) is None
+
+
+def test_a_file_value_of_the_wrong_toml_type_is_said_as_written(tmp_path: Path) -> None:
+    """``log_level = true`` read "not 'True'", a value nobody wrote."""
+    file = tmp_path / "c.toml"
+    file.write_text("log_level = true\n")
+    with pytest.raises(ConfigError) as info:
+        load(file=file, environ={}, flags={})
+    assert str(info.value) == (
+        f"config file {file}: log_level: must be one of debug, info, warning, error, "
+        "as text, not true"
+    )
