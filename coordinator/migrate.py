@@ -81,8 +81,11 @@ async def migrate(conn: Connection, migrations: list[Migration] | None = None) -
                 if m.name in done:
                     if done[m.name] != m.checksum:
                         raise DatabaseError(
-                            f"migration {m.name} was applied with different content; "
-                            "schema changes need a new numbered file"
+                            f"migration {m.name} was applied from another version of that "
+                            f"file (recorded checksum {done[m.name][:12]}, this build's "
+                            f"{m.checksum[:12]}): this database was migrated by another "
+                            "build of coordinator; nothing was changed. Run the build that "
+                            "migrated it, or restore the database from before that migrate"
                         )
                     continue
                 await conn.execute(m.sql)

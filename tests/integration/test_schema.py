@@ -63,6 +63,28 @@ async def test_migrate_twice_changes_nothing(conn: asyncpg.Connection) -> None:
     assert [r["name"] for r in names] == [m.name for m in migrate_mod.load_migrations()]
 
 
+async def test_a_migration_applied_from_another_version_is_refused_in_words(
+    conn: asyncpg.Connection,
+) -> None:
+    """A database migrated by another build (whose file differed) is left as it is, and
+    the operator is told what happened and what to do ("applied with different content;
+    schema changes need a new numbered file" spoke to a developer)."""
+    from coordinator.errors import DatabaseError
+
+    last = migrate_mod.load_migrations()[-1]
+    await aio(conn.execute)(
+        "UPDATE coordinator.schema_migrations SET checksum = 'f00' || checksum WHERE name = $1",
+        last.name,
+    )
+    with pytest.raises(DatabaseError) as info:
+        await migrate_mod.migrate(conn)
+    message = str(info.value)
+    assert message.startswith(f"migration {last.name} was applied from another version")
+    assert f"recorded checksum f00{last.checksum[:9]}" in message
+    assert "nothing was changed" in message
+    assert "\n" not in message
+
+
 async def test_concurrent_migrates_on_empty_database(pg_server: Any, aio_loop: Any) -> None:
     name = pg_server.new_database_name()
     admin = await _connect(pg_server.admin_dsn)
