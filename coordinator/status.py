@@ -126,6 +126,10 @@ class DaemonStatus:
     uptime_s: float
     #: This daemon holds the single-writer lock.
     leading: bool
+    #: The backend pid of the session holding the lock while leading (``None``: not
+    #: leading), which the database names too (``pg_locks``): ``coordinator status``
+    #: tells by it whether this daemon is the one of the database it asks.
+    lock_pid: int | None = None
     #: Jobs the daemon knows (valid ones, from the last refresh), armed deadlines.
     jobs: int
     armed_deadlines: int
@@ -196,6 +200,7 @@ class DaemonStatus:
             "instance": self.instance,
             "uptime_s": round(self.uptime_s, 3),
             "leading": self.leading,
+            "lock_pid": self.lock_pid,
             "jobs": self.jobs,
             "armed_deadlines": self.armed_deadlines,
             "next_deadline": (

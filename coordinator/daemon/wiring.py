@@ -338,6 +338,7 @@ class Daemon:
             # /healthz, the page and coordinator_leading said "leading" beside "leadership
             # lock session lost".)
             leading=self._phase in ("ready", "stopping") and self.store.leader_pid != 0,
+            lock_pid=self.store.leader_pid or None,
             jobs=len(self.inventory.jobs),
             armed_deadlines=len(self.deadlines),
             next_deadline=next_deadline,

@@ -598,6 +598,27 @@ def test_status_labels_its_source_and_explains_differences(
     as_json = d.cli("status", "--json").json
     assert (as_json["source"], as_json["jobs"], as_json["database"]["jobs"]) == ("daemon", 2, 4)
 
+    # The shared configuration's API with another database's DSN: the daemon answering
+    # leads this one, not that one (status said "leader" where `jobs list` said no daemon
+    # runs): the other database answers, and says whose daemon the API is.
+    base, _, query = database.partition("?")
+    name = base.rsplit("/", 1)[1] + "_other"
+
+    def dsn_of(dbname: str) -> str:
+        return base.rsplit("/", 1)[0] + "/" + dbname + ("?" + query if query else "")
+
+    other = dsn_of("postgres")
+    sql(other, f"CREATE DATABASE {name} TEMPLATE coordinator_template")
+    try:
+        elsewhere = dsn_of(name)
+        status = run_cli("status", config=daemon_config, COORDINATOR_DSN=elsewhere)
+        assert status.code == 0, status
+        fields = dict(line.split(":", 1) for line in status.out.splitlines() if ":" in line)
+        assert "answers for the daemon of another database" in fields["source"], status.out
+        assert fields["daemon"].strip().startswith("not running"), status.out
+    finally:
+        sql(other, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
     # Without the API the database answers, labelled, and says a daemon leads.
     no_api = write(daemon_config.parent / "no-api.toml", f'dsn = "{database}"\n')
     status = run_cli("status", config=no_api)
