@@ -222,6 +222,13 @@ def still_waiting(job: JobView, run: RunView, facts: Facts, *, now: datetime) ->
             return f"perhaps no worker serves {kind}: only the daemon knows, and {api}"
         if kind not in served:
             return f"no worker serves {kind}; start one (coordinator worker MODULE:OBJECT)"
+        if facts.may_run(kind, job.namespace) is False:
+            # (Claimed and given back: "not claimed yet" was not so.)
+            return (
+                f"{waiting_for_worker(kind, job.namespace)}: the workers serving {kind} "
+                f"have tokens that do not reach namespace {job.namespace} (their runs are "
+                "given back unsent)"
+            )
     status = facts.status
     if status is not None:
         running = len(status.get("running") or ())

@@ -100,6 +100,25 @@ WORKER = {"kind": "worker", "type": "images"}
             Facts(leader=LEADER, leader_known=True, api=api(["images"])),
             "the daemon has not claimed it yet",
         ),
+        (
+            # Its only worker's token reaches another namespace: claimed and given back,
+            # not "not claimed yet".
+            job(target=WORKER),
+            Facts(
+                leader=LEADER,
+                leader_known=True,
+                api=ApiAnswer(
+                    status={
+                        "state": "leader",
+                        "workers": ["images"],
+                        "worker_connections": [{"types": ["images"], "namespaces": ["ops"]}],
+                    },
+                    label="the API",
+                ),
+            ),
+            "waiting for a worker serving images that may run namespace default: the "
+            "workers serving images have tokens that do not reach namespace default",
+        ),
     ],
 )
 def test_still_waiting(the_job: JobView, facts: Facts, reason: str) -> None:
