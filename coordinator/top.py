@@ -174,9 +174,16 @@ class Screen:
         upcoming = _upcoming(self.jobs)
         if not upcoming:
             lines.append("  none armed")
+        served = set(s.get("workers") or ())
         for job, at in upcoming[:DEADLINES]:
             when = _relative(at, now)
-            lines.append(f"  {when:<12} {printable(_key(job)):<32} {printable(_schedule(job))}")
+            waits = _unserved(job, served)
+            if waits is not None:  # (saved, not armed: "3m33s ago" read as overdue)
+                when = "unarmed"
+            line = f"  {when:<12} {printable(_key(job)):<32} {printable(_schedule(job))}"
+            if waits is not None:
+                line += f"  (waiting for a worker serving {printable(waits)})"
+            lines.append(line)
         lines += ["", "WORKERS"]
         workers = s.get("worker_connections") or []
         if not workers:
@@ -239,6 +246,16 @@ def _schedule(job: dict[str, Any]) -> str:
     if kind == "once":
         return f"once at {expression}"
     return str(kind)
+
+
+def _unserved(job: dict[str, Any], served: set[str]) -> str | None:
+    """The worker type of a worker job that no connected worker serves (its saved
+    deadline is not armed until one connects), else ``None``."""
+    target = job.get("target")
+    if not isinstance(target, dict) or target.get("kind") != "worker":
+        return None
+    kind = target.get("type")
+    return str(kind) if kind is not None and kind not in served else None
 
 
 def _upcoming(jobs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], datetime]]:

@@ -31,6 +31,9 @@ def screen() -> Screen:
          "next_run_at": (NOW + timedelta(hours=3)).isoformat()},
         {"namespace": "default", "name": "paused", "schedule_kind": "interval",
          "schedule": "5m", "paused": True, "next_run_at": NOW.isoformat()},
+        {"namespace": "default", "name": "thumbs", "schedule_kind": "interval",
+         "schedule": "1m", "target": {"kind": "worker", "type": "video"},
+         "next_run_at": (NOW - timedelta(minutes=3)).isoformat()},
     ]  # fmt: skip
     return s
 
@@ -44,6 +47,9 @@ def test_the_screen_shows_each_section() -> None:
     assert "5.0s" in text  # 3 s when read, 2 s ago
     assert "[##########..........]  50% copying" in text
     assert "in 3h00m     default/later" in text
+    # Saved but not armed while no worker serves its type (it read "3m00s ago").
+    assert "unarmed      default/thumbs" in text
+    assert "(waiting for a worker serving video)" in text
     assert "paused" not in text.split("NEXT DEADLINES")[1].split("WORKERS")[0]
     assert "w1" in text
     assert "1/4 busy" in text
