@@ -937,7 +937,9 @@ class Worker:
                 result = _result(ctx.run_id, value)
         except Paused as paused:
             result = _paused(ctx.run_id, paused)
-        except Exception as exc:
+        except BaseException as exc:
+            if not _handler_failure(exc):
+                raise  # the worker's own: cancellation, Ctrl-C, GeneratorExit
             meant = _unwrapped(exc)
             if isinstance(meant, Paused):
                 result = _paused(ctx.run_id, meant)
@@ -1063,14 +1065,27 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _unwrapped(exc: Exception) -> Exception:
+#: What a handler raises that fails its call. ``SystemExit`` too: a handler's
+#: ``sys.exit(4)`` ended the whole worker process, failing the calls running beside it
+#: (``worker W disconnected``); it is one call's failure, ``SystemExit: 4``. The other
+#: base exceptions are not the handler's to report: trio's ``Cancelled`` (the connection
+#: is going), ``KeyboardInterrupt`` (stops the worker) and ``GeneratorExit``.
+_FAILURES: Final = (Exception, SystemExit)
+
+
+def _handler_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (or every exception of its group) fails the call."""
+    return all(isinstance(leaf, _FAILURES) for leaf in _leaves(exc))
+
+
+def _unwrapped(exc: BaseException) -> BaseException:
     """What the handler meant to raise. A nursery (trio's, an asyncio TaskGroup,
     ``trio_asyncio.open_loop()``) wraps what its task raised in an exception group: one
     exception alone in it, or only :class:`Paused` ones, is the handler's own (before,
     README's own example ended "paused by operator; the worker said: ExceptionGroup",
     and a JobError raised in a nursery lost its category and was retried)."""
     leaves = _leaves(exc)
-    if len(leaves) == 1 and isinstance(leaves[0], Exception):
+    if len(leaves) == 1:
         return leaves[0]
     if leaves and all(isinstance(leaf, Paused) for leaf in leaves):
         first = leaves[0]

@@ -330,6 +330,72 @@ async def test_what_a_nursery_wraps_is_read_as_the_handler_raised_it(sock_path: 
             nursery.cancel_scope.cancel()
 
 
+async def test_a_handler_s_sys_exit_fails_its_call_only(sock_path: Path) -> None:
+    """``sys.exit(4)`` in a handler ended the whole worker process (a ``SystemExit: 4``
+    traceback), and a call running beside it failed ``worker W disconnected``. It is one
+    call's failure, as any exception is; the worker serves on, on the same connection."""
+    gate = trio.Event()
+    worker = Worker("w")
+
+    async def exit_() -> None:
+        sys.exit()
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        if ctx.run_id == 1:
+            sys.exit(4)
+        if ctx.run_id == 3:  # in a nursery: a group of one SystemExit
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(exit_)
+        await gate.wait()
+        return 7
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(2)  # the unrelated call beside it
+            await peer.call(1)
+            result = await peer.recv_type("result")
+            assert (result["run"], result["ok"], result["error"]) == (1, False, "SystemExit: 4")
+            assert "sys.exit(4)" in result["extra"]["traceback"]
+            await peer.call(3)
+            result = await peer.recv_type("result")
+            assert (result["run"], result["error"]) == (3, "SystemExit")
+            gate.set()
+            assert await peer.recv_type("result") == {"type": "result", "run": 2, "ok": True,
+                                                      "count": 7}  # fmt: skip
+            nursery.cancel_scope.cancel()
+    assert len(daemon.peers) == 1
+
+
+@pytest.mark.parametrize("kind", [KeyboardInterrupt, GeneratorExit])
+async def test_other_base_exceptions_of_a_handler_are_not_its_failure(
+    sock_path: Path, kind: type[BaseException]
+) -> None:
+    """Only SystemExit of the base exceptions becomes a failure: Ctrl-C still stops the
+    worker, and GeneratorExit is not swallowed."""
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        raise kind
+
+    async def serve_one_call() -> None:
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1)
+            assert await peer.recv() is None  # no result: the worker went
+            await trio.sleep_forever()  # until its exception ends this
+
+    with trio.fail_after(GUARD), pytest.raises(BaseExceptionGroup) as raised:
+        await serve_one_call()
+    assert raised.group_contains(kind)
+
+
 def test_job_error_refuses_an_unknown_category() -> None:
     with pytest.raises(ValueError, match="category must be one of"):
         JobError("x", category="later")  # type: ignore[arg-type]
