@@ -679,6 +679,21 @@ class Worker:
 
         return register
 
+    def _check(self) -> None:
+        """Raise ``ValueError`` if this worker cannot serve as it is: no handlers,
+        schedules without a namespace, names the daemon would refuse. (The command checks
+        before its trio run, where the error would come wrapped in an exception group.)"""
+        if not self._handlers:
+            raise ValueError("no job types: register handlers with @worker.job(TYPE)")
+        if self._declared and self.namespace is None:
+            raise ValueError(
+                "handlers declare schedules ("
+                + ", ".join(d.name for d in self.declared)
+                + "): give the worker its namespace, Worker(namespace=...) or --namespace"
+            )
+        if self.namespace is not None:
+            Declare(namespace=self.namespace, jobs=self.declared)  # checks the names
+
     def stop(self) -> None:
         """Leave cleanly: say ``bye`` (no new calls), let running calls finish and send
         their results, then make :meth:`run` return."""
@@ -699,22 +714,13 @@ class Worker:
         ``tls`` (a client context: :func:`tls_context`; the certificate must name
         ``server_hostname``, default the host). ``task_status.started()`` once the
         daemon first welcomed this worker."""
-        if not self._handlers:
-            raise ValueError("no job types: register handlers with @worker.job(TYPE)")
-        if self._declared and self.namespace is None:
-            raise ValueError(
-                "handlers declare schedules ("
-                + ", ".join(d.name for d in self.declared)
-                + "): give the worker its namespace, Worker(namespace=...) or --namespace"
+        self._check()
+        if self.namespace is not None and not self._declared:
+            logger.warning(
+                "namespace %s given, but no handler carries a schedule: nothing is "
+                "declared, and the namespace's jobs are left as they are",
+                self.namespace,
             )
-        if self.namespace is not None:
-            Declare(namespace=self.namespace, jobs=self.declared)  # checks the names
-            if not self._declared:
-                logger.warning(
-                    "namespace %s given, but no handler carries a schedule: nothing is "
-                    "declared, and the namespace's jobs are left as they are",
-                    self.namespace,
-                )
         stop = self._stop = trio.Event()
         attempt = 0
         started = False
@@ -1262,6 +1268,7 @@ def _prepare(argv: Sequence[str] | None) -> int | _Prepared:
             worker.capacity = args.capacity
         if args.namespace:
             worker.namespace = args.namespace
+        worker._check()  # (here, not in the run: one line, not a traceback)
         address = _address(args)
         token = _token(args)
         tls = _tls(args)

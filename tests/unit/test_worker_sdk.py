@@ -891,6 +891,40 @@ def test_load_and_main_report_bad_targets(
     sys.modules.pop("cw_app_bad", None)
 
 
+SCHEDULED_MODULE = """
+from coordinator.worker import Worker
+
+worker = Worker("cli-worker")
+
+
+@worker.job("reports.daily", cron="0 6 * * *")
+async def daily(ctx):
+    return None
+"""
+
+
+def test_the_command_says_in_one_line_why_the_worker_cannot_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Schedules without a namespace ended the command with an ExceptionGroup traceback
+    (from inside its trio run), the reason buried in it: it is one line and status 2,
+    as the command's other startup errors are."""
+    (tmp_path / "cw_app_scheduled.py").write_text(textwrap.dedent(SCHEDULED_MODULE))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert main(["cw_app_scheduled:worker", "--socket", "/nonexistent"]) == 2
+    assert capsys.readouterr().err == (
+        "coordinator worker: handlers declare schedules (reports.daily): give the worker "
+        "its namespace, Worker(namespace=...) or --namespace\n"
+    )
+    argv = ["cw_app_scheduled:worker", "--socket", "/nonexistent", "--namespace", "a b"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coordinator worker: declare: 'namespace'")
+    assert err.count("\n") == 1
+    sys.modules.pop("cw_app_scheduled", None)
+
+
 def test_a_demo_s_directory_names_its_worker_socket(tmp_path: Path) -> None:
     from coordinator.worker import _address, build_parser
 
