@@ -10,6 +10,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -724,6 +725,51 @@ async def test_reconnects_with_backoff_and_cancels_orphaned_handlers(sock_path: 
                 await peer.call(2)
                 await peer.send({"type": "cancel", "run": 2, "reason": "timeout"})
                 assert (await peer.recv_type("result"))["run"] == 2
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("over_tls", [False, True], ids=["tcp", "tls"])
+async def test_a_tcp_connection_has_keepalive(over_tls: bool) -> None:
+    """A daemon host that vanishes without closing is noticed in about a minute: the
+    kernel probes an idle connection (30 s idle, every 10 s, 3 probes on Linux)."""
+    import ssl
+
+    import trustme
+
+    from coordinator.worker import _connect, tls_context
+
+    ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_tls)
+    client_tls = tls_context()
+    ca.configure_trust(client_tls)
+    with trio.fail_after(GUARD):
+        (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listener.socket.getsockname()[1]
+        async with listener, trio.open_nursery() as nursery:
+
+            async def handshake() -> None:
+                tcp = await listener.accept()
+                async with trio.SSLStream(tcp, server_tls, server_side=True) as peer:
+                    await peer.do_handshake()
+                    await trio.sleep_forever()
+
+            if over_tls:
+                nursery.start_soon(handshake)
+            stream = await _connect(("127.0.0.1", port), client_tls if over_tls else None)
+            async with stream:
+                if over_tls:
+                    assert isinstance(stream, trio.SSLStream)
+                    tcp = stream.transport_stream
+                else:
+                    tcp = stream
+                assert isinstance(tcp, trio.SocketStream)
+                sock = tcp.socket
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) != 0
+                if sys.platform == "linux":
+                    options = (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT)
+                    got = [sock.getsockopt(socket.IPPROTO_TCP, o) for o in options]
+                    assert got == [30, 10, 3]
             nursery.cancel_scope.cancel()
 
 
