@@ -33,9 +33,10 @@ updated, those no longer declared paused)::
 Run it with ``coordinator worker mymodule:worker`` (or ``await worker.run(path)``). The
 worker connects to the daemon's socket (or over TCP, TLS for another host), says which
 types it serves, runs up to ``capacity`` calls at once, and reconnects with capped
-exponential backoff (0.5 s up to 30 s) whenever the connection drops. A handler that
-raises reports a failure with the exception's message; a handler whose job times out (or
-whose daemon stops) sees ``ctx.cancelled`` set and is then cancelled (trio cancellation).
+exponential backoff (0.5 s up to 30 s, from 0.5 s again once a connection stayed up)
+whenever the connection drops. A handler that raises reports a failure with the
+exception's message; a handler whose job times out (or whose daemon stops) sees
+``ctx.cancelled`` set and is then cancelled (trio cancellation).
 
 A recoverable job's handler resumes from ``ctx.cursor``, reports ``await
 ctx.checkpoint(cursor, count=delta)`` between batches and ``await ctx.finding(...)`` as it
@@ -131,6 +132,13 @@ _H = TypeVar("_H", bound=Handler)
 #: Reconnect backoff: first delay and cap (seconds).
 BACKOFF_FIRST: Final = 0.5
 BACKOFF_CAP: Final = 30.0
+#: Seconds a connection stays up after its welcome to prove itself: only then does the
+#: backoff start again from its first delay. A welcome alone proved nothing: a worker
+#: the daemon welcomes and then refuses (its declaration, say) or that another process
+#: with the same id replaces reconnected every 0.5 s for good. Time up is the test, not a
+#: served call: refusals come within milliseconds of the welcome, while a worker of rare
+#: job types may wait hours for a call on a perfectly good connection.
+PROVEN_AFTER: Final = 10.0
 #: Least seconds between two progress messages of one run (a changed step always goes).
 PROGRESS_SPACING: Final = 0.1
 #: Characters of a failing handler's traceback kept in the result's ``extra``.
@@ -201,10 +209,21 @@ class _Session:
     outbox: trio.MemorySendChannel[bytes]
     #: run id -> (context, the handler's cancel scope)
     running: dict[int, tuple[Context, trio.CancelScope]] = attrs.field(factory=dict)
-    welcomed: bool = False
+    #: When the daemon welcomed this worker (trio's clock), if it did.
+    welcomed_at: float | None = None
     #: The socket's descriptor when lines may be written to it directly (a plain
     #: socket, not TLS).
     fd: int | None = None
+
+    @property
+    def welcomed(self) -> bool:
+        return self.welcomed_at is not None
+
+    def proven(self) -> bool:
+        """Whether it stayed up :data:`PROVEN_AFTER` seconds after its welcome."""
+        return (
+            self.welcomed_at is not None and trio.current_time() - self.welcomed_at >= PROVEN_AFTER
+        )
 
     async def send(self, message: Message | bytes, *, now: bool = False) -> None:
         """Queue a message (or its line, already encoded); a connection that is gone
@@ -732,8 +751,7 @@ class Worker:
         where = address if isinstance(address, tuple) else os.fspath(address)
 
         def welcomed() -> None:
-            nonlocal attempt, started
-            attempt = 0
+            nonlocal started
             if not started:
                 started = True
                 task_status.started()
@@ -744,7 +762,9 @@ class Worker:
             except OSError as exc:
                 logger.warning("cannot connect to %s: %s", where, exc.strerror or exc)
             else:
-                await self._session(stream, token, welcomed)
+                session = await self._session(stream, token, welcomed)
+                if session.proven():
+                    attempt = 0  # (a daemon restart: back at once)
             if stop.is_set():
                 break
             attempt += 1
@@ -758,7 +778,8 @@ class Worker:
 
     async def _session(
         self, stream: trio.abc.Stream, token: str | None, welcomed: Callable[[], None]
-    ) -> None:
+    ) -> _Session:
+        """Serve one connection until it closes; return it, to say how it went."""
         send, recv = trio.open_memory_channel[bytes](_OUTBOX)
         session = _Session(
             outbox=send,
@@ -798,6 +819,7 @@ class Worker:
                     len(session.running),
                 )
             nursery.cancel_scope.cancel()
+        return session
 
     async def _read_loop(
         self,
@@ -825,7 +847,7 @@ class Worker:
             for line in lines.feed(data):
                 message = parse_from_daemon(line)
                 if isinstance(message, Welcome):
-                    session.welcomed = True
+                    session.welcomed_at = trio.current_time()
                     logger.info(
                         "connected as %s: %s (capacity %d)",
                         message.worker,
@@ -840,8 +862,30 @@ class Worker:
                 elif isinstance(message, Declared):
                     self._on_declared(message)
                 elif isinstance(message, Error):
-                    logger.error("the daemon refused this worker: %s", message.message)
+                    self._say_error(message.message)
                     return
+
+    def _say_error(self, said: str) -> None:
+        """Log why the daemon ended the connection, as what it is: not every ``error``
+        is a refusal of this worker. (Told apart by the daemon's words, in
+        ``coordinator/executors/worker.py``; other words read as a refusal.)"""
+        if said.startswith("replaced by a new connection"):
+            logger.error(
+                "another connection with worker id %s replaced this one: is a second "
+                "worker running with the same id? (give each its own --id); the daemon "
+                "said: %s",
+                self.worker_id,
+                said,
+            )
+        elif " ignored cancel " in said:
+            logger.error(
+                "the daemon disconnected this worker: a call went on after its cancel "
+                "(a handler that blocks without trio checkpoints, or a cancel_delay or "
+                "pause_grace longer than the daemon's grace); the daemon said: %s",
+                said,
+            )
+        else:
+            logger.error("the daemon refused this worker: %s", said)
 
     def _on_declared(self, declared: Declared) -> None:
         self.last_declared = declared

@@ -7,7 +7,9 @@ Every test runs under a ``trio.fail_after`` guard on trio's real clock.
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import logging
 import os
 import signal
 import socket
@@ -717,10 +719,11 @@ async def test_reconnects_with_backoff_and_cancels_orphaned_handlers(sock_path: 
                     while not cancelled:
                         await trio.sleep(0.01)
                 assert cancelled == [1]
-                # Welcomed before, so the next attempt comes after the first delay.
+                # Up for a moment only: no proof of a good connection, so the backoff goes
+                # on (the third delay, 2 s; a proven one starts over: the test below).
                 started = trio.current_time()
                 peer = await daemon.accept()
-                assert trio.current_time() - started < 1.0
+                assert 1.5 < trio.current_time() - started < 2.5
                 await peer.welcome()
                 await peer.call(2)
                 await peer.send({"type": "cancel", "run": 2, "reason": "timeout"})
@@ -771,6 +774,80 @@ async def test_a_tcp_connection_has_keepalive(over_tls: bool) -> None:
                     got = [sock.getsockopt(socket.IPPROTO_TCP, o) for o in options]
                     assert got == [30, 10, 3]
             nursery.cancel_scope.cancel()
+
+
+REFUSALS = [
+    'permission denied for namespace "reports": token t reaches namespace billing',
+    "replaced by a new connection with the same worker id",
+]
+
+
+async def test_refusals_back_off_and_a_proven_connection_starts_over(
+    sock_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The daemon welcomes a worker and then refuses its declaration, or another process
+    with the same id replaces it: the backoff started over on each welcome, and such a
+    worker reconnected every 0.5 s for good. It backs off; a connection that stayed up
+    (then lost to a daemon restart, say) is back after the first delay."""
+    # (The guard goes inside: binding and removing the socket take a thread, and while
+    # one runs the mock clock jumps to the next deadline.)
+    async with fake_daemon(sock_path) as daemon:
+        with trio.fail_after(120):  # (trio's clock: the mock one here)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(echo_worker().run, sock_path)
+                accepted = []
+                for i in range(6):
+                    peer = await daemon.accept()
+                    accepted.append(trio.current_time())
+                    await peer.welcome()
+                    await peer.send({"type": "error", "message": REFUSALS[i % 2]})
+                    assert await peer.recv() is None  # the worker hung up
+                gaps = [later - first for first, later in itertools.pairwise(accepted)]
+                assert gaps == pytest.approx([0.5, 1, 2, 4, 8], abs=0.01)
+                peer = await daemon.accept()
+                await peer.welcome()
+                await trio.sleep(60)  # (a minute up proves it: PROVEN_AFTER is less)
+                await peer.stream.aclose()  # the daemon restarts
+                closed = trio.current_time()
+                peer = await daemon.accept()
+                assert trio.current_time() - closed == pytest.approx(0.5, abs=0.01)
+                nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("said", "logged"),
+    [
+        (
+            "replaced by a new connection with the same worker id",
+            "another connection with worker id w replaced this one: is a second worker "
+            "running with the same id?",
+        ),
+        (
+            "run 5 ignored cancel for 10s; disconnecting",
+            "the daemon disconnected this worker: a call went on after its cancel",
+        ),
+        ("missing or wrong token", "the daemon refused this worker: missing or wrong token"),
+    ],
+    ids=["replaced", "cancel-ignored", "refused"],
+)
+async def test_the_log_says_why_the_daemon_ended_the_connection(
+    sock_path: Path, caplog: pytest.LogCaptureFixture, said: str, logged: str
+) -> None:
+    """A replacement by another process with the same id and a disconnect for ignoring
+    a cancel were both logged "the daemon refused this worker"."""
+    caplog.set_level(logging.INFO, logger="coordinator.worker")
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(echo_worker().run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.send({"type": "error", "message": said})
+            assert await peer.recv() is None
+            nursery.cancel_scope.cancel()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    assert errors[0].startswith(logged)
+    assert errors[0].endswith(said)
 
 
 async def test_error_from_the_daemon_means_reconnect(sock_path: Path) -> None:
