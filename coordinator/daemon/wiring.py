@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import attrs
 import trio
@@ -212,6 +212,8 @@ class Daemon:
     _parked: wakes.Parked = attrs.field(factory=wakes.Parked, init=False)
     #: Runs whose pause wake is being checked against the database (one check each).
     _pause_checks: set[int] = attrs.field(factory=set, init=False)
+    #: namespace -> worker id -> the jobs it declared there (connected workers' only).
+    _declarers: dict[str, dict[str, frozenset[str]]] = attrs.field(factory=dict, init=False)
     #: The companions were started (once: a re-taken lead keeps them).
     _companions_started: bool = attrs.field(default=False, init=False)
     #: Schedule -> its typical gap between deadlines (seconds), for the metrics.
@@ -780,6 +782,7 @@ class Daemon:
                 unchanged=result.unchanged or None,
             )
         )
+        self._say_rival_declarer(worker, namespace, reading.entries, result.paused)
         if not result.unchanged:
             self._lifecycle_wake("schedules.declared", urgent=True)
         return Declared(
@@ -789,6 +792,34 @@ class Daemon:
             updated=result.updated,
             paused=result.paused,
             unchanged=result.unchanged,
+        )
+
+    def _say_rival_declarer(
+        self, worker: str, namespace: str, entries: Sequence[Mapping[str, Any]], paused: int
+    ) -> None:
+        """Two worker programs that declare one namespace with different jobs pause each
+        other's jobs at every (re)connection, as two manifests synced in turn would: the
+        documented semantics, but easy to fall into, and it was said at info only."""
+        names = frozenset(str(e["name"]) for e in entries)
+        connected = {w.id for e in self.executors.values() for w in e.connections()}
+        known = self._declarers.setdefault(namespace, {})
+        for gone in [w for w in known if w not in connected]:
+            del known[gone]
+        rivals = sorted(w for w, theirs in known.items() if w != worker and not theirs <= names)
+        known[worker] = names
+        if not paused or not rivals:
+            return
+        other = ", ".join(rivals)
+        self.log.warning(
+            "worker.declare_conflict",
+            worker=worker,
+            namespace=namespace,
+            paused=paused,
+            other=other,
+            reason=f"workers {other} and {worker} declare namespace {namespace} with "
+            "different jobs: each declaration pauses the jobs the other declared (a "
+            "declaration is the namespace's whole set); give each program its own namespace, "
+            "or declare the same jobs in both",
         )
 
     # -- stop -----------------------------------------------------------------------------

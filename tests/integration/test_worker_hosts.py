@@ -455,6 +455,61 @@ async def test_declared_schedules_appear_change_and_pause_as_the_code_changes(
     assert len(harness.named("worker.declared")) == 4
 
 
+async def test_two_programs_declaring_one_namespace_are_told_they_pause_each_other(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """A declaration is the namespace's whole set: two connected worker programs that
+    declare it with different jobs pause each other's at every reconnection. The
+    semantics stand (a manifest's); the daemon now says it in a warning, naming both."""
+    harness = await start_daemon()
+    where = harness.daemon.executors["worker"].socket_path  # type: ignore[attr-defined]
+
+    def program(worker_id: str, *job_types: str) -> Worker:
+        worker = Worker(worker_id=worker_id, namespace="reports")
+
+        async def handler(ctx: Context) -> None:
+            return None
+
+        for job_type in job_types:
+            worker.job(job_type, every="15m")(handler)
+        return worker
+
+    async def declared(worker: Worker, *, leave: bool = True) -> None:
+        await run_worker(nursery, worker, where)
+        with trio.fail_after(15):
+            while worker.last_declared is None:
+                await trio.sleep(0.01)
+        if leave:
+            worker.stop()
+            with trio.fail_after(15):
+                while any(
+                    w.id == worker.worker_id
+                    for w in harness.daemon.executors["worker"].connections()
+                ):
+                    await trio.sleep(0.01)
+
+    first = program("billing-reports", "reports.invoices")
+    await declared(first, leave=False)
+    assert harness.named("worker.declare_conflict") == []
+    # The same program again (a replica): the same jobs, nothing paused, nothing said.
+    await declared(program("billing-reports-2", "reports.invoices"))
+    assert harness.named("worker.declare_conflict") == []
+    # Another program, other jobs: it pauses the first's, and is told.
+    second = program("sales-reports", "reports.sales")
+    await declared(second)
+    assert second.last_declared is not None
+    assert second.last_declared.paused == 1
+    said = harness.named("worker.declare_conflict")
+    assert len(said) == 1, said
+    assert (said[0]["worker"], said[0]["other"], said[0]["paused"]) == (
+        "sales-reports",
+        "billing-reports",
+        1,
+    )
+    assert (await jobs_of(conn, "reports"))["reports.invoices"]["paused"] is True
+    first.stop()
+
+
 async def test_a_worker_with_its_namespace_but_no_schedule_declares_nothing(
     start_daemon: StartDaemon,
     conn: asyncpg.Connection,
