@@ -314,16 +314,21 @@ def _dsn_problem(dsn: str) -> str | None:
     hosts = parts.netloc.rpartition("@")[2]
     for host in filter(None, hosts.split(",")):
         name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
-        if colon and port and not (port.isdigit() and 0 < int(port) < 65536):
+        if colon and port and not _is_port(port):
             return f"port {port!r} of host {name or host!r} is not a number from 1 to 65535"
     for port in query.get("port", []):
         for one in port.split(","):
-            if one and not (one.isdigit() and 0 < int(one) < 65536):
+            if one and not _is_port(one):
                 return f"port {one!r} is not a number from 1 to 65535"
     for attrs in query.get("target_session_attrs", []):
         if attrs not in _SESSION_ATTRS:
             return f"target_session_attrs must be one of {', '.join(_SESSION_ATTRS)}, not {attrs!r}"
     return None
+
+
+def _is_port(text: str) -> bool:
+    """ASCII digits for 1 to 65535 (``'²'.isdigit()`` is true, and ``int('²')`` raised)."""
+    return text.isascii() and text.isdecimal() and 0 < int(text) < 65536
 
 
 def server_of(dsn: str) -> str:

@@ -352,6 +352,13 @@ SELECT * FROM coordinator._claim($1, $2, $3::text::timestamptz, $4, $5, $6, $7, 
 
 _SETTLE_MANY = "SELECT * FROM coordinator._settle_many($1)"
 
+# Calls in progress on a stepped-down leader whose runs another daemon already ended.
+_ENDED_ELSEWHERE = """
+SELECT id FROM coordinator.runs
+ WHERE id = ANY ($1::bigint[])
+   AND status NOT IN ('running', 'pending', 'cancel_requested', 'unresolved')
+"""
+
 # Items that came back 'already', sent once more: a run another daemon's sweep left
 # `unresolved` is settled after all ('late'), one ended otherwise is 'superseded'
 # (migrations/0032). Never sent while nothing comes back 'already'.
@@ -1061,6 +1068,9 @@ class Store:
             try:
                 if gives_back:
                     done = await self._settle_items(_GIVE_BACK, part)
+                    # (A run another leader swept `unresolved` that provably never
+                    # started: given back all the same, not left blocking its job.)
+                    done = await self._settle_late(part, done)
                 else:
                     done = await self._settle_batch(part)
             except Exception as exc:  # (told to each of them, as the batcher would)
@@ -1272,6 +1282,14 @@ class Store:
         """The run's status, ``None`` if there is no such run (one statement)."""
         status: str | None = await self._call("run_status", "fetchval", _RUN_STATUS, run_id)
         return status
+
+    async def ended_elsewhere(self, run_ids: Sequence[int]) -> list[int]:
+        """Of ``run_ids`` (calls in progress here), those the database shows ended by
+        someone else: swept by another leader into a retry or a pause, resolved,
+        cancelled. Not an ``unresolved`` one: its result, saved late, resolves it
+        (migrations/0032). One statement; a stepped-down leader's only."""
+        rows = await self._call("ended_elsewhere", "fetch", _ENDED_ELSEWHERE, list(run_ids))
+        return [int(r["id"]) for r in rows]
 
     async def sweep_lost(self) -> list[LostRun]:
         """Mark runs left pending/running by a dead daemon (startup only, once the lock is

@@ -154,8 +154,16 @@ FINDINGS_SPACING: Final = 0.5
 #: TCP keepalive on a connection over TCP: probes after 30 s of silence, every 10 s, and
 #: 3 unanswered end it. A daemon host that vanished without closing (power, network) is
 #: noticed in about a minute, not the kernel's two hours; the kernel sends the probes,
-#: at no cost to an idle worker. (Seconds; the last three are Linux's.)
-KEEPALIVE: Final = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+#: at no cost to an idle worker. The kernel does not probe while data it sent waits to be
+#: acknowledged (a busy worker's progress and results): ``TCP_USER_TIMEOUT`` gives that up
+#: after a minute too, not after the ~15 minutes of retransmissions. (Seconds, but the
+#: last, in milliseconds; all four are Linux's.)
+KEEPALIVE: Final = (
+    ("TCP_KEEPIDLE", 30),
+    ("TCP_KEEPINTVL", 10),
+    ("TCP_KEEPCNT", 3),
+    ("TCP_USER_TIMEOUT", 60_000),
+)
 _READ_SIZE: Final = 64 * 1024
 _OUTBOX: Final = 64
 _UNSENT: Final = object()

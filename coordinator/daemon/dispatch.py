@@ -19,7 +19,7 @@ ends ``paused`` at its cursor instead of running on or being abandoned).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -214,8 +214,6 @@ class Running:
     kind: str = "exec"
     #: The job is recoverable (stopping it pauses it).
     recoverable: bool = False
-    #: The job is idempotent (a crash sweep queues its run again at once).
-    idempotent: bool = False
 
 
 @attrs.define(eq=False)
@@ -347,20 +345,16 @@ class Dispatcher:
                 asked += 1
         return asked
 
-    def stop_rerun(self) -> int:
-        """Stepped down: ask every call whose run the new leader's sweep starts again to
-        stop now (``stopping``), rather than run beside it until the stop timeout: an
-        idempotent job's (its run queued again at once) and a recoverable one's (paused,
-        and resumed by its next tick). Other calls go on: their runs wait `unresolved`,
-        and their results, saved late, resolve them (migrations/0032). How many were
-        asked."""
-        asked = 0
-        for running in list(self.running.values()):
-            if (running.idempotent or running.recoverable) and self.request_stop(
-                running.run_id, "stopping"
-            ):
-                asked += 1
-        return asked
+    def unstopped_runs(self) -> list[int]:
+        """The runs of the calls in progress here not yet asked to stop."""
+        return [r.run_id for r in self.running.values() if r.run_id not in self._stop_asked]
+
+    def stop_runs(self, run_ids: Iterable[int]) -> int:
+        """Ask the calls of ``run_ids`` to stop (``stopping``); how many were asked. A
+        stepped-down leader stops so the calls whose runs the new leader ended otherwise
+        (a retry queued, a pause), rather than run them beside it until the stop
+        timeout."""
+        return sum(1 for run_id in run_ids if self.request_stop(run_id, "stopping"))
 
     def _ensure_pool(self, pool: str | None) -> None:
         """Admission learns a worker type's capacity before its first ticket: 0 (wait,
@@ -605,7 +599,6 @@ class Dispatcher:
             since=trio.current_time(),
             kind=job.target.kind,
             recoverable=job.recoverable,
-            idempotent=job.idempotent,
         )
         self.on_change()
         started = RunStarted(

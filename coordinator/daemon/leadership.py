@@ -86,6 +86,9 @@ class Leadership:
                 self.conn = await connect(self.dsn, application_name=APP_DAEMON, daemon=True)
                 if await self.store.try_lead(self.conn):
                     return True
+                # Reached the database: the next loss of the waiting session (hours or
+                # weeks later) starts the backoff over, not at the cap of past outages.
+                attempt = 0
                 on_standby()
                 waited: CoordinatorError | None = None
                 with trio.CancelScope() as scope:

@@ -155,14 +155,15 @@ class Settlement:
             self._failed(entry, exc, event="settle.retry_failed")
             return None
         self._release(entry.result)
-        self.events.emit(
-            ResultSaved(
-                job=entry.result.job_key,
-                run=entry.result.run_id,
-                attempts=entry.attempts + 1,
-                outcome=state.outcome,
+        if state.outcome != "superseded":  # (not saved: the run was ended otherwise)
+            self.events.emit(
+                ResultSaved(
+                    job=entry.result.job_key,
+                    run=entry.result.run_id,
+                    attempts=entry.attempts + 1,
+                    outcome=state.outcome,
+                )
             )
-        )
         if not self._held:
             self.policy.recovered("settle")
         return state

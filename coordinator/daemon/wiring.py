@@ -89,6 +89,8 @@ FIRST_LOOKBACK_SLACK: Final = 60.0
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_CONFIG: Final = 2
+#: Seconds between two looks, on a stepped-down leader, for runs another daemon ended.
+SUPERSEDED_POLL: Final = 0.5
 #: Results had to be spooled because the database refused them (the next start replays).
 EXIT_SPOOLED: Final = 3
 #: Results could be neither saved nor spooled: the last line names their runs.
@@ -590,16 +592,44 @@ class Daemon:
         )
 
     def _stepped_down(self) -> None:
-        """Another daemon leads and has swept our running runs: stop, and first stop the
-        calls it starts again (:meth:`Dispatcher.stop_rerun`)."""
-        asked = self.dispatcher.stop_rerun()
-        if asked:
-            self.log.warning(
-                "leadership.stopping_calls",
-                calls=asked,
-                reason="the new leader runs their jobs again (idempotent or recoverable)",
-            )
+        """Another daemon took the lock: stop, and meanwhile stop the calls whose runs it
+        ended otherwise (:meth:`_stop_superseded`)."""
         self.request_stop()
+        if self._nursery is not None:
+            self._nursery.start_soon(self._stop_superseded)
+
+    async def _stop_superseded(self) -> None:
+        """Until the calls in progress end (within the stop timeout), ask the database
+        every :data:`SUPERSEDED_POLL` seconds which of their runs the new leader's sweep
+        ended otherwise -- an idempotent job's run failed with its retry queued, a
+        recoverable one paused -- and stop those calls, which would run beside the new
+        leader's retry or resume. Taking the lock does not prove a sweep (the new leader
+        may still be replaying its spool, or the lock's holder is this daemon's own
+        session, lingering on the server after a cut): a call is stopped only once its
+        run shows it. A run left ``unresolved`` keeps its call: its result, saved late,
+        resolves it (migrations/0032)."""
+        attempt = 0
+        with trio.move_on_after(self.settings.stop_timeout):
+            while runs := self.dispatcher.unstopped_runs():
+                try:
+                    ended = await self.store.ended_elsewhere(runs)
+                except Exception as exc:
+                    attempt += 1
+                    await trio.sleep(self.policy.failed("stop_superseded", exc, attempt))
+                    continue
+                if attempt:
+                    attempt = 0
+                    self.policy.recovered("stop_superseded")
+                asked = self.dispatcher.stop_runs(ended)
+                if asked:
+                    self.log.warning(
+                        "leadership.stopping_calls",
+                        calls=asked,
+                        runs=",".join(str(r) for r in ended),
+                        reason="the new leader ended their runs otherwise (a retry queued, "
+                        "a pause): they would run beside its",
+                    )
+                await trio.sleep(SUPERSEDED_POLL)
 
     # -- wakes ----------------------------------------------------------------------------
 

@@ -155,23 +155,38 @@ async def test_a_run_of_the_schedule_given_back_is_removed_and_its_deadline_stan
         assert again.claim.scheduled_for == deadline
 
 
-async def test_a_run_swept_meanwhile_is_left_as_it_is(
+async def test_a_run_swept_meanwhile_is_given_back_all_the_same(
     aio_loop: Any, conn: asyncpg.Connection, database: str
 ) -> None:
+    """Another daemon's crash sweep marked it `unresolved` (it may have run), but this
+    daemon knows it was never sent: it is queued again, not left blocking its job until
+    an operator resolves it (migrations/0032's late path). A run the sweep ended
+    otherwise keeps that end."""
     job = await define(conn, "w")
     run = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'w')")
     async with serving(database) as store:
         claim = await claim_run(store, job, run)
-        # Another daemon's crash sweep found it first.
         await aio(conn.execute)(
             "UPDATE coordinator.runs SET status = 'unresolved', error_cause = 'lost' WHERE id = $1",
             run,
         )
         state = await store.settle(held(claim))
+        assert (state.outcome, state.retry_run_id) == ("late", run)
+        row = await run_row(conn, run)
+        assert row is not None
+        assert row["status"] == "queued"
+        # Ended otherwise by the sweep (failed, say): left as it is.
+        again = await claim_run(store, job, run)
+        await aio(conn.execute)(
+            "UPDATE coordinator.runs SET status = 'failed', error_cause = 'lost', "
+            "finished_at = now() WHERE id = $1",
+            run,
+        )
+        state = await store.settle(held(again))
         assert state.outcome == "already"
         row = await run_row(conn, run)
         assert row is not None
-        assert row["status"] == "unresolved"
+        assert row["status"] == "failed"
 
 
 async def test_give_backs_and_results_settle_together(

@@ -309,3 +309,34 @@ async def test_a_result_that_comes_after_another_leaders_sweep_is_saved_or_said(
         await new.wait_event("job.run", run=retry, outcome="succeeded", timeout=15)
         assert marker.read_text() == "x\n"  # the retry's line only
     assert old.status == 1  # stepped down
+
+
+async def test_a_leader_that_steps_down_before_any_sweep_lets_its_calls_finish(
+    conn: asyncpg.Connection, database: str, tmp_path: Any, start_daemon: Any
+) -> None:
+    """Finding the lock taken does not prove a sweep: the holder may still be starting
+    up, or be this daemon's own session lingering on the server after a cut. An
+    idempotent job's call is stopped only once its run shows another daemon ended it;
+    here nobody sweeps, so the call finishes and its result is saved as ever (stopped
+    at once, it ended `cancelled`, a tick lost without a word)."""
+    await define(conn, "slow", target={"kind": "exec", "argv": ["sleep", "1.5"]}, idempotent=True)
+    old = await start_daemon(spool_path=tmp_path / "old.jsonl")
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'slow')")
+    await old.wait_event("run.started", run=run_id)
+    # Take the lock the moment the leader's session ends, and sweep nothing.
+    pid = await _lock_holder_pid(conn)
+    taker = await _connect(database)
+    try:
+        await aio(conn.fetchval)("SELECT pg_terminate_backend($1)", pid)
+        await aio(taker.fetchval)("SELECT pg_advisory_lock($1, $2)", LOCK_CLASS, LOCK_OBJECT)
+        with trio.fail_after(15):
+            await old.done.wait()
+    finally:
+        await aio(taker.close)()
+    assert old.named("leadership.lost")
+    assert old.named("leadership.stopping_calls") == []
+    assert (
+        await aio(conn.fetchval)("SELECT status FROM coordinator.runs WHERE id = $1", run_id)
+        == "succeeded"
+    )
+    assert old.named("job.run", run=run_id, outcome="succeeded")

@@ -487,6 +487,7 @@ def test_admin_listen_is_loaded_as_given_and_named_in_runs_refusal() -> None:
         ("postgresql://x@y:notaport/z", "port 'notaport' of host 'y' is not a number"),
         ("postgresql://x@a:5432,b:0/z", "port '0' of host 'b' is not a number from 1 to 65535"),
         ("postgresql://x@y/z?port=5432,x", "port 'x' is not a number"),
+        ("postgresql://x@y:\u00b2/z", "port '\u00b2' of host 'y' is not a number"),
         (
             "postgresql://x@y/z?target_session_attrs=bogus",
             "target_session_attrs must be one of any, primary, standby, prefer-standby, "

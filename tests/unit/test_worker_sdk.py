@@ -770,9 +770,14 @@ async def test_a_tcp_connection_has_keepalive(over_tls: bool) -> None:
                 sock = tcp.socket
                 assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) != 0
                 if sys.platform == "linux":
-                    options = (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT)
+                    options = (
+                        socket.TCP_KEEPIDLE,
+                        socket.TCP_KEEPINTVL,
+                        socket.TCP_KEEPCNT,
+                        socket.TCP_USER_TIMEOUT,
+                    )
                     got = [sock.getsockopt(socket.IPPROTO_TCP, o) for o in options]
-                    assert got == [30, 10, 3]
+                    assert got == [30, 10, 3, 60_000]
             nursery.cancel_scope.cancel()
 
 
