@@ -621,6 +621,9 @@ class Worker:
     _handlers: dict[str, Handler] = attrs.field(factory=dict, init=False)
     _declared: dict[str, DeclaredJob] = attrs.field(factory=dict, init=False)
     _stop: trio.Event | None = attrs.field(default=None, init=False)
+    #: SIGINT arrives as a signal here (``coordinator worker`` receives it), never as a
+    #: ``KeyboardInterrupt``: one a handler raises is then its own, one call's failure.
+    _sigint_received: bool = attrs.field(default=False, init=False)
 
     @property
     def types(self) -> list[str]:
@@ -1001,7 +1004,7 @@ class Worker:
         except Paused as paused:
             result = _paused(ctx.run_id, paused)
         except BaseException as exc:
-            if not _handler_failure(exc):
+            if not _handler_failure(exc, keyboard=self._sigint_received):
                 raise  # the worker's own: cancellation, Ctrl-C, GeneratorExit
             meant = _unwrapped(exc)
             if isinstance(meant, Paused):
@@ -1148,13 +1151,19 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 #: ``sys.exit(4)`` ended the whole worker process, failing the calls running beside it
 #: (``worker W disconnected``); it is one call's failure, ``SystemExit: 4``. The other
 #: base exceptions are not the handler's to report: trio's ``Cancelled`` (the connection
-#: is going), ``KeyboardInterrupt`` (stops the worker) and ``GeneratorExit``.
+#: is going), ``KeyboardInterrupt`` (Ctrl-C stops the worker; but see
+#: :func:`_handler_failure`) and ``GeneratorExit``.
 _FAILURES: Final = (Exception, SystemExit)
 
 
-def _handler_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` (or every exception of its group) fails the call."""
-    return all(isinstance(leaf, _FAILURES) for leaf in _leaves(exc))
+def _handler_failure(exc: BaseException, *, keyboard: bool = False) -> bool:
+    """Whether ``exc`` (or every exception of its group) fails the call. ``keyboard``:
+    SIGINT is received as a signal (``coordinator worker``), so a ``KeyboardInterrupt``
+    is the handler's own raise, not Ctrl-C, and fails its call only (it ended the whole
+    worker, the calls beside it ``crashed``); embedded in a program that lets trio turn
+    Ctrl-C into ``KeyboardInterrupt``, it still stops the worker."""
+    failures = (*_FAILURES, KeyboardInterrupt) if keyboard else _FAILURES
+    return all(isinstance(leaf, failures) for leaf in _leaves(exc))
 
 
 def _unwrapped(exc: BaseException) -> BaseException:
@@ -1440,6 +1449,7 @@ async def _watch_signals(worker: Worker, everything: trio.CancelScope) -> None:
     # SIGHUP (a closed terminal) leaves cleanly too: its default action ended the
     # process at once, and the daemon failed the calls it was running (crashed).
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        worker._sigint_received = True
         count = 0
         async for signum in signals:
             count += 1

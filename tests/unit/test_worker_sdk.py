@@ -399,6 +399,38 @@ async def test_other_base_exceptions_of_a_handler_are_not_its_failure(
     assert raised.group_contains(kind)
 
 
+async def test_under_the_worker_command_a_handlers_keyboard_interrupt_fails_its_call(
+    sock_path: Path,
+) -> None:
+    """``coordinator worker`` receives SIGINT as a signal: a KeyboardInterrupt a handler
+    raises is its own, and fails that call only (it ended the worker, and the calls
+    beside it failed ``crashed``)."""
+    worker = Worker("w")
+    worker._sigint_received = True  # (as _watch_signals sets it)
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> int:
+        raise KeyboardInterrupt
+
+    async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run, sock_path)
+        peer = await daemon.accept()
+        await peer.welcome()
+        await peer.call(1)
+        with trio.fail_after(GUARD):
+            result = await peer.recv()
+        assert result is not None
+        assert (result["type"], result["ok"], result["error"]) == (
+            "result",
+            False,
+            "KeyboardInterrupt",
+        )
+        await peer.call(2)  # and it serves on
+        with trio.fail_after(GUARD):
+            assert (await peer.recv() or {}).get("run") == 2
+        nursery.cancel_scope.cancel()
+
+
 def test_job_error_refuses_an_unknown_category() -> None:
     with pytest.raises(ValueError, match="category must be one of"):
         JobError("x", category="later")  # type: ignore[arg-type]
