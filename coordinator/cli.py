@@ -67,7 +67,7 @@ import re
 import shlex
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -1206,31 +1206,13 @@ async def _status(args: argparse.Namespace, ctx: CommandContext) -> int:
         if live is None:
             raise
         unreachable = str(exc)
-    if live is not None and database is not None and _another_database(live, leader):
-        # The admin address comes from the shared configuration, the DSN from a flag or
-        # the environment: the daemon answering leads some other database (it said
-        # "leader" while `jobs list` said no daemon runs on this one).
-        here = "none" if leader is None else f"backend {leader.pid}"
-        answer = probe.ApiAnswer(
-            status=None,
-            label=f"{answer.label} answers for the daemon of another database (its lock "
-            f"session is backend {live.get('lock_pid')}, this database's lock holder: {here})",
-        )
-        live = None
+    if database is not None:  # (the leader was read: tell another database's daemon)
+        answer = probe.of_this_database(answer, leader)
+        live = answer.status
     if live is not None:
         return _status_of_daemon(args, config, answer, database, unreachable)
     assert database is not None
     return _status_of_database(args, answer, database, leader, probe.start_hint(config))
-
-
-def _another_database(live: Mapping[str, Any], leader: client.Leader | None) -> bool:
-    """The daemon that answered leads a database other than the one asked: its lock
-    session's backend is not this database's lock holder (``lock_pid``; a daemon that
-    does not lead, or one from before it was reported, cannot be told apart: not said)."""
-    lock_pid = live.get("lock_pid")
-    if not isinstance(lock_pid, int):
-        return False
-    return leader is None or leader.pid != lock_pid
 
 
 def _status_of_daemon(

@@ -110,12 +110,34 @@ async def gather(
         found = await db.aio(client.daemon_leader)(conn)
         known = True
     answer = await trio.to_thread.run_sync(fetch_status, config) if api else None
+    if answer is not None and known:
+        answer = of_this_database(answer, found)
     return Facts(
         leader=found,
         leader_known=known,
         api=answer,
         refresh_spacing=config.refresh_spacing,
         start_hint=start_hint(config),
+    )
+
+
+def of_this_database(answer: ApiAnswer, leader: client.Leader | None) -> ApiAnswer:
+    """``answer`` if the daemon that gave it leads the database asked (``leader``, from
+    its ``pg_locks``), else no answer, saying whose daemon it was. The admin address
+    comes from the shared configuration and the DSN may come from a flag or the
+    environment: the daemon of another database was taken for this one's (its workers
+    for this database's, its "leader" for this database's daemon). Told apart by the
+    backend of the daemon's lock session (``lock_pid``); a daemon that does not lead, or
+    one from before it was reported, cannot be told apart: kept."""
+    status = answer.status
+    lock_pid = status.get("lock_pid") if status is not None else None
+    if not isinstance(lock_pid, int) or (leader is not None and leader.pid == lock_pid):
+        return answer
+    here = "none" if leader is None else f"backend {leader.pid}"
+    return ApiAnswer(
+        status=None,
+        label=f"{answer.label} answers for the daemon of another database (its lock "
+        f"session is backend {lock_pid}, this database's lock holder: {here})",
     )
 
 

@@ -616,6 +616,30 @@ def test_status_labels_its_source_and_explains_differences(
         fields = dict(line.split(":", 1) for line in status.out.splitlines() if ":" in line)
         assert "answers for the daemon of another database" in fields["source"], status.out
         assert fields["daemon"].strip().startswith("not running"), status.out
+        # Every command's facts, not status's only: the other daemon's workers are not
+        # this database's (`jobs define` counted them as serving this one's jobs).
+        repo = Path(__file__).resolve().parents[2]
+        worker = subprocess.Popen(
+            [sys.executable, "-c", RUN_MAIN, "worker", "bench.noop_worker:worker"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=repo,
+            env=_environment(d.config, PYTHONPATH=str(repo)),
+        )
+        try:
+            wait_until(
+                lambda: "noop" in (d.cli("status", "--json").json.get("workers") or ()),
+                what="the worker's connection",
+            )
+            defined = run_cli(
+                "jobs", "define", "w", "--every", "1h", "--worker", "noop",
+                config=daemon_config, COORDINATOR_DSN=elsewhere,
+            )  # fmt: skip
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
+        assert defined.code == 0, defined
+        assert "once a daemon runs and a worker serving noop connects" in defined.out, defined
     finally:
         sql(other, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
