@@ -272,6 +272,8 @@ async def connect(
     return conn
 
 
+#: What asyncpg takes for ``sslmode``.
+_SSL_MODES: Final = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 #: What asyncpg takes for ``target_session_attrs``.
 _SESSION_ATTRS: Final = ("any", "primary", "standby", "prefer-standby", "read-write", "read-only")
 
@@ -320,6 +322,9 @@ def _dsn_problem(dsn: str) -> str | None:
         for one in port.split(","):
             if one and not _is_port(one):
                 return f"port {one!r} is not a number from 1 to 65535"
+    for mode in query.get("sslmode", []):
+        if mode not in _SSL_MODES:
+            return f"sslmode must be one of {', '.join(_SSL_MODES)}, not {mode!r}"
     for attrs in query.get("target_session_attrs", []):
         if attrs not in _SESSION_ATTRS:
             return f"target_session_attrs must be one of {', '.join(_SESSION_ATTRS)}, not {attrs!r}"

@@ -49,7 +49,7 @@ from ..spool import HeldResult
 from ..store import Store
 from .inventory import Inventory, next_deadline
 from .policy import ErrorPolicy
-from .settlement import Settlement
+from .settlement import Settlement, said_late
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -737,7 +737,7 @@ class Dispatcher:
                 )
             )
             return
-        if state is not None and self._said_late(claim, outcome, state):
+        if state is not None and said_late(self.events, job.key, claim.run_id, outcome, state):
             return  # superseded: not this run's end
         # Logged once the result is saved (or held, after settle.retained): when an
         # operator reads job.run, `runs show` already agrees with it.
@@ -749,38 +749,11 @@ class Dispatcher:
         """A held result was saved after all: re-arm its job (the settlement calls this)."""
         found = self._held.pop(held.run_id, None)
         if found is not None:
-            claim, outcome = found
-            self._said_late(claim, outcome, state)
+            claim, outcome = found  # (a late or superseded one was said when saved)
             self.inventory.settled(state, claim.job, held.run_id)
             self._tell_skipped(claim, outcome, state)
             self._offer_given_back(claim, outcome, state, None)
         self.kick()
-
-    def _said_late(self, claim: Claim, outcome: Outcome, state: JobState) -> bool:
-        """Say a result that came after another daemon's sweep (migrations/0032): saved
-        over its ``unresolved`` mark (``late``), or not saved because the run was ended
-        otherwise (``superseded``: a retry queued, a pause, an operator's resolve; their
-        decision stands). ``True`` for the latter: the run's end is not this result."""
-        if state.outcome == "late":
-            self.events.log.warning(
-                "settle.late",
-                job=claim.job.key,
-                run=claim.run_id,
-                outcome=outcome.status,
-                reason="saved over the unresolved mark another daemon's sweep left",
-            )
-        elif state.outcome == "superseded":
-            self.events.log.warning(
-                "settle.superseded",
-                job=claim.job.key,
-                run=claim.run_id,
-                outcome=outcome.status,
-                error=outcome.error_message,
-                reason="the run was ended otherwise meanwhile (swept by another daemon, "
-                "or resolved): this result is not saved",
-            )
-            return True
-        return False
 
     def _tell_skipped(self, claim: Claim, outcome: Outcome, state: JobState) -> None:
         """Ticks of the job's schedule that fell while this run went on were skipped, not

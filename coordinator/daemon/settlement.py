@@ -15,7 +15,7 @@ id) in the daemon's last line and in its exit status.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
@@ -26,6 +26,9 @@ from ..events import EventBus, ResultHeld, ResultSaved, ResultSpooled, RunLost
 from ..spool import HeldResult, Spool, SpoolError, Unreadable
 from ..store import JobState, Store
 from .policy import ErrorPolicy, Failure, classify
+
+if TYPE_CHECKING:
+    from ..model import Outcome
 
 #: Tries a spooled record gets at start when PostgreSQL refuses it (not: cannot be
 #: reached) before it is set aside and its run marked unresolved.
@@ -57,6 +60,37 @@ class FlushReport:
 
 def _ignore(_result: HeldResult, _state: JobState) -> None:
     return None
+
+
+def said_late(
+    events: EventBus, job_key: str, run_id: int, outcome: Outcome, state: JobState
+) -> bool:
+    """Say a result that came after another daemon's sweep (migrations/0032): saved over
+    its ``unresolved`` mark (``late``), or not saved because the run was ended otherwise
+    (``superseded``: a retry queued, a pause, an operator's resolve; their decision
+    stands). ``True`` for the latter: the run's end is not this result. The one place
+    both are said, whether the result was saved at once, after being held, or at a
+    stop's flush."""
+    if state.outcome == "late":
+        events.log.warning(
+            "settle.late",
+            job=job_key,
+            run=run_id,
+            outcome=outcome.status,
+            reason="saved over the unresolved mark another daemon's sweep left",
+        )
+    elif state.outcome == "superseded":
+        events.log.warning(
+            "settle.superseded",
+            job=job_key,
+            run=run_id,
+            outcome=outcome.status,
+            error=outcome.error_message,
+            reason="the run was ended otherwise meanwhile (swept by another daemon, "
+            "or resolved): this result is not saved",
+        )
+        return True
+    return False
 
 
 @attrs.define(eq=False)
@@ -155,7 +189,8 @@ class Settlement:
             self._failed(entry, exc, event="settle.retry_failed")
             return None
         self._release(entry.result)
-        if state.outcome != "superseded":  # (not saved: the run was ended otherwise)
+        result = entry.result
+        if not said_late(self.events, result.job_key, result.run_id, result.outcome, state):
             self.events.emit(
                 ResultSaved(
                     job=entry.result.job_key,
@@ -340,4 +375,4 @@ class Settlement:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-__all__ = ["REPLAY_TRIES", "FlushReport", "Settlement"]
+__all__ = ["REPLAY_TRIES", "FlushReport", "Settlement", "said_late"]

@@ -494,6 +494,7 @@ def test_admin_listen_is_loaded_as_given_and_named_in_runs_refusal() -> None:
             "read-write, read-only, not 'bogus'",
         ),
         ("host=db dbname=app", "use the URI form, postgresql://USER@HOST:PORT/DATABASE"),
+        ("postgresql://x@y/z?sslmode=bogus", "sslmode must be one of disable, allow, prefer"),
     ],
 )
 def test_a_dsn_no_connection_can_use_is_said_in_words(dsn: str, words: str) -> None:
