@@ -539,20 +539,26 @@ def test_why_nothing_runs_while_a_daemon_runs(start_daemon: Any, database: str) 
     )
 
 
+def _noop_worker(config: Path) -> subprocess.Popen[bytes]:
+    """``coordinator worker bench.noop_worker:worker`` (type ``noop``) with ``config``
+    as its only configuration: the socket it finds there."""
+    repo = Path(__file__).resolve().parents[2]
+    return subprocess.Popen(
+        [sys.executable, "-c", RUN_MAIN, "worker", "bench.noop_worker:worker"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=repo,
+        env=_environment(config, PYTHONPATH=str(repo)),
+    )
+
+
 def test_a_worker_finds_the_socket_in_the_shared_configuration(start_daemon: Any) -> None:
     """`coordinator worker` with no --socket reads worker_socket from the file the daemon
     reads (the example worker unit relies on it); the "why" answer then goes away."""
     d = start_daemon()
     d.cli("jobs", "define", "n", "--manual", "--worker", "noop")
     assert d.cli("jobs", "list").out.splitlines()[1].endswith("waiting for a worker serving noop")
-    repo = Path(__file__).resolve().parents[2]
-    worker = subprocess.Popen(
-        [sys.executable, "-c", RUN_MAIN, "worker", "bench.noop_worker:worker"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=repo,
-        env=_environment(d.config, PYTHONPATH=str(repo)),
-    )
+    worker = _noop_worker(d.config)
     try:
         wait_until(
             lambda: d.cli("jobs", "list").out.splitlines()[1].endswith("active"),
@@ -618,14 +624,7 @@ def test_status_labels_its_source_and_explains_differences(
         assert fields["daemon"].strip().startswith("not running"), status.out
         # Every command's facts, not status's only: the other daemon's workers are not
         # this database's (`jobs define` counted them as serving this one's jobs).
-        repo = Path(__file__).resolve().parents[2]
-        worker = subprocess.Popen(
-            [sys.executable, "-c", RUN_MAIN, "worker", "bench.noop_worker:worker"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=repo,
-            env=_environment(d.config, PYTHONPATH=str(repo)),
-        )
+        worker = _noop_worker(d.config)
         try:
             wait_until(
                 lambda: "noop" in (d.cli("status", "--json").json.get("workers") or ()),
