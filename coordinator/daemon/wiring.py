@@ -85,12 +85,13 @@ STATUS_EVERY: Final = 1.0
 #: the two hosts' clocks: inventory._Firsts).
 FIRST_LOOKBACK_SLACK: Final = 60.0
 
+#: Seconds between two looks, on a stepped-down leader, for runs another daemon ended.
+SUPERSEDED_POLL: Final = 0.5
+
 #: Exit statuses of ``coordinator run`` (README, "Exit status").
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_CONFIG: Final = 2
-#: Seconds between two looks, on a stepped-down leader, for runs another daemon ended.
-SUPERSEDED_POLL: Final = 0.5
 #: Results had to be spooled because the database refused them (the next start replays).
 EXIT_SPOOLED: Final = 3
 #: Results could be neither saved nor spooled: the last line names their runs.
