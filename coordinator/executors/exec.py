@@ -41,9 +41,9 @@ from ..clock import WallClock
 from ..events import EventBus
 from ..model import EXIT_TEMPFAIL, Outcome
 from ..text import TRUNCATED, clip, storable
-from .base import AT_ONCE, Turn
+from .base import AT_ONCE, ExecutorHooks, Turn
 from .ledger import CommandLedger
-from .outcomes import CANCELLED_MESSAGE, cancelled, ended, timed_out_message
+from .outcomes import CANCELLED_MESSAGE, cancelled, ended, not_sent, timed_out_message
 
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from ..model import Claim, ErrorCause, OutcomeStatus, Target
     from ..protocol import Category
     from ..status import WorkerView
-    from .base import ExecutorHooks
 
 
 def _spawning() -> None:
@@ -99,11 +98,14 @@ class ExecExecutor:
     _ledger_failing: bool = False
     #: run id -> set to stop its command (:meth:`cancel`).
     _stops: dict[int, trio.Event] = attrs.field(factory=dict)
+    #: The daemon's hooks (:meth:`attach`): ``may_send`` before a command is spawned.
+    _hooks: ExecutorHooks | None = attrs.field(default=None, init=False)
 
     # -- lifecycle: a command needs nothing opened, has no pools, nothing connects --------
 
     def attach(self, hooks: ExecutorHooks) -> None:
-        """Nothing to report: commands have no pools."""
+        """Keep the hooks for ``may_send`` (commands have no pools to report)."""
+        self._hooks = hooks
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Nothing to open; but first stop the commands a daemon killed outright left
@@ -162,11 +164,17 @@ class ExecExecutor:
 
         Only ``trio.Cancelled`` propagates, after the process group has been stopped.
         """
+        since = trio.current_time()
         # Spawning yields: the calls granted before this one spawn first.
         await turn.reached()
         started_at = self.clock.now()
         if abandon.is_set():
             return cancelled(self.clock, started_at, _io_extra(None, "", ""))
+        if self._hooks is not None and not self._hooks.may_send(since):
+            # The lead was lost since the claim: another daemon may have swept this run
+            # and be running it again. Nothing started here, so it is given back, as the
+            # worker executor does with a call it may no longer send.
+            return not_sent(self.clock, claim, "not sent: this daemon lost its leadership")
         namespace = claim.job.namespace
         if self.namespaces is not None and namespace not in self.namespaces:
             allowed = ", ".join(sorted(self.namespaces)) or "none"

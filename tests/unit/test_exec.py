@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from coordinator.clock import SystemWallClock
-from coordinator.executors import ExecExecutor, Executor
+from coordinator.executors import ExecExecutor, Executor, ExecutorHooks
 from coordinator.executors.exec import (
     CANCELLED_MESSAGE,
     DRAIN_AFTER_KILL,
@@ -379,6 +379,36 @@ async def test_abandon_already_set_starts_nothing(tmp_path: Path) -> None:
     assert outcome.error_message == CANCELLED_MESSAGE
     assert outcome.extra["exit_code"] is None
     assert not marker.exists()
+
+
+async def test_a_lead_lost_since_the_claim_spawns_nothing(tmp_path: Path) -> None:
+    # Another daemon may have swept the run meanwhile and be running it: the command is
+    # not started here, and the run is given back (nothing of it ran).
+    marker = tmp_path / "ran"
+    asked: list[float] = []
+
+    def may_send(since: float) -> bool:
+        asked.append(since)
+        return False
+
+    ex = executor()
+    ex.attach(ExecutorHooks(may_send=may_send))
+    with trio.fail_after(5):
+        outcome = await ex.call(make_claim(["touch", str(marker)]), abandon=trio.Event())
+    assert outcome.status == "queued"
+    assert outcome.error_message == "not sent: this daemon lost its leadership"
+    assert len(asked) == 1
+    assert asked[0] <= trio.current_time()
+    assert not marker.exists()
+
+
+async def test_a_lead_kept_spawns_as_before(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    ex = executor()
+    ex.attach(ExecutorHooks(may_send=lambda _since: True))
+    outcome = await run(make_claim(["touch", str(marker)]), ex)
+    assert outcome.status == "succeeded"
+    assert marker.exists()
 
 
 async def test_task_cancellation_kills_the_group_and_propagates(tmp_path: Path) -> None:
