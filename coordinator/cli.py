@@ -302,14 +302,9 @@ class CommandContext:
             await trio.to_thread.run_sync(embedded.stop_owned, cluster)
 
     def _dsn_field(self) -> str:
-        """Where the DSN came from, as a refusal names it: ``--dsn``, ``COORDINATOR_DSN``,
-        or ``dsn (file PATH)`` (it said ``--dsn`` for a DSN from the file)."""
-        source = self.config().source("dsn")
-        if source.layer in ("flag", "default"):
-            return "--dsn"
-        if source.layer == "env":
-            return source.origin or "COORDINATOR_DSN"
-        return f"dsn ({source})"
+        """Where the DSN came from, as a refusal names it (:meth:`Config.named`; it said
+        ``--dsn`` for a DSN from the file)."""
+        return self.config().named("dsn")
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:

@@ -763,6 +763,19 @@ class Config:
     def source(self, name: str) -> Source:
         return self.sources.get(name, _DEFAULT_SOURCE)
 
+    def named(self, name: str) -> str:
+        """Setting ``name`` as a refusal names it, where it was set: its flag (``--dsn``,
+        also for a value given in code), its variable (``COORDINATOR_DSN``), or
+        ``dsn (file PATH)`` -- so that the one line says which of them to mend."""
+        source = self.source(name)
+        if source.layer == "flag" and source.origin:
+            return source.origin
+        if source.layer in ("flag", "default"):
+            return "--" + name.replace("_", "-")
+        if source.layer == "env":
+            return source.origin or f"COORDINATOR_{name.upper()}"
+        return f"{name} ({source})"
+
     def _credential(self, name: str) -> Path | None:
         if self.credentials_dir is None:
             return None

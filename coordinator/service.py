@@ -188,7 +188,7 @@ def refusals(config: Config, *, probe: bool = False) -> list[str]:
     if config.dsn is not None:
         problem = dsn_problem(config.dsn)
         if problem is not None:
-            found.append(f"dsn: {problem}")
+            found.append(f"{config.named('dsn')}: {problem}")
     check(partial(Spool(config.spool_path).check, probe=probe))
     check(partial(alert_sinks, config))
     tls = check(partial(worker_tls_context, config))

@@ -808,7 +808,7 @@ def test_malformed_dsn_exits_2(dsn: str) -> None:
 
 def test_a_malformed_dsn_is_named_where_it_was_set_and_run_refuses_it(tmp_path: Path) -> None:
     """A DSN from the file was refused as "--dsn", and `coordinator run` retried it
-    forever as if the database were unreachable."""
+    forever as if the database were unreachable; then refused it without saying where."""
     config = tmp_path / "coordinator.toml"
     config.write_text('dsn = "not a dsn"\n')
     listed = cli("jobs", "list", COORDINATOR_CONFIG=str(config))
@@ -823,7 +823,8 @@ def test_a_malformed_dsn_is_named_where_it_was_set_and_run_refuses_it(tmp_path: 
         timeout=60,
     )
     assert ran.returncode == 2, ran.stderr
-    assert "dsn: invalid DSN" in ran.stderr.splitlines()[-1]
+    # (It said "dsn: invalid DSN", not where: `run` names the file as the commands do.)
+    assert f"dsn (file {config}): invalid DSN" in ran.stderr.splitlines()[-1]
 
 
 def test_status_names_the_unresolved_run_blocking_the_earliest_deadline(database: str) -> None:

@@ -507,7 +507,7 @@ def test_a_dsn_no_connection_can_use_is_said_in_words(dsn: str, words: str) -> N
     problem = dsn_problem(dsn)
     assert problem is not None
     assert problem.startswith(f"invalid DSN: {words}"), problem
-    assert f"dsn: {problem}" in refusals(Config(dsn=dsn))
+    assert f"--dsn: {problem}" in refusals(Config(dsn=dsn))
 
 
 @pytest.mark.parametrize(
