@@ -683,12 +683,17 @@ class Declared:
     problems: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     #: Why it could not be applied otherwise (the database...), if so.
     error: str | None = None
+    #: Applied, but another connected worker declares this namespace with other jobs:
+    #: each declaration pauses the other's (the daemon's ``worker.declare_conflict``).
+    conflict: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"namespace": self.namespace, "ok": self.ok}
         if self.ok:
             out.update(created=self.created, updated=self.updated, paused=self.paused)
             out["unchanged"] = self.unchanged
+        if self.conflict is not None:
+            out["conflict"] = self.conflict
         if self.problems:
             out["problems"] = list(self.problems)
         if self.error is not None:
@@ -1133,6 +1138,7 @@ def _read_declared(obj: dict[str, Any]) -> Declared:
         unchanged=_optional(obj, "declared", "unchanged", bool) or False,
         problems=tuple(str(p) for p in problems),
         error=_optional(obj, "declared", "error", str),
+        conflict=_optional(obj, "declared", "conflict", str),
     )
 
 

@@ -913,6 +913,8 @@ class Worker:
         else:
             why = "; ".join(declared.problems) or declared.error or "refused"
             logger.error("schedules of %s not applied: %s", declared.namespace, why)
+        if declared.conflict is not None:
+            logger.warning("schedules of %s: %s", declared.namespace, declared.conflict)
 
     async def _on_stop(self, session: _Session, connection: trio.CancelScope) -> None:
         """On :meth:`stop`: say ``bye`` and let the daemon close the connection once the

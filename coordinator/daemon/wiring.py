@@ -813,7 +813,7 @@ class Daemon:
                 unchanged=result.unchanged or None,
             )
         )
-        self._say_rival_declarer(worker, namespace, reading.entries, result.paused)
+        conflict = self._say_rival_declarer(worker, namespace, reading.entries, result.paused)
         if not result.unchanged:
             self._lifecycle_wake("schedules.declared", urgent=True)
         return Declared(
@@ -823,14 +823,17 @@ class Daemon:
             updated=result.updated,
             paused=result.paused,
             unchanged=result.unchanged,
+            conflict=conflict,
         )
 
     def _say_rival_declarer(
         self, worker: str, namespace: str, entries: Sequence[Mapping[str, Any]], paused: int
-    ) -> None:
+    ) -> str | None:
         """Two worker programs that declare one namespace with different jobs pause each
         other's jobs at every (re)connection, as two manifests synced in turn would: the
-        documented semantics, but easy to fall into, and it was said at info only."""
+        documented semantics, but easy to fall into, and it was said at info only. Said
+        in a warning here and returned for the declaring worker's ``declared`` (its own
+        log says it too: the one who deploys it may not read the daemon's)."""
         names = frozenset(str(e["name"]) for e in entries)
         connected = {w.id for e in self.executors.values() for w in e.connections()}
         known = self._declarers.setdefault(namespace, {})
@@ -839,19 +842,23 @@ class Daemon:
         rivals = sorted(w for w, theirs in known.items() if w != worker and not theirs <= names)
         known[worker] = names
         if not paused or not rivals:
-            return
+            return None
         other = ", ".join(rivals)
+        reason = (
+            f"workers {other} and {worker} declare namespace {namespace} with "
+            "different jobs: each declaration pauses the jobs the other declared (a "
+            "declaration is the namespace's whole set); give each program its own namespace, "
+            "or declare the same jobs in both"
+        )
         self.log.warning(
             "worker.declare_conflict",
             worker=worker,
             namespace=namespace,
             paused=paused,
             other=other,
-            reason=f"workers {other} and {worker} declare namespace {namespace} with "
-            "different jobs: each declaration pauses the jobs the other declared (a "
-            "declaration is the namespace's whole set); give each program its own namespace, "
-            "or declare the same jobs in both",
+            reason=reason,
         )
+        return reason
 
     # -- stop -----------------------------------------------------------------------------
 

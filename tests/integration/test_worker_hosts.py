@@ -456,7 +456,10 @@ async def test_declared_schedules_appear_change_and_pause_as_the_code_changes(
 
 
 async def test_two_programs_declaring_one_namespace_are_told_they_pause_each_other(
-    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    nursery: trio.Nursery,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A declaration is the namespace's whole set: two connected worker programs that
     declare it with different jobs pause each other's at every reconnection. The
@@ -499,6 +502,13 @@ async def test_two_programs_declaring_one_namespace_are_told_they_pause_each_oth
     await declared(second)
     assert second.last_declared is not None
     assert second.last_declared.paused == 1
+    # The worker is told too (its deployer may never read the daemon's log).
+    assert second.last_declared.conflict is not None
+    assert "workers billing-reports and sales-reports" in second.last_declared.conflict
+    assert any(
+        r.levelname == "WARNING" and "workers billing-reports and sales-reports" in r.message
+        for r in caplog.records
+    )
     said = harness.named("worker.declare_conflict")
     assert len(said) == 1, said
     assert (said[0]["worker"], said[0]["other"], said[0]["paused"]) == (
