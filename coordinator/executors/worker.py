@@ -440,6 +440,12 @@ class WorkerExecutor:
     checkpoint_interval: float = 2.0
     #: Seconds a new connection may take to say ``hello``.
     hello_timeout: float = 10.0
+    #: Seconds to wait for another process listening on ``socket_path`` to go before
+    #: refusing to take the path (:meth:`_wait_unanswered`). A leader of this database
+    #: whose lock session ended learns that it was superseded at its next attempt to
+    #: take the lock again (at most 30 s apart: the daemon's ``retry_cap``) and closes
+    #: its listener as its stop begins; the rest is margin.
+    socket_busy_grace: float = 45.0
     #: When the kernel gives up on a TCP worker that went silent.
     keepalive: TcpKeepalive = attrs.field(factory=TcpKeepalive)
 
@@ -802,7 +808,10 @@ class WorkerExecutor:
                     raise WorkerSocketError(
                         f"worker_socket: {path} exists and is not a socket; not removing it"
                     )
-                os.unlink(path)  # stale, from an earlier daemon
+                await self._wait_unanswered(path)
+                # Stale, from an earlier daemon (one that stopped meanwhile removed it).
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 await sock.bind(os.fspath(path))
@@ -820,6 +829,39 @@ class WorkerExecutor:
         listener = trio.SocketListener(sock)
         self._listeners.append(listener)
         return listener
+
+    async def _wait_unanswered(self, path: Path) -> None:
+        """Return once nothing listens on the socket file at ``path`` (it can be
+        replaced); :class:`WorkerSocketError` if something still does after
+        :attr:`socket_busy_grace`. A second daemon (of another database: this one's
+        lock is ours) given the same path replaced the first's socket and deleted it at
+        its stop, cutting the first's workers off until it restarted. A leader of this
+        database that stepped down closes its listener as its stop begins, so the wait
+        is short then."""
+        deadline = trio.current_time() + self.socket_busy_grace
+        said = False
+        while True:
+            probe = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                await probe.connect(os.fspath(path))
+            except (ConnectionRefusedError, FileNotFoundError):
+                return  # nobody listens: a stale file
+            finally:
+                probe.close()
+            if trio.current_time() >= deadline:
+                raise WorkerSocketError(
+                    f"worker_socket: {path} is in use: another process listens there "
+                    "(a daemon of another database? give each daemon its own worker_socket)"
+                )
+            if not said:
+                said = True
+                self.events.log.warning(
+                    "worker.socket_busy",
+                    socket=str(path),
+                    reason="another process listens on this worker socket; waiting up to "
+                    f"{self.socket_busy_grace:g}s for it to go before refusing to start",
+                )
+            await trio.sleep(min(0.5, max(0.0, deadline - trio.current_time())))
 
     async def _open_tcp(self) -> list[trio.abc.Listener[Any]]:
         assert self.tcp is not None

@@ -1357,6 +1357,42 @@ async def test_stale_socket_is_replaced_but_a_file_is_not(sock_path: Path) -> No
         assert await trio.Path(sock_path).read_text() == "not a socket"
 
 
+async def test_a_socket_another_daemon_listens_on_is_not_taken(sock_path: Path) -> None:
+    """A second daemon (of another database) given the same path replaced the first's
+    socket and deleted it at its stop: the first's workers could not reconnect."""
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as first:
+            said: list[dict[str, Any]] = []
+            second = WorkerExecutor(
+                clock=SystemWallClock(),
+                events=EventBus(log=EventLog(stream=io.StringIO(), observers=[said.append])),
+                socket_path=sock_path,
+                socket_busy_grace=0.3,
+            )
+            with pytest.raises(WorkerSocketError, match="is in use: another process listens"):
+                await second.serve()
+            assert [e["event"] for e in said] == ["worker.socket_busy"]
+            # The first's socket is untouched: a worker still reaches it.
+            await first.nursery.start(sdk_worker().run, sock_path)
+            assert (await first.call(make_claim(1, args={"reply": 1}))).count == 1
+
+
+async def test_a_socket_whose_listener_goes_meanwhile_is_taken(sock_path: Path) -> None:
+    # (A leader of this database stepping down closes its listener as its stop begins.)
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as old:
+
+            async def step_down() -> None:
+                await trio.sleep(0.2)
+                await old.executor.detach()
+
+            old.nursery.start_soon(step_down)
+            async with harness(sock_path, socket_busy_grace=GUARD) as new:
+                await new.nursery.start(sdk_worker().run, sock_path)
+                assert (await new.call(make_claim(1, args={"reply": 2}))).count == 2
+                assert [e["event"] for e in new.events][:1] == ["worker.socket_busy"]
+
+
 async def test_tcp_on_loopback_requires_the_token(sock_path: Path) -> None:
     with trio.fail_after(GUARD):
         async with harness(sock_path, socket_path=None, tcp=("127.0.0.1", 0), token="s3") as h:
