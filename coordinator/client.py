@@ -1428,6 +1428,25 @@ async def list_jobs(
     return [_job_view(row) for row in rows]
 
 
+_JOBS_BESIDES: Final = """
+SELECT count(*) OVER () AS n, namespace || '/' || name AS job
+  FROM coordinator.jobs
+ WHERE NOT (namespace = $1 AND name = ANY ($2::text[]))
+ ORDER BY namespace, name
+ LIMIT $3
+"""
+
+
+async def jobs_besides(
+    conn: Connection, namespace: str, names: Collection[str], *, sample: int = 3
+) -> tuple[int, list[str]]:
+    """How many jobs the database holds besides ``names`` of ``namespace``, and the
+    first ``sample`` of them as ``namespace/name`` (``coordinator demo --dsn`` refuses a
+    database whose other jobs its daemon would run)."""
+    rows = await conn.fetch(_JOBS_BESIDES, namespace, list(names), sample)
+    return (int(rows[0]["n"]) if rows else 0), [str(r["job"]) for r in rows]
+
+
 async def get_job(conn: Connection, name: str, *, namespace: str = "default") -> JobView:
     """The job ``namespace/name``; raises :class:`~coordinator.errors.JobNotFound`, or
     :class:`~coordinator.errors.InvalidInput` for a namespace no job could have (the

@@ -285,7 +285,20 @@ class Demo:
         )
 
     async def define(self, conn: Connection) -> int:
-        """Define the demo's jobs and queue a run of ``hello``; its id."""
+        """Define the demo's jobs and queue a run of ``hello``; its id. A database given
+        with ``--dsn`` must hold no other jobs: the demo's daemon would run them, and
+        its sync would pause the other jobs of namespace ``demo`` (both happened)."""
+        if self.external_database:
+            names = [name for name, _, _ in DEMO_JOBS]
+            n, sample = await db.aio(client.jobs_besides)(conn, DEMO_NAMESPACE, names)
+            if n:
+                more = ", ..." if n > len(sample) else ""
+                raise InvalidInput(
+                    "--dsn",
+                    f"the database holds {n} job(s) besides the demo's ({', '.join(sample)}"
+                    f"{more}): the demo's daemon would run them; give the demo a database "
+                    "of its own, or leave out --dsn (it then makes one)",
+                )
         entries = [
             client.job_entry(name=name, schedule=schedule, target=Target(kind="exec", argv=argv))
             for name, schedule, argv in DEMO_JOBS
@@ -308,7 +321,7 @@ class Demo:
             say(
                 f"kept {self.state_dir}: look with `coordinator runs list{dsn} --state-dir "
                 f"{self.state_dir}`, run it again with `coordinator demo{dsn} --state-dir "
-                f"{self.state_dir}`, delete it with `rm -rf {self.state_dir}`"
+                f"{self.state_dir} --keep`, delete it with `rm -rf {self.state_dir}`"
                 + (" (DSN: the one given to the demo)" if dsn else "")
             )
             return

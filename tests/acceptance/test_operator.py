@@ -338,6 +338,55 @@ def test_demo_with_a_dsn_removes_its_jobs_unless_kept(database: str, tmp_path: P
     assert sorted(r["name"] for r in names) == ["heartbeat", "hello", "tick"]
 
 
+def test_demo_with_a_dsn_refuses_a_database_with_other_jobs(database: str, tmp_path: Path) -> None:
+    """Given a database with jobs of its own, the demo's sync paused the other jobs of
+    namespace 'demo' and its daemon ran every other namespace's queued runs."""
+    config = write(tmp_path / "coordinator.toml", "")
+    assert run_cli("--dsn", database, "jobs", "define", "important", "--namespace", "demo",
+                   "--every", "1h", "--", "true", config=config).code == 0  # fmt: skip
+    assert run_cli("--dsn", database, "jobs", "define", "other", "--manual", "--", "true",
+                   config=config).code == 0  # fmt: skip
+    assert run_cli("--dsn", database, "jobs", "trigger", "other", config=config).code == 0
+    refused = run_cli("demo", "--dsn", database, config=config)
+    one_line_error(
+        refused,
+        code=2,
+        contains="--dsn: the database holds 2 job(s) besides the demo's (default/other, "
+        "demo/important): the demo's daemon would run them",
+    )
+    jobs = sql(
+        database,
+        "SELECT namespace || '/' || name AS job, paused FROM coordinator.jobs ORDER BY 1",
+    )
+    assert [(r["job"], r["paused"]) for r in jobs] == [
+        ("default/other", False),
+        ("demo/important", False),
+    ]
+    runs = sql(database, "SELECT status FROM coordinator.runs")
+    assert [r["status"] for r in runs] == ["queued"]
+
+
+def test_a_kept_demo_is_kept_when_run_again_as_it_says(tmp_path: Path) -> None:
+    # "run it again with `coordinator demo --state-dir DIR`" deleted it at that run's end.
+    config = write(tmp_path / "coordinator.toml", "")
+    kept = tmp_path / "kept"
+    bin_dir = server_binaries()
+    demo = start_demo("--keep", "--state-dir", str(kept), config=config, COORDINATOR_PG_BIN=bin_dir)
+    demo.read_until("hello from a manual run")
+    said = demo.stop()
+    again = re.search(r"run it again with `coordinator (demo [^`]*)`", said)
+    assert again is not None, said
+    demo = start_demo(*again[1].split()[1:], config=config, COORDINATOR_PG_BIN=bin_dir)
+    try:
+        demo.read_until("demo: state directory")
+        assert f"demo: kept {kept}" in demo.stop()
+        assert kept.is_dir()
+    finally:
+        if demo.proc.poll() is None:
+            demo.proc.kill()
+        stop_leftover(kept / "postgres")
+
+
 def test_demo_refuses_a_directory_that_is_not_its_own(tmp_path: Path) -> None:
     busy = tmp_path / "busy"
     busy.mkdir()
