@@ -119,6 +119,9 @@ PROG = "coordinator"
 
 CommandHandler = Callable[[argparse.Namespace, "CommandContext"], Awaitable[int]]
 
+#: Findings per page of `runs findings` unless --limit says otherwise.
+FINDINGS_PAGE: Final = 100
+
 
 # --------------------------------------------------------------------------- entry point
 
@@ -693,7 +696,7 @@ def _add_runs(groups: _Subparsers) -> None:
     findings.add_argument(
         "--after", type=_positive_int, metavar="ID", help="only findings after this id (paging)"
     )
-    findings.add_argument("--limit", type=_positive_int, default=100, metavar="N")
+    findings.add_argument("--limit", type=_positive_int, default=FINDINGS_PAGE, metavar="N")
 
     resolve = _command(sub, "resolve", _runs_resolve, "settle an unresolved run")
     resolve.add_argument("run_id", type=_positive_int, metavar="ID")
@@ -1975,7 +1978,11 @@ async def _runs_findings(args: argparse.Namespace, ctx: CommandContext) -> int:
     )
     if page.next_after is not None:
         sys.stdout.flush()
-        _note(f"more: coordinator runs findings {args.run_id} --after {page.next_after}")
+        # The next page of the same query: its filters too (they were left out).
+        same = (f" --severity {args.severity}" if args.severity else "") + (
+            f" --limit {args.limit}" if args.limit != FINDINGS_PAGE else ""
+        )
+        _note(f"more: coordinator runs findings {args.run_id} --after {page.next_after}{same}")
     return 0
 
 

@@ -193,6 +193,13 @@ def test_a_daemon_killed_mid_scan_pauses_the_run_and_a_trigger_resumes_it(
     assert table.returncode == 0
     assert table.stdout.splitlines()[0].split() == ["ID", "SEVERITY", "KIND", "RESOURCE", "DETAIL"]
     assert "--after" in table.stderr  # how to get the next page
+    # ... of the same query: its filters kept (the hint dropped them).
+    hint = table.stderr.split("more: coordinator ", 1)[1].split()
+    assert hint[-2:] == ["--limit", "3"], table.stderr
+    filtered = cli(
+        database, "runs", "findings", str(run_id), "--severity", "warning", "--limit", "2"
+    )
+    assert filtered.stderr.rstrip().endswith("--severity warning --limit 2"), filtered.stderr
     worker.send_signal(signal.SIGTERM)
     worker.wait(20)
     second.proc.send_signal(signal.SIGTERM)
