@@ -387,6 +387,38 @@ def test_a_kept_demo_is_kept_when_run_again_as_it_says(tmp_path: Path) -> None:
         stop_leftover(kept / "postgres")
 
 
+def test_ctrl_c_while_initdb_runs_is_an_interruption_not_a_failure(tmp_path: Path) -> None:
+    """Ctrl-C reaches the terminal's process group: initdb died of it first and the demo
+    said "initdb failed: ... terminated by signal 2: Interrupt", exit 1."""
+    # A stand-in initdb that waits to be interrupted, reachable by the server's user
+    # (the demo runs the tools as postgres when started as root).
+    fake = Path(tempfile.mkdtemp(prefix="cfake-"))
+    fake.chmod(0o777)
+    started = fake / "started"
+    for tool in ("initdb", "pg_ctl"):
+        script = fake / tool
+        script.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 30\n")
+        script.chmod(0o755)
+    config = write(tmp_path / "coordinator.toml", "")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUN_MAIN, "demo", "--state-dir", str(tmp_path / "d")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_environment(config, COORDINATOR_PG_BIN=str(fake)),
+        start_new_session=True,
+    )
+    try:
+        wait_until(started.exists, 60, "the stand-in initdb to start")
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "coordinator: interrupted", err
+
+
 def test_demo_refuses_a_directory_that_is_not_its_own(tmp_path: Path) -> None:
     busy = tmp_path / "busy"
     busy.mkdir()
