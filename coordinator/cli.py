@@ -87,6 +87,7 @@ from .demo import DEMO_JOBS as DEMO_JOBS
 from .demo import DEMO_NAMESPACE as DEMO_NAMESPACE
 from .errors import (
     ConfigError,
+    Conflict,
     CoordinatorError,
     DatabaseUnavailable,
     InvalidInput,
@@ -1685,8 +1686,20 @@ async def _jobs_resume(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 async def _jobs_remove(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
+        running = []
+        if not args.keep_history:  # (then the job's row stays, and so does a result)
+            with contextlib.suppress(JobNotFound):  # (remove says so, in its words)
+                running = await db.aio(client.list_runs)(
+                    conn, namespace=args.namespace, job=args.name, status="running", limit=10
+                )
         await db.aio(client.remove)(
             conn, args.name, namespace=args.namespace, keep_history=args.keep_history
+        )
+    for run in running:
+        # (It was silent: the result was then dropped, said only in the daemon's log.)
+        _note(
+            f"run {run.id} was running: its command or call goes on to its end, and its "
+            "result is not saved (the job is gone)"
         )
     if args.keep_history:
         where = "" if args.namespace == "default" else f" -n {shlex.quote(args.namespace)}"
@@ -1947,7 +1960,16 @@ async def _runs_pause(args: argparse.Namespace, ctx: CommandContext) -> int:
 
 async def _runs_cancel(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
-        await db.aio(client.cancel_run)(conn, args.run_id)
+        try:
+            await db.aio(client.cancel_run)(conn, args.run_id)
+        except Conflict as exc:
+            if " is running," not in str(exc):
+                raise
+            # (The refusal offered no way out.)
+            raise Conflict(
+                f"{exc}; a running run ends with its call (its job's timeout bounds it); "
+                f"a recoverable job's run can be paused: coordinator runs pause {args.run_id}"
+            ) from exc
     print(f"run {args.run_id} cancelled")
     return 0
 

@@ -151,7 +151,7 @@ def after_define(
         # the define-time estimate while the retry waited.)
         run_id, due = retry
         after = "; the schedule goes on after it" if schedule.kind in ("cron", "interval") else ""
-        return f"next run: the retry of run {run_id}, due {when(due)}{after}"
+        return f"next run: retry run {run_id}, due {when(due)}{after}"
     if schedule.kind == "manual":
         return f"manual: it runs when triggered ({command('trigger', namespace, name)})"
     if done:

@@ -827,6 +827,39 @@ def test_a_malformed_dsn_is_named_where_it_was_set_and_run_refuses_it(tmp_path: 
     assert f"dsn (file {config}): invalid DSN" in ran.stderr.splitlines()[-1]
 
 
+def test_cancelling_a_running_run_says_what_can_be_done(database: str) -> None:
+    """The refusal offered no way out."""
+    cli("jobs", "define", "long", "--manual", "--", "true", dsn=database)
+    run_id = sql(
+        database,
+        "INSERT INTO coordinator.runs (job_id, trigger, status, claimed_at, started_at) "
+        "SELECT id, 'manual', 'running', now(), now() FROM coordinator.jobs RETURNING id",
+    )[0]["id"]
+    one_line_error(
+        cli("runs", "cancel", str(run_id), dsn=database),
+        code=2,
+        contains=f"run {run_id} is running, only queued or paused runs can be cancelled; a "
+        "running run ends with its call (its job's timeout bounds it); a recoverable job's "
+        f"run can be paused: coordinator runs pause {run_id}",
+    )
+
+
+def test_removing_a_job_whose_run_is_running_says_its_result_is_lost(database: str) -> None:
+    cli("jobs", "define", "busy", "--manual", "--", "true", dsn=database)
+    run_id = sql(
+        database,
+        "INSERT INTO coordinator.runs (job_id, trigger, status, claimed_at, started_at) "
+        "SELECT id, 'manual', 'running', now(), now() FROM coordinator.jobs RETURNING id",
+    )[0]["id"]
+    removed = cli("jobs", "remove", "busy", dsn=database)
+    assert removed.code == 0, removed.err
+    assert removed.out.strip() == "removed default/busy"
+    assert (
+        f"note: run {run_id} was running: its command or call goes on to its end, and its "
+        "result is not saved (the job is gone)" in removed.err
+    )
+
+
 def test_status_names_the_unresolved_run_blocking_the_earliest_deadline(database: str) -> None:
     cli("jobs", "define", "c", "--every", "1h", "--", "true", dsn=database)
     sql(database, "UPDATE coordinator.jobs SET next_run_at = now() - interval '4 minutes'")

@@ -261,13 +261,13 @@ def test_after_define() -> None:
         every, exec_target, namespace="default", name="r", paused=False, facts=LEADING,
         now=NOW, retry=(41, NOW + timedelta(seconds=90)),
     ) == (
-        "next run: the retry of run 41, due 2026-11-30 08:01:30Z; the schedule goes on after it"
+        "next run: retry run 41, due 2026-11-30 08:01:30Z; the schedule goes on after it"
     )  # fmt: skip
     # A manual job's waiting retry too (it said "manual: it runs when triggered").
     assert why.after_define(
         Schedule(kind="manual"), exec_target, namespace="default", name="m", paused=False,
         facts=LEADING, now=NOW, retry=(42, NOW + timedelta(seconds=30)),
-    ) == "next run: the retry of run 42, due 2026-11-30 08:00:30Z"  # fmt: skip
+    ) == "next run: retry run 42, due 2026-11-30 08:00:30Z"  # fmt: skip
     # A one-shot instant already past says so: it runs once, late.
     past = Schedule(kind="once", expression="2026-11-30T07:00:00Z")
     assert why.after_define(
