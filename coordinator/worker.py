@@ -61,6 +61,7 @@ import signal
 import socket
 import ssl
 import sys
+import threading
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -598,6 +599,63 @@ class _Policies:
             raise TypeError(f"{job_type!r}: misfire must be a string, not {self.misfire!r}")
 
 
+#: Exit status of a worker process that ended itself because a cancelled call ran on
+#: past :attr:`Worker.orphan_limit` (``EX_SOFTWARE``; the unit restarts on failure).
+ORPHAN_EXIT: Final = 70
+#: The limit ``coordinator worker`` sets.
+ORPHAN_LIMIT: Final = 10.0
+
+
+@attrs.define(eq=False)
+class _Orphans:
+    """Watches the calls cancelled because their connection closed: if any still runs
+    ``limit`` seconds later, the process exits (:data:`ORPHAN_EXIT`), or with no limit
+    (embedded) it is logged once. A thread's timer, not trio's: a handler that blocks
+    without checkpoints stops trio's loop too. Disarmed when the connection's calls
+    have ended (the ``async with`` around them exits)."""
+
+    limit: float | None
+    _timer: threading.Timer | None = None
+
+    def arm(self, runs: list[int]) -> None:
+        if not runs:
+            return
+        ids = ", ".join(str(r) for r in runs)
+        limit = self.limit
+
+        def expired() -> None:
+            if limit is None:
+                logger.error(
+                    "run(s) %s still running %gs after their connection closed and their "
+                    "cancel: the daemon may start their retry or resume elsewhere "
+                    "meanwhile; make the handler honour ctx.cancelled",
+                    ids,
+                    ORPHAN_LIMIT,
+                )
+                return
+            logger.critical(
+                "run(s) %s still running %gs after their connection closed and their "
+                "cancel: exiting (status %d) rather than run beside the retry or resume "
+                "the daemon may start elsewhere; make the handler honour ctx.cancelled",
+                ids,
+                limit,
+                ORPHAN_EXIT,
+            )
+            logging.shutdown()
+            os._exit(ORPHAN_EXIT)
+
+        self._timer = threading.Timer(ORPHAN_LIMIT if limit is None else limit, expired)
+        self._timer.daemon = True
+        self._timer.start()
+
+    async def __aenter__(self) -> _Orphans:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
 @attrs.define(eq=False)
 class Worker:
     """A set of job handlers served over one connection to the daemon."""
@@ -616,6 +674,13 @@ class Worker:
     #: cron=...)``): every job of it is the code's; ``None``, or no handler with a
     #: schedule: it declares nothing.
     namespace: str | None = attrs.field(default=None, kw_only=True)
+    #: Seconds a handler may run on after its connection to the daemon closed (the
+    #: daemon disconnected it for ignoring a cancel, stopped, or the link broke): its
+    #: call was cancelled, and the daemon, which counts it as ended, may start the
+    #: run's retry or resume elsewhere. Past this the process exits (status 70) rather
+    #: than run beside it; ``coordinator worker`` sets 10 s (its service manager starts
+    #: it again). ``None`` (embedded in a program of yours): it is logged, not enforced.
+    orphan_limit: float | None = attrs.field(default=None, kw_only=True)
     #: The daemon's answer to the last declaration (``ok``, or the problems), if any.
     last_declared: Declared | None = attrs.field(default=None, init=False)
     _handlers: dict[str, Handler] = attrs.field(factory=dict, init=False)
@@ -796,7 +861,8 @@ class Worker:
             outbox=send,
             fd=stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None,
         )
-        async with stream, trio.open_nursery() as nursery:
+        # (The orphans' watch ends after the nursery, once the cancelled calls ended.)
+        async with _Orphans(self.orphan_limit) as orphans, stream, trio.open_nursery() as nursery:
             nursery.start_soon(_write_loop, stream, recv, nursery.cancel_scope)
             nursery.start_soon(self._on_stop, session, nursery.cancel_scope)
             hello = Hello(
@@ -829,6 +895,7 @@ class Worker:
                     "connection closed with %d call(s) running; cancelling them",
                     len(session.running),
                 )
+            orphans.arm(sorted(session.running))
             nursery.cancel_scope.cancel()
         return session
 
@@ -1436,6 +1503,10 @@ def _address(args: argparse.Namespace) -> Path | tuple[str, int]:
 
 async def _serve_until_signalled(prepared: _Prepared) -> None:
     worker = prepared.worker
+    if worker.orphan_limit is None:
+        # A service manager starts this process again: a call that runs on after its
+        # cancel ends it, rather than run beside the daemon's retry or resume.
+        worker.orphan_limit = ORPHAN_LIMIT
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, worker, nursery.cancel_scope)
         await worker.run(

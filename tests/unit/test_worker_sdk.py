@@ -19,6 +19,7 @@ import tempfile
 import textwrap
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -1153,6 +1154,76 @@ async def test_command_serves_and_stops_cleanly_on_sigterm(
             assert f"{signum.name}: leaving cleanly".encode() in stderr
             assert [e["reason"] for e in events if e["event"] == "worker.disconnected"] == ["bye"]
             nursery.cancel_scope.cancel()
+
+
+ORPHAN_MODULE = """
+import trio
+from coordinator.worker import Worker
+
+worker = Worker("orphan-worker", capacity=2, orphan_limit=1.0)
+
+
+@worker.job("stubborn")
+async def stubborn(ctx):
+    open("started", "w").close()
+    # Ignores its cancel (a shielded stretch of work, as a blocking batch would).
+    with trio.CancelScope(shield=True):
+        await trio.sleep(60)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="signals and sockets: Linux")
+async def test_a_call_running_on_after_its_connection_closed_ends_the_worker(
+    sock_path: Path, tmp_path: Path
+) -> None:
+    """It ran on beside the retry or resume the daemon may start elsewhere (a paused
+    recoverable run was worked on by two processes at once; helper-63)."""
+    (tmp_path / "cw_orphan.py").write_text(textwrap.dedent(ORPHAN_MODULE))
+    served = trio.Event()
+    executor = WorkerExecutor(
+        clock=SystemWallClock(), events=EventBus(log=EventLog(stream=io.StringIO())),
+        socket_path=sock_path,
+    )  # fmt: skip
+    executor.attach(ExecutorHooks(changed=served.set))
+    job = Job(
+        id=1, namespace="ns", name="j", schedule=Schedule(kind="manual"),
+        target=Target(kind="worker", worker_type="stubborn"),
+    )  # fmt: skip
+    claim = Claim(
+        run_id=7, job=job, trigger="manual", scheduled_for=None, args={},
+        claimed_at=datetime.now(UTC),
+    )  # fmt: skip
+    with trio.fail_after(60):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "coordinator.worker", "cw_orphan:worker"],
+            cwd=tmp_path,
+            env={**os.environ, "COORDINATOR_WORKER_SOCKET": str(sock_path)},
+            stderr=subprocess.PIPE,
+        )
+        try:
+            async with trio.open_nursery() as daemon:
+                await daemon.start(executor.serve)
+                await served.wait()
+                daemon.start_soon(partial(executor.call, claim, abandon=trio.Event()))
+                while not (tmp_path / "started").exists():  # (the handler started)
+                    await trio.sleep(0.01)
+                daemon.cancel_scope.cancel()  # the connection closes, the call is cancelled
+            assert await proc.wait() == 70
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert proc.stderr is not None
+        stderr = b""
+        while chunk := await proc.stderr.receive_some(65536):
+            stderr += chunk
+        await proc.stderr.aclose()
+    said = stderr.decode()
+    assert "connection closed with 1 call(s) running; cancelling them" in said
+    assert (
+        "run(s) 7 still running 1s after their connection closed and their cancel: "
+        "exiting (status 70)" in said
+    )
 
 
 # -- recoverable jobs: cursor, counter, findings, pausing -------------------------------------
