@@ -617,7 +617,10 @@ def _add_jobs(groups: _Subparsers) -> None:
         help="run argument (repeatable; a value that is not JSON is a string)",
     )
     trigger.add_argument(
-        "--wait", action="store_true", help="wait for the run; exit 1 unless it succeeded"
+        "--wait",
+        action="store_true",
+        help="wait for the run to end; exit 1 unless it succeeded (a failed attempt "
+        "whose retry follows is one too: the retry run is named)",
     )
     trigger.add_argument(
         "--wait-timeout", metavar="DURATION", help="give up waiting after this (implies --wait)"
