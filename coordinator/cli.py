@@ -217,6 +217,23 @@ async def _interruptible(
     return code
 
 
+def _split_cron(typed: list[str], cron: str, extras: list[str]) -> list[str]:
+    """The words typed right after ``--cron``'s value, if they are what an unquoted cron
+    expression left over (at most four more fields, each one of cron's characters)."""
+    head = typed[: typed.index("--")] if "--" in typed else typed
+    for at, word in enumerate(head[:-1]):
+        if word == "--cron" and head[at + 1] == cron:
+            after = head[at + 2 : at + 6]
+            taken = []
+            for w in after:
+                if w.startswith("-") or not re.fullmatch(r"[0-9A-Za-z*/,?LW#-]+", w):
+                    break
+                taken.append(w)
+            if taken and all(w in extras for w in taken) and len(cron.split()) == 1:
+                return taken
+    return []
+
+
 def _error(message: str) -> None:
     """One line on stderr; control characters (from names, outputs) escaped."""
     print(f"{PROG}: {printable(message)}", file=sys.stderr, flush=True)
@@ -365,6 +382,12 @@ class _Parser(argparse.ArgumentParser):
                 meant = self._meant(option)
             elif option is not None:
                 meant = ""  # a known option, given where it is not read (after --)
+            elif (cron := getattr(parsed, "cron", None)) is not None and _split_cron(
+                typed, cron, extras
+            ):
+                # `--cron 30 2 * * *` unquoted: the shell made five words of it.
+                fields = " ".join([cron, *_split_cron(typed, cron, extras)])
+                meant = f" (quote the cron expression: --cron '{fields}')"
             elif self.get_default("takes_command"):
                 meant = " (the command goes after --: ... -- PROGRAM ARGS)"
             else:

@@ -34,6 +34,12 @@ if TYPE_CHECKING:
             "coordinator jobs define: unrecognized arguments: true (the command goes after "
             "--: ... -- PROGRAM ARGS) (see 'coordinator jobs define --help')",
         ),
+        # A cron expression left unquoted: the shell made five words of it.
+        (
+            ["jobs", "define", "x", "--cron", "30", "2", "*", "*", "*", "--", "true"],
+            "coordinator jobs define: unrecognized arguments: 2 * * * (quote the cron "
+            "expression: --cron '30 2 * * *') (see 'coordinator jobs define --help')",
+        ),
         (
             ["runs", "list", "--statuss", "failed"],
             "coordinator runs list: unrecognized arguments: --statuss failed (did you mean "
