@@ -176,6 +176,9 @@ async def _invoke(args: argparse.Namespace) -> int:
         except BaseExceptionGroup as group:
             # A nursery wraps what its tasks raise: a person sees the error, not the group.
             raise first_error(group) from None
+    except JobNotFound as exc:
+        _error(f"{exc}{await _job_elsewhere(ctx, exc)}")
+        return exc.exit_code
     except CoordinatorError as exc:
         _error(str(exc))
         return exc.exit_code
@@ -186,6 +189,23 @@ async def _invoke(args: argparse.Namespace) -> int:
     finally:
         with trio.CancelScope(shield=True):
             await ctx.stop_cluster()
+
+
+async def _job_elsewhere(ctx: CommandContext, missing: JobNotFound) -> str:
+    """`` (there is demo/hello: add --namespace demo)`` when a job of that name is in
+    another namespace (a demo's jobs are in ``demo``: `jobs trigger hello` said only
+    "unknown job default/hello"); nothing if none is, or the database cannot say."""
+    try:
+        async with ctx.connection() as conn:
+            found = await db.aio(client.namespaces_with)(
+                conn, missing.name, besides=missing.namespace
+            )
+    except CoordinatorError:
+        return ""
+    if not found:
+        return ""
+    there = ", ".join(f"{ns}/{missing.name}" for ns in found)
+    return f" (there is {there}: add --namespace {shlex.quote(found[0])})"
 
 
 async def _interruptible(

@@ -1428,6 +1428,21 @@ async def list_jobs(
     return [_job_view(row) for row in rows]
 
 
+_NAMESPACES_OF: Final = """
+SELECT namespace FROM coordinator.jobs
+ WHERE name = $1 AND namespace <> $2 AND removed_at IS NULL
+ ORDER BY namespace
+ LIMIT 4
+"""
+
+
+async def namespaces_with(conn: Connection, name: str, *, besides: str) -> list[str]:
+    """The namespaces (at most four, besides ``besides``) with a job named ``name``: an
+    unknown ``default/hello`` names the ``demo/hello`` that was meant."""
+    rows = await conn.fetch(_NAMESPACES_OF, name, besides)
+    return [str(r["namespace"]) for r in rows]
+
+
 _JOBS_BESIDES: Final = """
 SELECT count(*) OVER () AS n, namespace || '/' || name AS job
   FROM coordinator.jobs

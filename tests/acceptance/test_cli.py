@@ -827,6 +827,20 @@ def test_a_malformed_dsn_is_named_where_it_was_set_and_run_refuses_it(tmp_path: 
     assert f"dsn (file {config}): invalid DSN" in ran.stderr.splitlines()[-1]
 
 
+def test_an_unknown_job_names_the_namespace_that_has_one(database: str) -> None:
+    """A demo's jobs are in namespace demo: `jobs trigger hello` said only "unknown job
+    default/hello"."""
+    cli("jobs", "define", "hello", "-n", "demo", "--manual", "--", "true", dsn=database)
+    for args in (("jobs", "trigger", "hello"), ("jobs", "show", "hello")):
+        one_line_error(
+            cli(*args, dsn=database),
+            code=2,
+            contains="unknown job default/hello (there is demo/hello: add --namespace demo)",
+        )
+    one_line_error(cli("jobs", "show", "nope", dsn=database), code=2, contains="default/nope")
+    assert "there is" not in cli("jobs", "show", "nope", dsn=database).err
+
+
 def test_cancelling_a_running_run_says_what_can_be_done(database: str) -> None:
     """The refusal offered no way out."""
     cli("jobs", "define", "long", "--manual", "--", "true", dsn=database)
