@@ -571,7 +571,12 @@ def _add_jobs(groups: _Subparsers) -> None:
     when.add_argument("--manual", action="store_true", help="only when triggered")
     define.add_argument("--timezone", metavar="TZ", help="IANA timezone of --cron (default UTC)")
     define.add_argument("--timeout", metavar="DURATION", help="longest a call may take")
-    define.add_argument("--priority", choices=PRIORITIES, default="background")
+    define.add_argument(
+        "--priority",
+        choices=PRIORITIES,
+        default="background",
+        help="interactive runs are admitted before background ones (default: background)",
+    )
     define.add_argument("--idempotent", action="store_true", help="may be repeated after a crash")
     define.add_argument(
         "--paused",
@@ -1550,6 +1555,14 @@ async def _jobs_list(args: argparse.Namespace, ctx: CommandContext) -> int:
     return 0
 
 
+def _retention_setting(ctx: CommandContext) -> str:
+    """The ``retention`` setting as the configuration read here says it (the daemon's,
+    when they share it): ``30d (the retention setting)``; it said only "retention
+    (setting)"."""
+    seconds = ctx.config().retention
+    return f"{_duration(timedelta(seconds=seconds))} (the retention setting)"
+
+
 async def _jobs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
@@ -1582,7 +1595,7 @@ async def _jobs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
         (
             "retention",
             f"at most the newest {job.keep_last or DEFAULT_KEEP_LAST} runs, none finished more "
-            f"than {_duration(job.retention) if job.retention else 'retention (setting)'} ago",
+            f"than {_duration(job.retention) if job.retention else _retention_setting(ctx)} ago",
         ),
         ("invalid", job.invalid_reason or "-"),
         ("next run", why.next_run(job, facts)),

@@ -18,6 +18,10 @@ def test_define_with_alert_and_retention_options(database: str) -> None:
     text = cli("jobs", "show", "b", dsn=database).out
     assert "no (--no-alert)" in text
     assert "at most the newest 7 runs, none finished more than 90d ago" in text
+    # Without its own, the setting's value (it said "retention (setting)").
+    cli("jobs", "define", "d", "--manual", "--", "true", dsn=database)
+    text = cli("jobs", "show", "d", dsn=database, COORDINATOR_RETENTION="14d").out
+    assert "none finished more than 14d (the retention setting) ago" in text
     one_line_error(
         cli("jobs", "define", "c", "--manual", "--retention", "0s", "--", "true", dsn=database),
         code=2,
