@@ -120,6 +120,11 @@ PROG = "coordinator"
 
 CommandHandler = Callable[[argparse.Namespace, "CommandContext"], Awaitable[int]]
 
+#: A command's output kept in its run's extra, as `runs show` heads it.
+OUTPUT_TAILS: Final = {
+    "stdout_tail": "stdout (its end)",
+    "stderr_tail": "stderr (its end)",
+}
 #: Findings per page of `runs findings` unless --limit says otherwise.
 FINDINGS_PAGE: Final = 100
 
@@ -1918,9 +1923,16 @@ async def _runs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
     progress = _progress_line(run.progress)
     if progress is not None:  # (a running call's; a finished one's is in extra)
         pairs.append(("progress", progress))
+    # A command's output is shown as lines below, not escaped inside extra's JSON.
+    tails = {
+        key: text
+        for key in OUTPUT_TAILS
+        if isinstance(text := (run.extra or {}).get(key), str) and text
+    }
+    extra = {k: v for k, v in (run.extra or {}).items() if k not in tails}
     pairs += [
         ("count", str(run.count) if run.count is not None else "-"),
-        ("extra", json.dumps(run.extra, ensure_ascii=False) if run.extra else "-"),
+        ("extra", json.dumps(extra, ensure_ascii=False) if extra else "-"),
         ("error cause", run.error_cause or "-"),
         ("category", run.category or "-"),
         ("error" if run.status != "paused" else "paused", run.standing_error or "-"),
@@ -1931,6 +1943,10 @@ async def _runs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
     if len(chain) > 1:
         pairs.append(("attempts", "; ".join(_describe_attempt(r, run.id) for r in chain)))
     _fields(pairs)
+    for key, text in tails.items():
+        print(f"{OUTPUT_TAILS[key]}:")
+        for line in text.splitlines():
+            print(f"  | {printable(line)}")
     return 0
 
 

@@ -841,6 +841,24 @@ def test_an_unknown_job_names_the_namespace_that_has_one(database: str) -> None:
     assert "there is" not in cli("jobs", "show", "nope", dsn=database).err
 
 
+def test_runs_show_prints_a_commands_output_as_lines(database: str) -> None:
+    """It was only inside extra's JSON, newlines escaped."""
+    cli("jobs", "define", "talk", "--manual", "--", "true", dsn=database)
+    run_id = sql(
+        database,
+        "INSERT INTO coordinator.runs (job_id, trigger, status, started_at, finished_at, extra) "
+        "SELECT id, 'manual', 'succeeded', now(), now(), "
+        """'{"exit_code": 0, "stdout_tail": "line one\\nline two\\n", "stderr_tail": ""}' """
+        "FROM coordinator.jobs RETURNING id",
+    )[0]["id"]
+    out = cli("runs", "show", str(run_id), dsn=database).out
+    assert "stdout (its end):\n  | line one\n  | line two\n" in out
+    assert "stderr (its end)" not in out  # (empty)
+    assert '{"exit_code": 0, "stderr_tail": ""}' in out
+    shown = cli("runs", "show", str(run_id), "--json", dsn=database).json
+    assert shown["extra"]["stdout_tail"] == "line one\nline two\n"
+
+
 def test_cancelling_a_running_run_says_what_can_be_done(database: str) -> None:
     """The refusal offered no way out."""
     cli("jobs", "define", "long", "--manual", "--", "true", dsn=database)
