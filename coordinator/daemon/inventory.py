@@ -315,7 +315,14 @@ class Inventory:
             marked = await self.store.mark_invalid(read.to_invalidate)
             for job_id, reason, _version in read.to_invalidate:
                 if job_id in marked:
-                    self.events.log.warning("job.invalid", job_id=job_id, reason=reason)
+                    # (By name too, as every other event names a job: job_id alone left
+                    # an operator a query to write.)
+                    self.events.log.warning(
+                        "job.invalid",
+                        job=read.invalid_keys.get(job_id),
+                        job_id=job_id,
+                        reason=reason,
+                    )
         # The pages written after the rebuild.
         self._arm_many(self._take_written(read), self.served(), read.stamps)
         return read.rows, read.initialised, len(read.to_invalidate)
@@ -357,6 +364,7 @@ class Inventory:
                 reason, first_at = verdict.first()
             if reason is not None:
                 read.to_invalidate.append((entry.id, reason, entry.schedule_version))
+                read.invalid_keys[entry.id] = entry.key
                 continue
             loaded.append(entry)
             if first_at is not None and verdict.recurring:
@@ -467,6 +475,8 @@ class _Read:
     written: list[tuple[FirstDeadlines, set[int]]] = attrs.field(factory=list)
     #: (job id, reason, schedule version) to make inert.
     to_invalidate: list[tuple[int, str, int]] = attrs.field(factory=list)
+    #: ``namespace/name`` of each job in :attr:`to_invalidate`, for its log line.
+    invalid_keys: dict[int, str] = attrs.field(factory=dict)
     rows: int = 0
     #: ``id(schedule)`` -> what the refresh decided for that schedule.
     verdicts: dict[int, _Verdict] = attrs.field(factory=dict)

@@ -204,7 +204,8 @@ async def test_an_interval_too_long_for_a_datetime_makes_only_its_job_inert(
         "SELECT invalid_reason FROM coordinator.jobs WHERE name = 'huge'"
     )
     assert reason
-    assert harness.named("job.invalid")
+    (said,) = harness.named("job.invalid")
+    assert said["job"] == "default/huge"  # (by name too: it said only job_id)
     assert not harness.done.is_set()
     # Fixed by an operator: the job runs.
     await aio(conn.execute)(
