@@ -1067,6 +1067,9 @@ def _key_values(items: Sequence[str] | None, flag: str, *, as_json: bool) -> dic
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise InvalidInput(flag, f"expected KEY={'JSON' if as_json else 'VALUE'}, got {item!r}")
+        if key in out:
+            # (The last one was kept without a word.)
+            raise InvalidInput(flag, f"{key!r} is given twice; give each key once")
         if as_json:
             try:
                 out[key] = json.loads(value)

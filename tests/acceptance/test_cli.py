@@ -720,6 +720,10 @@ def test_sync_toml_syntax_error_names_file_and_line(database: str, tmp_path: Pat
         (("jobs", "define", "x", "--cron", "0 25 * * *", "--", "true"), "--cron: hour"),
         (("jobs", "define", "x", "--cron", "* * *", "--", "true"), "--cron:"),
         (("jobs", "define", "x", "--every", "5 parsecs", "--", "true"), "--every:"),
+        (
+            ("jobs", "define", "x", "--manual", "--param", "k=1", "--param", "k=2", "--", "true"),
+            "--param: 'k' is given twice; give each key once",
+        ),
         (("jobs", "define", "x", "--manual", "--timeout", "-3s", "--", "true"), "--timeout:"),
         (("jobs", "trigger", "x", "--wait-timeout", "soon"), "--wait-timeout:"),
         (
