@@ -1739,15 +1739,17 @@ async def _retry_of(conn: Connection, run: client.RunView) -> client.RunView | N
 
 async def _jobs_pause(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
+        job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
         await db.aio(client.pause)(conn, args.name, namespace=args.namespace)
-    _say(f"paused {args.namespace}/{args.name}")
+    _say(f"paused {args.namespace}/{args.name}" + (" (it was already)" if job.paused else ""))
     return 0
 
 
 async def _jobs_resume(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
+        job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
         await db.aio(client.resume)(conn, args.name, namespace=args.namespace)
-    _say(f"resumed {args.namespace}/{args.name}")
+    _say(f"resumed {args.namespace}/{args.name}" + ("" if job.paused else " (it was not paused)"))
     return 0
 
 

@@ -472,9 +472,13 @@ def test_pause_resume_remove(database: str) -> None:
     assert (r.code, r.out) == (0, "paused default/c\n")
     assert cli("jobs", "show", "c", "--json", dsn=database).json["paused"] is True
     assert "paused" in cli("jobs", "list", dsn=database).out
+    again = cli("jobs", "pause", "c", dsn=database)  # (it said "paused" as if it had)
+    assert (again.code, again.out) == (0, "paused default/c (it was already)\n")
     r = cli("jobs", "resume", "c", dsn=database)
     assert (r.code, r.out) == (0, "resumed default/c\n")
     assert cli("jobs", "show", "c", "--json", dsn=database).json["paused"] is False
+    again = cli("jobs", "resume", "c", dsn=database)
+    assert (again.code, again.out) == (0, "resumed default/c (it was not paused)\n")
     r = cli("jobs", "remove", "c", dsn=database)
     assert (r.code, r.out) == (0, "removed default/c\n")
     assert cli("jobs", "list", "--json", dsn=database).json == []
