@@ -328,7 +328,10 @@ class Api:
             raise TopError(f"the admin API answered {exc.code} to {path}{_said(exc)}") from None
         except (OSError, ValueError) as exc:
             reason = getattr(exc, "reason", None) or exc
-            raise TopError(f"nothing answered at {api_url(self.listen, path)} ({reason})") from None
+            raise TopError(
+                f"nothing answered at {api_url(self.listen, path)} ({reason}): is the daemon "
+                "running? (`coordinator status` says what it finds)"
+            ) from None
 
     def events(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """The event stream's messages as they come (blocks between them); first

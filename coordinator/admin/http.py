@@ -51,6 +51,7 @@ buckets (:mod:`coordinator.buckets`), one aggregate.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -742,8 +743,16 @@ async def serve_admin(
             bind_error = _os_error(exc)
             if bind_error is None:
                 raise
+            # (In use: most often this daemon's own service, already running.)
+            busy = (
+                " (another process listens there: a daemon already running? `coordinator "
+                "status` asks it)"
+                if bind_error.errno == errno.EADDRINUSE
+                else ""
+            )
             raise ConfigError(
-                f"admin_listen: cannot listen on {listen}: {bind_error.strerror or bind_error}"
+                f"admin_listen: cannot listen on {listen}: "
+                f"{bind_error.strerror or bind_error}{busy}"
             ) from None
         task_status.started(binds[0])
 

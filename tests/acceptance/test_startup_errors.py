@@ -87,7 +87,9 @@ def test_an_admin_port_in_use(database: str, tmp_path: Path) -> None:
                 "COORDINATOR_ADMIN_TOKEN": GOOD_TOKEN,
             },
         )
-    assert_one_line_refusal(result, "admin_listen", str(port))
+    assert_one_line_refusal(
+        result, "admin_listen", str(port), "a daemon already running? `coordinator status` asks it"
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory owned by another user needs root")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.cookiejar
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -158,6 +159,19 @@ def test_top_without_an_admin_api_says_what_to_set(tmp_path: Path) -> None:
     assert result.err.count("\n") == 1
     assert "none is configured (set admin_listen and admin_token" in result.err
     assert result.out == ""
+
+
+def test_top_with_no_daemon_listening_asks_if_one_runs(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = write(
+        tmp_path / "c.toml", f'admin_listen = "127.0.0.1:{port}"\nadmin_token = "{"t" * 24}"\n'
+    )
+    result = run_cli("top", "--once", config=config)
+    assert result.code == 1, result.err
+    assert result.err.count("\n") == 1
+    assert "is the daemon running? (`coordinator status` says what it finds)" in result.err
 
 
 @pytest.mark.parametrize("token", ["wrong-token-wrong-token"])
