@@ -334,11 +334,16 @@ class CommandContext:
                 # A new one holds nothing: say why this one, should another be meant (a
                 # forgotten --state-dir after the demo, a config not found).
                 setup = "" if self.args.group == "migrate" else "; `coordinator migrate` sets it up"
-                made = (
-                    f" (new: no DSN is configured and there was none in {config.state_dir}{setup})"
-                    if new
-                    else ""
-                )
+                if self._own_database:
+                    # The demo's own, whatever DSN is configured; and it migrates itself.
+                    made = " (new: the demo's own database)" if new else ""
+                else:
+                    made = (
+                        f" (new: no DSN is configured and there was none in "
+                        f"{config.state_dir}{setup})"
+                        if new
+                        else ""
+                    )
                 _note(f"started the embedded PostgreSQL in {cluster.root}{made}")
         return cluster.dsn()
 
