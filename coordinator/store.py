@@ -86,6 +86,11 @@ _TRANSIENT = (
     asyncpg.TooManyConnectionsError,
     asyncpg.PostgresConnectionError,
     asyncpg.QueryCanceledError,
+    # "cannot switch to state 12; another operation (2) is in progress": a session cut
+    # off mid-statement (a terminated backend) then asked for the next one, a transaction's
+    # ROLLBACK say. It was classed as refused (a spooled result's replay sets aside a
+    # record refused five times); the pool closes that connection like any failed one.
+    asyncpg.InternalClientError,
 )
 
 
