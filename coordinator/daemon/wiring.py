@@ -628,7 +628,7 @@ class Daemon:
                         calls=asked,
                         runs=",".join(str(r) for r in ended),
                         reason="the new leader ended their runs otherwise (a retry queued, "
-                        "a pause): they would run beside its",
+                        "a pause): they would run beside its retry or resume",
                     )
                 await trio.sleep(SUPERSEDED_POLL)
 
