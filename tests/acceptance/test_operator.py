@@ -761,6 +761,11 @@ def test_version() -> None:
     result = run_cli("--version", config=None)
     assert result.code == 0
     assert re.fullmatch(r"coordinator \d+\.\d+\.\d+\S*\n", result.out)
+    # `python -m coordinator` too (there was no __main__: "cannot be directly executed").
+    ran = subprocess.run(
+        [sys.executable, "-m", "coordinator", "--version"], capture_output=True, text=True
+    )
+    assert (ran.returncode, ran.stdout) == (0, result.out), ran.stderr
 
 
 @pytest.mark.parametrize(
