@@ -1322,6 +1322,12 @@ def build_parser(prog: str = "coordinator worker") -> argparse.ArgumentParser:
         help="a `coordinator demo`'s directory: connect to its worker socket (DIR/worker.sock)",
     )
     parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the daemon's configuration file, for its worker_socket (default: "
+        "$COORDINATOR_CONFIG, else /etc/coordinator/coordinator.toml)",
+    )
+    parser.add_argument(
         "--token",
         help="the token for --tcp (default: $COORDINATOR_WORKER_TOKEN; --token-file keeps it "
         "out of ps)",
@@ -1494,8 +1500,13 @@ def _address(args: argparse.Namespace) -> Path | tuple[str, int]:
     from .config import file_setting
     from .errors import ConfigError
 
+    named: dict[str, str] | None = None
+    if args.config:  # (every other command takes --config: it was refused here)
+        if not Path(args.config).is_file():
+            raise ValueError(f"--config: {args.config}: no such file")
+        named = {"COORDINATOR_CONFIG": str(args.config)}
     try:  # the daemon's own configuration file, when it names the socket
-        configured = file_setting("worker_socket")
+        configured = file_setting("worker_socket", named)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
     return Path(configured) if configured is not None else default_socket_path()

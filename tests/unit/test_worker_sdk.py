@@ -1096,6 +1096,23 @@ def test_a_demo_s_directory_names_its_worker_socket(tmp_path: Path) -> None:
         build_parser().parse_args(["m:w", "--state-dir", str(tmp_path), "--socket", "/x"])
 
 
+def test_config_names_the_file_whose_worker_socket_to_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every other command takes --config; `coordinator worker` refused it."""
+    from coordinator.worker import _address, build_parser
+
+    monkeypatch.delenv("COORDINATOR_WORKER_SOCKET", raising=False)
+    monkeypatch.setenv("COORDINATOR_CONFIG", str(tmp_path / "not-this.toml"))
+    config = tmp_path / "coordinator.toml"
+    config.write_text(f'worker_socket = "{tmp_path / "w.sock"}"\n')
+    args = build_parser().parse_args(["m:w", "--config", str(config)])
+    assert _address(args) == tmp_path / "w.sock"
+    missing = build_parser().parse_args(["m:w", "--config", str(tmp_path / "gone.toml")])
+    with pytest.raises(ValueError, match=r"--config: .*gone\.toml: no such file"):
+        _address(missing)
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="signals and sockets: Linux")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 async def test_command_serves_and_stops_cleanly_on_sigterm(
