@@ -170,7 +170,13 @@ class Leadership:
                     raise
                 if not led:
                     await close_quietly(new_conn, within=1.0)
-                    self.log.error("leadership.lost", instance=self.instance)
+                    self.log.error(
+                        "leadership.lost",
+                        instance=self.instance,
+                        reason="another daemon took the lock while this one's session was "
+                        "lost: this one stops (exit 1; under systemd it starts again, as a "
+                        "standby)",
+                    )
                     self.stepped_down = True
                     on_stepped_down()
                     return
