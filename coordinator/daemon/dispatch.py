@@ -243,6 +243,9 @@ class Dispatcher:
     #: lets them join its batch (one scheduler round); alone on an idle daemon, it goes
     #: at once.
     others_starting: Callable[[], bool] = lambda: True
+    #: A claim came back fenced: the database answers, but this daemon does not hold the
+    #: lock (``Leadership.nudge``).
+    fenced: Callable[[], None] = lambda: None
     #: job id -> the call in progress.
     running: dict[int, Running] = attrs.field(factory=dict)
     #: Admitted tickets whose dispatch has not ended (claimed, called, and its result
@@ -522,7 +525,9 @@ class Dispatcher:
                 return None
             self.events.emit(ClaimRejected(job_id=ticket.job_id, run=ticket.run_id, reason=reason))
             if reason == "fenced":
-                # The lock session is gone; leadership takes it again or steps down.
+                # The lock session is gone; leadership takes it again or steps down. The
+                # claim reached the database: leadership need not wait out its backoff.
+                self.fenced()
                 self._claim_failed(ticket, self.policy.retry_cap)
             elif ticket.run_id is not None and reason in _REARM_AFTER:
                 self.inventory.run_gone(ticket.job_id, ticket.run_id)

@@ -65,6 +65,17 @@ class Leadership:
     stepped_down: bool = False
     #: When the lock's session last ended (trio time), if ever.
     lost_at: float | None = None
+    #: Set by :meth:`nudge`: the database answers, try the lock again now.
+    _nudged: trio.Event = attrs.field(factory=trio.Event)
+
+    def nudge(self) -> None:
+        """The database answers again (a claim came back fenced: it reached the server,
+        but this daemon does not hold the lock): cut short the wait before the next
+        attempt to take the lock. After an outage that wait had grown to 30 s, and
+        nothing ran meanwhile (a soak test saw 28 s of fenced claims). The first
+        attempt after a loss keeps its pause: a session cut on our side may linger on
+        the server for a moment, holding the lock."""
+        self._nudged.set()
 
     def may_send(self, since: float) -> bool:
         """See :func:`sendable` (``ExecutorHooks.may_send``)."""
@@ -157,7 +168,12 @@ class Leadership:
             on_lost()
             while True:
                 attempt += 1
-                await trio.sleep(backoff(attempt, cap=self.retry_cap))
+                if attempt == 1:
+                    await trio.sleep(backoff(attempt, cap=self.retry_cap))
+                else:
+                    with trio.move_on_after(backoff(attempt, cap=self.retry_cap)):
+                        await self._nudged.wait()
+                self._nudged = trio.Event()
                 new_conn: Connection | None = None
                 try:
                     new_conn = await connect(self.dsn, application_name=APP_DAEMON, daemon=True)

@@ -295,6 +295,7 @@ class Daemon:
             instance=self.instance,
             retry_cap=s.retry_cap,
         )
+        self.dispatcher.fenced = self.leadership.nudge
         hooks = ExecutorHooks(
             changed=self.workers_changed,
             may_send=self.leadership.may_send,
