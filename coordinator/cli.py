@@ -120,6 +120,9 @@ PROG = "coordinator"
 
 CommandHandler = Callable[[argparse.Namespace, "CommandContext"], Awaitable[int]]
 
+#: Seconds a command failed by initdb or pg_ctl waits for the SIGINT that may have
+#: failed them (a terminal's Ctrl-C reaches them too).
+INTERRUPT_SETTLE: Final = 0.2
 #: A command's output kept in its run's extra, as `runs show` heads it.
 OUTPUT_TAILS: Final = {
     "stdout_tail": "stdout (its end)",
@@ -234,7 +237,15 @@ async def _interruptible(
                     return
 
             nursery.start_soon(interrupt)
-            code = await handler(args, ctx)
+            try:
+                code = await handler(args, ctx)
+            except embedded.ClusterError:
+                # Ctrl-C reaches the terminal's whole process group: initdb or pg_ctl may
+                # have died of it, or caught it and failed, before our own SIGINT was
+                # taken ("initdb failed: ... Interrupt", exit 1). A SIGINT pending now
+                # cancels this wait: the command was interrupted, not failed.
+                await trio.sleep(INTERRUPT_SETTLE)
+                raise
             nursery.cancel_scope.cancel()
     if interrupted:
         _error("interrupted")

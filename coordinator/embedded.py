@@ -18,7 +18,6 @@ import os
 import pwd
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -177,11 +176,6 @@ class Cluster:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             raise ClusterError(f"{args[0]} timed out after {timeout:.0f}s") from exc
-        if proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT):
-            # Ctrl-C reaches the terminal's whole process group: the tool died of it
-            # (runuser says so with 130), and its failure came back before our own
-            # SIGINT was taken -- "initdb failed: ... terminated by signal 2", exit 1.
-            raise KeyboardInterrupt
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             raise ClusterError(f"{args[0]} failed: " + " | ".join(tail))

@@ -396,8 +396,16 @@ def test_ctrl_c_while_initdb_runs_is_an_interruption_not_a_failure(tmp_path: Pat
     fake.chmod(0o777)
     started = fake / "started"
     for tool in ("initdb", "pg_ctl"):
+        # As the real initdb does: it catches SIGINT, cleans up and exits 1.
         script = fake / tool
-        script.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 30\n")
+        script.write_text(
+            "#!/bin/sh\n"
+            "sleep 30 &\n"
+            "trap 'kill $! 2>/dev/null; echo \"child process was terminated by signal 2: "
+            "Interrupt\" >&2; exit 1' INT\n"
+            f"touch {started}\n"
+            "wait $!\n"
+        )
         script.chmod(0o755)
     config = write(tmp_path / "coordinator.toml", "")
     proc = subprocess.Popen(
