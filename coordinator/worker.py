@@ -633,15 +633,17 @@ class _Orphans:
                     ORPHAN_LIMIT,
                 )
                 return
-            logger.critical(
-                "run(s) %s still running %gs after their connection closed and their "
-                "cancel: exiting (status %d) rather than run beside the retry or resume "
-                "the daemon may start elsewhere; make the handler honour ctx.cancelled",
-                ids,
-                limit,
-                ORPHAN_EXIT,
+            # Written straight to stderr, not through logging: the loop's thread may hold
+            # a handler's lock (a blocked stderr pipe) and the exit must not wait for it.
+            line = (
+                f"{datetime.now().astimezone():%Y-%m-%d %H:%M:%S,%f} CRITICAL "
+                f"coordinator.worker: run(s) {ids} still running {limit:g}s after their "
+                f"connection closed and their cancel: exiting (status {ORPHAN_EXIT}) rather "
+                "than run beside the retry or resume the daemon may start elsewhere; make "
+                "the handler honour ctx.cancelled\n"
             )
-            logging.shutdown()
+            with contextlib.suppress(OSError):
+                os.write(2, line.encode(errors="replace"))
             os._exit(ORPHAN_EXIT)
 
         self._timer = threading.Timer(ORPHAN_LIMIT if limit is None else limit, expired)
@@ -680,7 +682,11 @@ class Worker:
     #: run's retry or resume elsewhere. Past this the process exits (status 70) rather
     #: than run beside it; ``coordinator worker`` sets 10 s (its service manager starts
     #: it again). ``None`` (embedded in a program of yours): it is logged, not enforced.
-    orphan_limit: float | None = attrs.field(default=None, kw_only=True)
+    orphan_limit: float | None = attrs.field(
+        default=None,
+        kw_only=True,
+        validator=attrs.validators.optional(attrs.validators.gt(0)),
+    )
     #: The daemon's answer to the last declaration (``ok``, or the problems), if any.
     last_declared: Declared | None = attrs.field(default=None, init=False)
     _handlers: dict[str, Handler] = attrs.field(factory=dict, init=False)
@@ -876,26 +882,31 @@ class Worker:
                 # commands included (a helper's finding, 2026-12-02).
                 await session.send(Declare(namespace=self.namespace, jobs=self.declared))
             try:
-                await self._read_loop(stream, session, nursery, welcomed)
-            except ProtocolError as exc:
-                logger.error("the daemon sent a bad message (%s); reconnecting", exc)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                if isinstance(exc.__cause__, ssl.SSLError):
-                    hint = (
-                        ""
-                        if session.welcomed
-                        else " (does it want a client certificate this "
-                        "worker has not, or not one it trusts? its log says: worker.rejected)"
+                try:
+                    await self._read_loop(stream, session, nursery, welcomed)
+                except ProtocolError as exc:
+                    logger.error("the daemon sent a bad message (%s); reconnecting", exc)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    if isinstance(exc.__cause__, ssl.SSLError):
+                        hint = (
+                            ""
+                            if session.welcomed
+                            else " (does it want a client certificate this worker has not, "
+                            "or not one it trusts? its log says: worker.rejected)"
+                        )
+                        logger.error("TLS with the daemon failed: %s%s", exc.__cause__, hint)
+                    else:
+                        logger.warning("connection to the daemon lost")
+                if session.running:
+                    logger.warning(
+                        "connection closed with %d call(s) running; cancelling them",
+                        len(session.running),
                     )
-                    logger.error("TLS with the daemon failed: %s%s", exc.__cause__, hint)
-                else:
-                    logger.warning("connection to the daemon lost")
-            if session.running:
-                logger.warning(
-                    "connection closed with %d call(s) running; cancelling them",
-                    len(session.running),
-                )
-            orphans.arm(sorted(session.running))
+            finally:
+                # Every way out with calls running arms the watch: the read side's end,
+                # the write side's failure (it cancels this scope, the read loop with it)
+                # and a cancel from outside alike.
+                orphans.arm(sorted(session.running))
             nursery.cancel_scope.cancel()
         return session
 

@@ -1183,15 +1183,19 @@ worker = Worker("orphan-worker", capacity=2, orphan_limit=1.0)
 @worker.job("stubborn")
 async def stubborn(ctx):
     open("started", "w").close()
-    # Ignores its cancel (a shielded stretch of work, as a blocking batch would).
+    # Ignores its cancel (a shielded stretch of work, as a blocking batch would) for
+    # the seconds it is given.
     with trio.CancelScope(shield=True):
-        await trio.sleep(60)
+        await trio.sleep(ctx.args.get("seconds", 60))
 """
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="signals and sockets: Linux")
+@pytest.mark.parametrize(
+    ("seconds", "exits"), [(60, True), (0.3, False)], ids=["runs-on", "ends-in-time"]
+)
 async def test_a_call_running_on_after_its_connection_closed_ends_the_worker(
-    sock_path: Path, tmp_path: Path
+    sock_path: Path, tmp_path: Path, seconds: float, exits: bool
 ) -> None:
     """It ran on beside the retry or resume the daemon may start elsewhere (a paused
     recoverable run was worked on by two processes at once; helper-63)."""
@@ -1207,7 +1211,7 @@ async def test_a_call_running_on_after_its_connection_closed_ends_the_worker(
         target=Target(kind="worker", worker_type="stubborn"),
     )  # fmt: skip
     claim = Claim(
-        run_id=7, job=job, trigger="manual", scheduled_for=None, args={},
+        run_id=7, job=job, trigger="manual", scheduled_for=None, args={"seconds": seconds},
         claimed_at=datetime.now(UTC),
     )  # fmt: skip
     with trio.fail_after(60):
@@ -1225,7 +1229,15 @@ async def test_a_call_running_on_after_its_connection_closed_ends_the_worker(
                 while not (tmp_path / "started").exists():  # (the handler started)
                     await trio.sleep(0.01)
                 daemon.cancel_scope.cancel()  # the connection closes, the call is cancelled
-            assert await proc.wait() == 70
+            if exits:
+                assert await proc.wait() == 70
+            else:
+                # Its call ended within the limit: the watch is disarmed, the worker lives
+                # on (reconnecting) until told to stop.
+                await trio.sleep(2.5)
+                assert proc.returncode is None
+                proc.send_signal(signal.SIGTERM)
+                assert await proc.wait() == 0
         finally:
             if proc.returncode is None:
                 proc.kill()
@@ -1240,7 +1252,7 @@ async def test_a_call_running_on_after_its_connection_closed_ends_the_worker(
     assert (
         "run(s) 7 still running 1s after their connection closed and their cancel: "
         "exiting (status 70)" in said
-    )
+    ) is exits
 
 
 # -- recoverable jobs: cursor, counter, findings, pausing -------------------------------------
