@@ -423,12 +423,18 @@ class _Parser(argparse.ArgumentParser):
                 meant = self._meant(option)
             elif option is not None:
                 meant = ""  # a known option, given where it is not read (after --)
-            elif (cron := getattr(parsed, "cron", None)) is not None and _split_cron(
-                typed, cron, extras
+            elif (cron := getattr(parsed, "cron", None)) is not None and (
+                rest := _split_cron(typed, cron, extras)
             ):
-                # `--cron 30 2 * * *` unquoted: the shell made five words of it.
-                fields = " ".join([cron, *_split_cron(typed, cron, extras)])
-                meant = f" (quote the cron expression: --cron '{fields}')"
+                # `--cron 30 2 * * *` unquoted: the shell made five words of it, and may
+                # have made file names of its stars (then the expression is not rebuilt).
+                if len(rest) == 4 and not any(os.path.lexists(w) for w in rest):
+                    meant = f" (quote the cron expression: --cron '{' '.join([cron, *rest])}')"
+                else:
+                    meant = (
+                        " (quote the cron expression: the shell split it in words, and "
+                        "makes file names of its *)"
+                    )
             elif self.get_default("takes_command"):
                 meant = " (the command goes after --: ... -- PROGRAM ARGS)"
             else:

@@ -68,6 +68,20 @@ def test_a_usage_error_is_said_by_the_command_typed(
     assert captured.err.splitlines() == [expected]
 
 
+def test_a_cron_expression_whose_stars_the_shell_expanded_is_not_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a directory with files, `--cron 30 2 * * *` unquoted reaches us as file names:
+    the hint offered `--cron '30 2 Makefile'`."""
+    (tmp_path / "Makefile").write_text("")
+    monkeypatch.chdir(tmp_path)
+    argv = ["jobs", "define", "x", "--cron", "30", "2", "Makefile", "--", "true"]
+    assert main(["--dsn", "postgresql://nobody@127.0.0.1:1/none", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "(quote the cron expression: the shell split it in words, and makes file " in err
+    assert "Makefile'" not in err
+
+
 def test_an_abbreviation_argparse_takes_is_not_called_unknown(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
