@@ -1222,6 +1222,8 @@ async def _demo(args: argparse.Namespace, ctx: CommandContext) -> int:
     ctx.use(config, own_database=True)
     try:
         dsn = await ctx.database()
+        async with ctx.connection() as conn:
+            await demo.check_database(conn)
         await _check_schema(dsn, apply=True)
         async with ctx.connection() as conn:
             run_id = await demo.define(conn)

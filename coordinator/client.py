@@ -1446,7 +1446,7 @@ async def namespaces_with(conn: Connection, name: str, *, besides: str) -> list[
 _JOBS_BESIDES: Final = """
 SELECT count(*) OVER () AS n, namespace || '/' || name AS job
   FROM coordinator.jobs
- WHERE NOT (namespace = $1 AND name = ANY ($2::text[]))
+ WHERE NOT (namespace = $1 AND name = ANY ($2::text[])) AND removed_at IS NULL
  ORDER BY namespace, name
  LIMIT $3
 """
@@ -1457,7 +1457,10 @@ async def jobs_besides(
 ) -> tuple[int, list[str]]:
     """How many jobs the database holds besides ``names`` of ``namespace``, and the
     first ``sample`` of them as ``namespace/name`` (``coordinator demo --dsn`` refuses a
-    database whose other jobs its daemon would run)."""
+    database whose other jobs its daemon would run). A database not migrated yet holds
+    none (asked before migrating it: the demo refuses a database without changing it)."""
+    if await conn.fetchval("SELECT to_regclass('coordinator.jobs') IS NULL"):
+        return 0, []
     rows = await conn.fetch(_JOBS_BESIDES, namespace, list(names), sample)
     return (int(rows[0]["n"]) if rows else 0), [str(r["job"]) for r in rows]
 

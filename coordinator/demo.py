@@ -284,21 +284,25 @@ class Demo:
             f"{self.state_dir}`. Ctrl-C stops it."
         )
 
+    async def check_database(self, conn: Connection) -> None:
+        """A database given with ``--dsn`` must hold no other jobs: the demo's daemon
+        would run them, and its sync would pause the other jobs of namespace ``demo``
+        (both happened). Asked before anything is changed there (migrations included)."""
+        if not self.external_database:
+            return
+        names = [name for name, _, _ in DEMO_JOBS]
+        n, sample = await db.aio(client.jobs_besides)(conn, DEMO_NAMESPACE, names)
+        if n:
+            more = ", ..." if n > len(sample) else ""
+            raise InvalidInput(
+                "--dsn",
+                f"the database holds {n} job(s) besides the demo's ({', '.join(sample)}"
+                f"{more}): the demo's daemon would run them; give the demo a database "
+                "of its own, or leave out --dsn (it then makes one)",
+            )
+
     async def define(self, conn: Connection) -> int:
-        """Define the demo's jobs and queue a run of ``hello``; its id. A database given
-        with ``--dsn`` must hold no other jobs: the demo's daemon would run them, and
-        its sync would pause the other jobs of namespace ``demo`` (both happened)."""
-        if self.external_database:
-            names = [name for name, _, _ in DEMO_JOBS]
-            n, sample = await db.aio(client.jobs_besides)(conn, DEMO_NAMESPACE, names)
-            if n:
-                more = ", ..." if n > len(sample) else ""
-                raise InvalidInput(
-                    "--dsn",
-                    f"the database holds {n} job(s) besides the demo's ({', '.join(sample)}"
-                    f"{more}): the demo's daemon would run them; give the demo a database "
-                    "of its own, or leave out --dsn (it then makes one)",
-                )
+        """Define the demo's jobs and queue a run of ``hello``; its id."""
         entries = [
             client.job_entry(name=name, schedule=schedule, target=Target(kind="exec", argv=argv))
             for name, schedule, argv in DEMO_JOBS

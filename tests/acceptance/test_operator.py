@@ -364,6 +364,30 @@ def test_demo_with_a_dsn_refuses_a_database_with_other_jobs(database: str, tmp_p
     ]
     runs = sql(database, "SELECT status FROM coordinator.runs")
     assert [r["status"] for r in runs] == ["queued"]
+    # Jobs removed with their history kept are not in its way.
+    for name, where in (("other", "default"), ("important", "demo")):
+        removed = run_cli(
+            "--dsn", database, "jobs", "remove", name, "-n", where, "--keep-history", config=config
+        )
+        assert removed.code == 0, removed.err
+    demo = start_demo("--dsn", database, config=config)
+    demo.read_until("hello from a manual run")
+    assert "demo: deleted" in demo.stop()
+
+
+def test_demo_with_a_dsn_refuses_before_migrating(database: str, tmp_path: Path) -> None:
+    """The database given was migrated before the demo refused it."""
+    config = write(tmp_path / "c.toml", "")
+    run_cli("--dsn", database, "jobs", "define", "theirs", "--manual", "--", "true", config=config)
+    # As if this build had a migration the database has not had yet.
+    last = sql(database, "SELECT max(name) AS m FROM coordinator.schema_migrations")[0]["m"]
+    sql(database, "DELETE FROM coordinator.schema_migrations WHERE name = $1", last)
+    refused = run_cli("demo", "--dsn", database, config=config)
+    one_line_error(refused, code=2, contains="besides the demo's (default/theirs)")
+    pending = sql(
+        database, "SELECT count(*) AS n FROM coordinator.schema_migrations WHERE name = $1", last
+    )
+    assert pending[0]["n"] == 0  # not applied
 
 
 def test_a_kept_demo_is_kept_when_run_again_as_it_says(tmp_path: Path) -> None:
