@@ -883,16 +883,19 @@ class WorkerExecutor:
         return list(wrapped)
 
     async def _close_listeners(self) -> None:
-        listeners, self._listeners = self._listeners, []
-        for listener in listeners:
-            with contextlib.suppress(OSError, trio.ClosedResourceError):
-                await listener.aclose()
+        # Our socket file first, while we still answer on it: nobody replaces a file that
+        # answers (_wait_unanswered), so the one unlinked is ours. Unlinked after closing,
+        # a new leader could have put its own there meanwhile, on a reused inode number.
         if self._socket_id is not None and self.socket_path is not None:
             with contextlib.suppress(OSError):
                 st = os.lstat(self.socket_path)
                 if (st.st_dev, st.st_ino) == self._socket_id:
                     os.unlink(self.socket_path)
             self._socket_id = None
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            with contextlib.suppress(OSError, trio.ClosedResourceError):
+                await listener.aclose()
 
     async def _accept(
         self,
