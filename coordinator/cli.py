@@ -123,6 +123,8 @@ CommandHandler = Callable[[argparse.Namespace, "CommandContext"], Awaitable[int]
 #: Seconds a command failed by initdb or pg_ctl waits for the SIGINT that may have
 #: failed them (a terminal's Ctrl-C reaches them too).
 INTERRUPT_SETTLE: Final = 0.2
+#: Seconds an unknown job's hint may take to find the namespaces that have one.
+JOB_ELSEWHERE_WITHIN: Final = 5.0
 #: A command's output kept in its run's extra, as `runs show` heads it.
 OUTPUT_TAILS: Final = {
     "stdout_tail": "stdout (its end)",
@@ -203,17 +205,21 @@ async def _job_elsewhere(ctx: CommandContext, missing: JobNotFound) -> str:
     """`` (there is demo/hello: add --namespace demo)`` when a job of that name is in
     another namespace (a demo's jobs are in ``demo``: `jobs trigger hello` said only
     "unknown job default/hello"); nothing if none is, or the database cannot say."""
-    try:
-        async with ctx.connection() as conn:
-            found = await db.aio(client.namespaces_with)(
-                conn, missing.name, besides=missing.namespace
-            )
-    except CoordinatorError:
-        return ""
+    found: list[str] = []
+    # (Bounded: the command is over, and this is only a hint.)
+    with trio.move_on_after(JOB_ELSEWHERE_WITHIN):
+        try:
+            async with ctx.connection() as conn:
+                found = await db.aio(client.namespaces_with)(
+                    conn, missing.name, besides=missing.namespace
+                )
+        except CoordinatorError:
+            return ""
     if not found:
         return ""
     there = ", ".join(f"{ns}/{missing.name}" for ns in found)
-    return f" (there is {there}: add --namespace {shlex.quote(found[0])})"
+    verb = "add" if missing.namespace == "default" else "use"
+    return f" (there is {there}: {verb} --namespace {shlex.quote(found[0])})"
 
 
 async def _interruptible(
@@ -1592,7 +1598,7 @@ def _retention_setting(ctx: CommandContext) -> str:
     when they share it): ``30d (the retention setting)``; it said only "retention
     (setting)"."""
     seconds = ctx.config().retention
-    return f"{_duration(timedelta(seconds=seconds))} (the retention setting)"
+    return f"{_duration(timedelta(seconds=seconds))} (the retention setting, as read here)"
 
 
 async def _jobs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
@@ -2071,8 +2077,9 @@ async def _runs_cancel(args: argparse.Namespace, ctx: CommandContext) -> int:
                 raise
             # (The refusal offered no way out.)
             raise Conflict(
-                f"{exc}; a running run ends with its call (its job's timeout bounds it); "
-                f"a recoverable job's run can be paused: coordinator runs pause {args.run_id}"
+                f"{exc}; a running run ends with its call (or its job's timeout, if it has "
+                "one); a run of a recoverable job can be paused instead: coordinator runs "
+                f"pause {args.run_id}"
             ) from exc
     print(f"run {args.run_id} cancelled")
     return 0

@@ -879,8 +879,8 @@ def test_cancelling_a_running_run_says_what_can_be_done(database: str) -> None:
         cli("runs", "cancel", str(run_id), dsn=database),
         code=2,
         contains=f"run {run_id} is running, only queued or paused runs can be cancelled; a "
-        "running run ends with its call (its job's timeout bounds it); a recoverable job's "
-        f"run can be paused: coordinator runs pause {run_id}",
+        "running run ends with its call (or its job's timeout, if it has one); a run of a "
+        f"recoverable job can be paused instead: coordinator runs pause {run_id}",
     )
 
 

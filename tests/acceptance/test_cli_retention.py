@@ -21,7 +21,7 @@ def test_define_with_alert_and_retention_options(database: str) -> None:
     # Without its own, the setting's value (it said "retention (setting)").
     cli("jobs", "define", "d", "--manual", "--", "true", dsn=database)
     text = cli("jobs", "show", "d", dsn=database, COORDINATOR_RETENTION="14d").out
-    assert "none finished more than 14d (the retention setting) ago" in text
+    assert "none finished more than 14d (the retention setting, as read here) ago" in text
     one_line_error(
         cli("jobs", "define", "c", "--manual", "--retention", "0s", "--", "true", dsn=database),
         code=2,
