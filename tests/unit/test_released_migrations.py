@@ -4,10 +4,12 @@
 recorded file differs from this build's (`coordinator/migrate.py`): a database migrated
 by one build could otherwise never be upgraded by the next. Two files were edited after
 their first commit once (0029 and 0030, 2026-12-02), and a database migrated in between
-was left refused. `migrations/released.sha256` (the output of ``sha256sum`` in
-`migrations/`, so ``sha256sum -c`` checks it too) pins every file: a change to a
-released file fails here before it reaches anyone's database. A new migration gets its
-line when it is written; its line may change only until the commit that adds it lands.
+is still refused (that is not mended here). `migrations/released.sha256` (the output of
+``sha256sum`` in `migrations/`, so ``sha256sum -c`` checks it too) pins every file: an
+edit to a released file fails here unless its pinned line is changed too, which then
+shows in review as a changed line of the manifest -- to be refused. A new migration
+gets its line when it is written; its line may change only until the commit that adds
+it lands.
 """
 
 from __future__ import annotations
