@@ -1173,6 +1173,31 @@ async def test_command_serves_and_stops_cleanly_on_sigterm(
             nursery.cancel_scope.cancel()
 
 
+async def test_the_command_line_sets_the_orphan_limit_a_program_may_leave_unset(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from coordinator.worker import ORPHAN_LIMIT, _Prepared, _serve_until_signalled
+
+    seen: list[float | None] = []
+
+    async def run(self: Worker, *_args: Any, **_kwargs: Any) -> None:
+        seen.append(self.orphan_limit)
+
+    monkeypatch.setattr(Worker, "run", run)
+    for given, expected in ((None, ORPHAN_LIMIT), (2.5, 2.5)):
+        worker = Worker("w", orphan_limit=given)
+        prepared = _Prepared(
+            worker=worker, address=tmp_path / "w.sock", token=None, tls=None,
+            server_hostname=None,
+        )  # fmt: skip
+        await _serve_until_signalled(prepared)
+        assert seen[-1] == expected
+    assert Worker("embedded").orphan_limit is None  # embedded: logged, not enforced
+    assert ORPHAN_LIMIT == 10.0
+    with pytest.raises(ValueError, match="orphan_limit"):
+        Worker("w", orphan_limit=0)
+
+
 ORPHAN_MODULE = """
 import trio
 from coordinator.worker import Worker
