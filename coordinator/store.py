@@ -391,6 +391,9 @@ _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1, $2, $3)"
 # change the attempt: read after it, the lost runs only, and only when there are some.
 _LOST_ATTEMPTS = "SELECT id, attempt FROM coordinator.runs WHERE id = ANY ($1::text::bigint[])"
 
+# The calls a stop abandoned, of idempotent jobs: queued again once (migrations/0034).
+_REQUEUE_ABANDONED = "SELECT * FROM coordinator._requeue_abandoned($1::text::bigint[])"
+
 # A pause wake names a run; any role may NOTIFY, so before a call of ours is stopped the
 # run's own status says whether coordinator.pause_run asked it (cancel_requested).
 _RUN_STATUS = "SELECT status FROM coordinator.runs WHERE id = $1"
@@ -1295,6 +1298,16 @@ class Store:
         (migrations/0032). One statement; a stepped-down leader's only."""
         rows = await self._call("ended_elsewhere", "fetch", _ENDED_ELSEWHERE, list(run_ids))
         return [int(r["id"]) for r in rows]
+
+    async def requeue_abandoned(self, runs: Sequence[int]) -> list[tuple[int, int]]:
+        """Queue again, once, the runs of idempotent jobs whose calls this stop abandoned
+        (saved ``cancelled`` by now; one statement, only when there are some): (run,
+        its retry) for each one queued."""
+        if not runs:
+            return []
+        ids = "{" + ",".join(str(int(r)) for r in runs) + "}"
+        rows = await self._call("requeue", "fetch", _REQUEUE_ABANDONED, ids)
+        return [(int(r["run_id"]), int(r["retry_id"])) for r in rows]
 
     async def sweep_lost(self) -> list[LostRun]:
         """Mark runs left pending/running by a dead daemon (startup only, once the lock is

@@ -42,7 +42,7 @@ from ..events import (
     milliseconds,
 )
 from ..executors import Executor
-from ..executors.outcomes import not_sent
+from ..executors.outcomes import CANCELLED_MESSAGE, not_sent
 from ..model import MIN_MISFIRE_GRACE, Claim, Outcome
 from ..rows import json_text
 from ..spool import HeldResult
@@ -246,6 +246,9 @@ class Dispatcher:
     #: A claim came back fenced: the database answers, but this daemon does not hold the
     #: lock (``Leadership.nudge``).
     fenced: Callable[[], None] = lambda: None
+    #: Runs of idempotent jobs whose calls this stop abandoned: queued again once their
+    #: ``cancelled`` is saved (``Store.requeue_abandoned``).
+    abandoned: list[int] = attrs.field(factory=list)
     #: job id -> the call in progress.
     running: dict[int, Running] = attrs.field(factory=dict)
     #: Admitted tickets whose dispatch has not ended (claimed, called, and its result
@@ -684,6 +687,16 @@ class Dispatcher:
             self._done(ticket)
             raise
         redacted = outcome
+        if (
+            self.stopping
+            and outcome.status == "cancelled"
+            and outcome.error_message == CANCELLED_MESSAGE
+            and job.idempotent
+            and not job.recoverable
+            and claim.trigger != "retry"
+        ):
+            # (As the crash sweep would have had it run again after a kill -9.)
+            self.abandoned.append(claim.run_id)
         self.settlement.settle(held, lambda state: self._settled(ticket, claim, redacted, state))
 
     def _settled(

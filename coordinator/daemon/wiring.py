@@ -87,6 +87,8 @@ FIRST_LOOKBACK_SLACK: Final = 60.0
 
 #: Seconds between two looks, on a stepped-down leader, for runs another daemon ended.
 SUPERSEDED_POLL: Final = 0.5
+#: Seconds the stop gives the statement that queues abandoned idempotent runs again.
+REQUEUE_WITHIN: Final = 5.0
 
 #: Exit statuses of ``coordinator run`` (README, "Exit status").
 EXIT_OK: Final = 0
@@ -515,8 +517,32 @@ class Daemon:
             await self._stop.wait()
             await self._drain(calls, loop_scope)
         report = await self._flush()
+        await self._requeue_abandoned()
         await self._finish_companions()
         return self._stopped(report, EXIT_OK)
+
+    async def _requeue_abandoned(self) -> None:
+        """Queue again the runs of idempotent jobs whose calls the stop abandoned, once
+        their ``cancelled`` is saved (a result still held or spooled is not: its run is
+        skipped, as one a new leader swept meanwhile). Bounded; a failure is said, not
+        retried: the runs stay ``cancelled``, as before this existed."""
+        runs = self.dispatcher.abandoned
+        if not runs or self.leadership.stepped_down:
+            return
+        queued: list[tuple[int, int]] = []
+        with trio.move_on_after(REQUEUE_WITHIN):
+            try:
+                queued = await self.store.requeue_abandoned(runs)
+            except CoordinatorError as exc:
+                self.log.warning(
+                    "stop.requeue_failed",
+                    runs=",".join(str(r) for r in runs),
+                    error=one_line(exc),
+                    consequence="their runs stay cancelled",
+                )
+                return
+        for run_id, retry_id in queued:
+            self.log.info("stop.requeued", run=run_id, retry=retry_id)
 
     async def _start_up(self, nursery: trio.Nursery) -> None:
         """Lock taken: schema, spool replay, crash sweep, LISTEN, first refresh."""

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -183,6 +185,73 @@ async def test_stop_timeout_cancels_running_calls(
     assert row["status"] == "cancelled"
     assert "stopping" in row["error_message"]
     assert job
+    # Not idempotent: not run again (it may not be safe to).
+    retries = await aio(conn.fetchval)(
+        "SELECT count(*) FROM coordinator.runs WHERE retry_of = $1", run_id
+    )
+    assert retries == 0
+
+
+async def test_a_stop_queues_an_abandoned_idempotent_run_again(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """A deploy's restart left it cancelled and its work undone, where a kill -9 would
+    have had the crash sweep queue it again (a tester's finding)."""
+    marker = tmp_path / "ran"
+    await define(
+        conn,
+        "again",
+        idempotent=True,
+        target={"kind": "exec", "argv": ["sh", "-c", f"echo x >> {marker}; sleep 60"]},
+    )
+    harness = await start_daemon(stop_timeout=1.0)
+    run_id = await aio(conn.fetchval)(
+        """SELECT coordinator.trigger('default', 'again', '{"n": 7}')"""
+    )
+    with trio.fail_after(10):
+        while not marker.exists():
+            await trio.sleep(0.02)
+    assert await harness.stop(timeout=15) == 0
+    row = await aio(conn.fetchrow)(
+        "SELECT status, error_message FROM coordinator.runs WHERE id = $1", run_id
+    )
+    retry = await aio(conn.fetchrow)(
+        "SELECT id, status, trigger, attempt, args FROM coordinator.runs WHERE retry_of = $1",
+        run_id,
+    )
+    assert row["status"] == "cancelled"
+    assert row["error_message"] == (
+        f"cancelled: daemon stopping; queued again as run {retry['id']} (the job is idempotent)"
+    )
+    assert (retry["status"], retry["trigger"], retry["attempt"]) == ("queued", "retry", 2)
+    assert json.loads(retry["args"]) == {"n": 7}
+    (said,) = harness.named("stop.requeued")
+    assert (said["run"], said["retry"]) == (run_id, retry["id"])
+    # The next start runs it (and a stop abandons a retry without queuing it again).
+    marker.unlink()
+    second = await start_daemon(stop_timeout=1.0)
+    with trio.fail_after(20):
+        while not marker.exists():
+            await trio.sleep(0.02)
+    assert await second.stop(timeout=15) == 0
+    status = await aio(conn.fetchval)(
+        "SELECT status FROM coordinator.runs WHERE id = $1", retry["id"]
+    )
+    assert status == "cancelled"
+    again = await aio(conn.fetchval)(
+        "SELECT count(*) FROM coordinator.runs WHERE retry_of = $1", retry["id"]
+    )
+    assert again == 0
+    # The daemon's, as every daemon function: not any role's to call.
+    probe = f"requeue_probe_{os.getpid()}"
+    await aio(conn.execute)(f"CREATE ROLE {probe} NOLOGIN")
+    try:
+        assert not await aio(conn.fetchval)(
+            f"SELECT has_function_privilege('{probe}', "
+            "'coordinator._requeue_abandoned(bigint[])', 'EXECUTE')"
+        )
+    finally:
+        await aio(conn.execute)(f"DROP ROLE {probe}")
 
 
 async def test_database_unreachable_at_startup_waits_then_becomes_ready(
