@@ -86,11 +86,6 @@ _TRANSIENT = (
     asyncpg.TooManyConnectionsError,
     asyncpg.PostgresConnectionError,
     asyncpg.QueryCanceledError,
-    # "cannot switch to state 12; another operation (2) is in progress": a session cut
-    # off mid-statement (a terminated backend) then asked for the next one, a transaction's
-    # ROLLBACK say. It was classed as refused (a spooled result's replay sets aside a
-    # record refused five times); the pool closes that connection like any failed one.
-    asyncpg.InternalClientError,
 )
 
 
@@ -392,7 +387,7 @@ _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1, $2, $3)"
 _LOST_ATTEMPTS = "SELECT id, attempt FROM coordinator.runs WHERE id = ANY ($1::text::bigint[])"
 
 # The calls a stop abandoned, of idempotent jobs: queued again once (migrations/0034).
-_REQUEUE_ABANDONED = "SELECT * FROM coordinator._requeue_abandoned($1::text::bigint[])"
+_REQUEUE_ABANDONED = "SELECT * FROM coordinator._requeue_abandoned($1::text::bigint[], $2, $3, $4)"
 
 # A pause wake names a run; any role may NOTIFY, so before a call of ours is stopped the
 # run's own status says whether coordinator.pause_run asked it (cancel_requested).
@@ -445,9 +440,21 @@ _LOCK = "SELECT pg_advisory_lock($1, $2)"
 _ALIVE = "SELECT pg_try_advisory_lock($1, -pg_backend_pid())"
 
 
+def _broken_session(exc: BaseException) -> bool:
+    """asyncpg's "cannot switch to state 12; another operation (2) is in progress": a
+    session cut off mid-statement (a terminated backend) then asked for the next one, a
+    transaction's ROLLBACK say. It was classed as refused (a spooled result's replay sets
+    aside a record refused three times); the pool closes that connection as any failed
+    one. Its other InternalClientErrors (a codec, a bind) are bugs of ours, refusals: as
+    unavailable they would be retried forever."""
+    return isinstance(exc, asyncpg.InternalClientError) and str(exc).startswith(
+        "cannot switch to state"
+    )
+
+
 def _wrap(exc: BaseException, what: str) -> Exception:
     state = str(getattr(exc, "sqlstate", "") or "")
-    if isinstance(exc, _TRANSIENT) or state[:2] in _UNAVAILABLE_CLASSES:
+    if isinstance(exc, _TRANSIENT) or state[:2] in _UNAVAILABLE_CLASSES or _broken_session(exc):
         return StoreUnavailable(f"{what}: database unavailable ({type(exc).__name__}: {exc})")
     if state in _CONFLICT_STATES:
         return StoreConflict(f"{what}: {type(exc).__name__}: {one_line(exc)}")
@@ -1301,12 +1308,14 @@ class Store:
 
     async def requeue_abandoned(self, runs: Sequence[int]) -> list[tuple[int, int]]:
         """Queue again, once, the runs of idempotent jobs whose calls this stop abandoned
-        (saved ``cancelled`` by now; one statement, only when there are some): (run,
-        its retry) for each one queued."""
+        (saved ``cancelled`` by now; one statement, only when there are some, fenced as a
+        claim is): (run, its retry) for each one queued."""
         if not runs:
             return []
         ids = "{" + ",".join(str(int(r)) for r in runs) + "}"
-        rows = await self._call("requeue", "fetch", _REQUEUE_ABANDONED, ids)
+        rows = await self._call(
+            "requeue", "fetch", _REQUEUE_ABANDONED, ids, self.leader_pid, LOCK_CLASS, LOCK_OBJECT
+        )
         return [(int(r["run_id"]), int(r["retry_id"])) for r in rows]
 
     async def sweep_lost(self) -> list[LostRun]:

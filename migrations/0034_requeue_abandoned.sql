@@ -5,36 +5,61 @@
 -- daemon did cancel it); its retry is a new run, `retry_of` it. Not for a retry (as the
 -- sweep), a recoverable job's run (it pauses instead) or a removed job; nor when the
 -- job has another run outstanding meanwhile (one per job).
+--
+-- Fenced as a claim is (0018, 0020): only while the caller's lock session still leads.
+-- A daemon that lost its lead must not queue anything: a standby leading meanwhile would
+-- not hear of it (the daemon's own inserts send no wake), and a manual job's run queued
+-- unseen would answer every trigger() of that job until a restart.
 
-CREATE FUNCTION coordinator._requeue_abandoned(p_runs bigint[])
+CREATE FUNCTION coordinator._requeue_abandoned(
+    p_runs       bigint[],
+    p_leader_pid integer,
+    p_lock_class integer,
+    p_lock_obj   integer
+)
 RETURNS TABLE (run_id bigint, retry_id bigint)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     rid bigint;
-    jid bigint;
     r   coordinator.runs;
     j   coordinator.jobs;
     n   bigint;
 BEGIN
-    FOREACH rid IN ARRAY coalesce(p_runs, '{}') LOOP
-        SELECT x.job_id INTO jid FROM coordinator.runs x WHERE x.id = rid;
-        CONTINUE WHEN jid IS NULL;
+    IF p_leader_pid IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared(p_lock_class, p_lock_obj + 1);
+        IF NOT EXISTS (
+            SELECT 1 FROM pg_locks l
+             WHERE l.locktype = 'advisory' AND l.pid = p_leader_pid AND l.granted
+               AND l.classid = p_lock_class::oid AND l.objid = p_lock_obj::oid
+               AND l.objsubid = 2)
+        THEN
+            RETURN;
+        END IF;
+    END IF;
+    -- In job id order, as the batches lock jobs (0021): no deadlock with one in flight.
+    FOR rid IN SELECT x.id FROM coordinator.runs x
+                WHERE x.id = ANY (coalesce(p_runs, '{}')) ORDER BY x.job_id, x.id
+    LOOP
         -- The job's row before the run's (the lock order of 0016).
-        SELECT * INTO j FROM coordinator.jobs WHERE id = jid FOR NO KEY UPDATE;
-        SELECT * INTO r FROM coordinator.runs WHERE id = rid FOR UPDATE;
+        SELECT jj.* INTO j FROM coordinator.jobs jj
+         WHERE jj.id = (SELECT x.job_id FROM coordinator.runs x WHERE x.id = rid)
+           FOR NO KEY UPDATE;
+        SELECT rr.* INTO r FROM coordinator.runs rr WHERE rr.id = rid FOR UPDATE;
         CONTINUE WHEN r.id IS NULL OR j.id IS NULL OR r.job_id <> j.id;
         CONTINUE WHEN r.status <> 'cancelled' OR r.error_message <> 'cancelled: daemon stopping'
                       OR r.trigger = 'retry' OR NOT j.idempotent OR j.recoverable
                       OR j.removed_at IS NOT NULL;
-        CONTINUE WHEN EXISTS (
-            SELECT 1 FROM coordinator.runs o
-             WHERE o.job_id = j.id
-               AND o.status IN ('queued', 'pending', 'running', 'unresolved',
-                                'cancel_requested', 'paused'));
+        -- One outstanding run per job: a trigger() meanwhile (it does not lock the job)
+        -- wins, and this one is not queued (ON CONFLICT waits for it, then skips).
         INSERT INTO coordinator.runs (job_id, trigger, status, args, attempt, scheduled_for,
                                       retry_of)
         VALUES (j.id, 'retry', 'queued', r.args, r.attempt + 1, r.scheduled_for, r.id)
+        ON CONFLICT (job_id)
+           WHERE status IN ('queued', 'pending', 'running', 'unresolved', 'cancel_requested',
+                            'paused')
+        DO NOTHING
         RETURNING id INTO n;
+        CONTINUE WHEN n IS NULL;
         UPDATE coordinator.runs
            SET error_message = format('%s; queued again as run %s (the job is idempotent)',
                                       r.error_message, n)
@@ -45,5 +70,7 @@ BEGIN
     END LOOP;
 END
 $$;
-REVOKE EXECUTE ON FUNCTION coordinator._requeue_abandoned(bigint[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION coordinator._requeue_abandoned(bigint[]) TO coordinator_daemon;
+REVOKE EXECUTE ON FUNCTION coordinator._requeue_abandoned(bigint[], integer, integer, integer)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION coordinator._requeue_abandoned(bigint[], integer, integer, integer)
+    TO coordinator_daemon;

@@ -527,20 +527,25 @@ class Daemon:
         skipped, as one a new leader swept meanwhile). Bounded; a failure is said, not
         retried: the runs stay ``cancelled``, as before this existed."""
         runs = self.dispatcher.abandoned
-        if not runs or self.leadership.stepped_down:
-            return
+        if not runs or self.leadership.stepped_down or self.store.leader_pid == 0:
+            return  # (no lead: the statement is fenced too)
         queued: list[tuple[int, int]] = []
-        with trio.move_on_after(REQUEUE_WITHIN):
+        failed: str | None = None
+        with trio.move_on_after(REQUEUE_WITHIN) as bounded:
             try:
                 queued = await self.store.requeue_abandoned(runs)
             except CoordinatorError as exc:
-                self.log.warning(
-                    "stop.requeue_failed",
-                    runs=",".join(str(r) for r in runs),
-                    error=one_line(exc),
-                    consequence="their runs stay cancelled",
-                )
-                return
+                failed = one_line(exc)
+        if bounded.cancelled_caught:
+            failed = f"no answer within {REQUEUE_WITHIN:g}s (it may still have queued them)"
+        if failed is not None:
+            self.log.warning(
+                "stop.requeue_failed",
+                runs=",".join(str(r) for r in runs),
+                error=failed,
+                consequence="their runs stay cancelled",
+            )
+            return
         for run_id, retry_id in queued:
             self.log.info("stop.requeued", run=run_id, retry=retry_id)
 

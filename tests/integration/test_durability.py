@@ -248,7 +248,7 @@ async def test_a_stop_queues_an_abandoned_idempotent_run_again(
     try:
         assert not await aio(conn.fetchval)(
             f"SELECT has_function_privilege('{probe}', "
-            "'coordinator._requeue_abandoned(bigint[])', 'EXECUTE')"
+            "'coordinator._requeue_abandoned(bigint[], integer, integer, integer)', 'EXECUTE')"
         )
     finally:
         await aio(conn.execute)(f"DROP ROLE {probe}")
@@ -266,3 +266,36 @@ async def test_database_unreachable_at_startup_waits_then_becomes_ready(
     await harness.wait_event("ready", timeout=20)
     steps = [e["event"] for e in harness.events if e["event"].startswith(("startup.", "ready"))]
     assert steps[-4:] == ["startup.lock", "startup.spool", "startup.sweep", "ready"]
+
+
+async def test_requeueing_skips_a_job_triggered_meanwhile_and_a_lost_lead(
+    conn: asyncpg.Connection,
+) -> None:
+    """A trigger() of one job at the same moment made the whole statement fail (a unique
+    violation), and the other jobs' runs lost their retries with it (review)."""
+    ids = {}
+    for name in ("a", "b"):
+        job = await define(conn, name, idempotent=True)
+        ids[name] = await aio(conn.fetchval)(
+            "INSERT INTO coordinator.runs (job_id, trigger, status, started_at, finished_at, "
+            "error_message) VALUES ($1, 'manual', 'cancelled', now(), now(), "
+            "'cancelled: daemon stopping') RETURNING id",
+            job,
+        )
+    await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'b')")
+    runs = [ids["a"], ids["b"]]
+    # Fenced: a caller whose session does not hold the lock queues nothing.
+    pid = await aio(conn.fetchval)("SELECT pg_backend_pid()")
+    fenced = await aio(conn.fetch)(
+        "SELECT * FROM coordinator._requeue_abandoned($1, $2, 4242, 1)", runs, pid
+    )
+    assert fenced == []
+    rows = await aio(conn.fetch)(
+        "SELECT * FROM coordinator._requeue_abandoned($1, NULL, 0, 0)", runs
+    )
+    assert [r["run_id"] for r in rows] == [ids["a"]]
+    queued = await aio(conn.fetch)(
+        "SELECT j.name, r.trigger FROM coordinator.runs r JOIN coordinator.jobs j "
+        "ON j.id = r.job_id WHERE r.status = 'queued' ORDER BY j.name"
+    )
+    assert [(r["name"], r["trigger"]) for r in queued] == [("a", "retry"), ("b", "manual")]

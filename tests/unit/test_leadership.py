@@ -5,6 +5,7 @@ a run claimed before the lead was lost is never sent after, even once it is take
 from __future__ import annotations
 
 import io
+import itertools
 from functools import partial
 from typing import Any
 
@@ -146,4 +147,47 @@ async def test_the_first_attempt_after_a_loss_keeps_its_pause(
         lead.nudge()
         await regained.wait()
         assert trio.current_time() - lost == pytest.approx(0.5)
+        nursery.cancel_scope.cancel()
+
+
+async def test_nudges_make_at_most_an_attempt_a_second(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    # (Every fenced claim nudges; the database answering claims may still refuse new
+    # sessions, "too many connections": no attempt at the claims' rate.)
+    from coordinator.daemon import leadership as module
+
+    attempts: list[float] = []
+
+    async def connect(*_args: Any, **_kwargs: Any) -> _Conn:
+        attempts.append(trio.current_time())
+        raise DatabaseUnavailable("too many connections")
+
+    async def close_quietly(*_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    monkeypatch.setattr(module, "connect", connect)
+    monkeypatch.setattr(module, "close_quietly", close_quietly)
+    first = _Conn()
+    lead = Leadership(
+        dsn="postgresql://x@y/z", store=_Store(), log=EventLog(stream=io.StringIO()),  # type: ignore[arg-type]
+        instance="i", conn=first,  # type: ignore[arg-type]
+    )  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            partial(
+                lead.keep, on_lost=lambda: None, on_regained=lambda: None,
+                on_stepped_down=lambda: None,
+            )
+        )  # fmt: skip
+        await trio.sleep(1)
+        first.end()
+        await trio.sleep(100)
+        start = trio.current_time()
+        for _ in range(50):  # a fenced claim every 0.1 s for 5 s
+            lead.nudge()
+            await trio.sleep(0.1)
+        during = [t for t in attempts if t >= start]
+        assert 4 <= len(during) <= 6
+        assert all(b - a >= 1.0 for a, b in itertools.pairwise(during))
         nursery.cancel_scope.cancel()

@@ -27,6 +27,13 @@ def test_a_broken_session_is_unavailable(exc: BaseException) -> None:
     assert classify(_wrap(exc, "settle")) is Failure.UNAVAILABLE
 
 
-def test_the_database_refusing_an_item_is_refused() -> None:
-    refused = asyncpg.CheckViolationError('new row violates check constraint "runs_status"')
-    assert classify(_wrap(refused, "settle")) is Failure.REFUSED
+@pytest.mark.parametrize(
+    "exc",
+    [
+        asyncpg.CheckViolationError('new row violates check constraint "runs_status"'),
+        # A bug of ours on the client side: retried forever as "unavailable" otherwise.
+        asyncpg.InternalClientError("no decoder for OID 16384"),
+    ],
+)
+def test_what_would_fail_the_same_again_is_refused(exc: BaseException) -> None:
+    assert classify(_wrap(exc, "settle")) is Failure.REFUSED
