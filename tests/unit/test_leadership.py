@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import io
 import itertools
+from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -16,6 +18,9 @@ import trio.testing
 from coordinator.daemon.leadership import Leadership, sendable
 from coordinator.errors import DatabaseUnavailable
 from coordinator.log import EventLog
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 LEADER = 4242  # a backend pid: the lead is held
 
@@ -67,19 +72,32 @@ class _Store:
         return True
 
 
-async def test_a_nudge_cuts_short_the_wait_to_take_the_lock_back(
-    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
-) -> None:
-    """After an outage the wait between attempts had grown to 30 s: the database was
-    back, every claim came back fenced, and nothing ran until the next attempt."""
+@attrs.define
+class _Keeping:
+    """A Leadership keeping a lock session that ends when the test says, and whose
+    attempts to take it back reach a database that answers when ``reachable``."""
+
+    lead: Leadership
+    first: _Conn
+    regained: trio.Event
+    reachable: bool = True
+    attempts: list[float] = attrs.field(factory=list)
+
+
+@asynccontextmanager
+async def _keeping(monkeypatch: pytest.MonkeyPatch, *, reachable: bool) -> AsyncIterator[_Keeping]:
     from coordinator.daemon import leadership as module
 
-    reachable = False
-    attempts: list[float] = []
+    first = _Conn()
+    lead = Leadership(
+        dsn="postgresql://x@y/z", store=_Store(), log=EventLog(stream=io.StringIO()),  # type: ignore[arg-type]
+        instance="i", conn=first,  # type: ignore[arg-type]
+    )  # fmt: skip
+    k = _Keeping(lead=lead, first=first, regained=trio.Event(), reachable=reachable)
 
     async def connect(*_args: Any, **_kwargs: Any) -> _Conn:
-        attempts.append(trio.current_time())
-        if not reachable:
+        k.attempts.append(trio.current_time())
+        if not k.reachable:
             raise DatabaseUnavailable("down")
         return _Conn()
 
@@ -88,29 +106,32 @@ async def test_a_nudge_cuts_short_the_wait_to_take_the_lock_back(
 
     monkeypatch.setattr(module, "connect", connect)
     monkeypatch.setattr(module, "close_quietly", close_quietly)
-    first = _Conn()
-    lead = Leadership(
-        dsn="postgresql://x@y/z", store=_Store(), log=EventLog(stream=io.StringIO()),  # type: ignore[arg-type]
-        instance="i", conn=first,  # type: ignore[arg-type]
-    )  # fmt: skip
-    regained = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(
             partial(
-                lead.keep, on_lost=lambda: None, on_regained=regained.set,
+                lead.keep, on_lost=lambda: None, on_regained=k.regained.set,
                 on_stepped_down=lambda: None,
             )
         )  # fmt: skip
         await trio.sleep(1)
-        first.end()
-        await trio.sleep(100)  # down for a while: the attempts are 30 s apart by now
-        assert attempts[-1] - attempts[-2] == pytest.approx(30.0)
-        reachable = True
-        back = trio.current_time()
-        lead.nudge()  # a claim came back fenced
-        await regained.wait()
-        assert trio.current_time() - back < 0.01  # (it waited for the next attempt, ~30 s)
+        yield k
         nursery.cancel_scope.cancel()
+
+
+async def test_a_nudge_cuts_short_the_wait_to_take_the_lock_back(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    """After an outage the wait between attempts had grown to 30 s: the database was
+    back, every claim came back fenced, and nothing ran until the next attempt."""
+    async with _keeping(monkeypatch, reachable=False) as k:
+        k.first.end()
+        await trio.sleep(100)  # down for a while: the attempts are 30 s apart by now
+        assert k.attempts[-1] - k.attempts[-2] == pytest.approx(30.0)
+        k.reachable = True
+        back = trio.current_time()
+        k.lead.nudge()  # a claim came back fenced
+        await k.regained.wait()
+        assert trio.current_time() - back < 0.01  # (it waited for the next attempt, ~30 s)
 
 
 async def test_the_first_attempt_after_a_loss_keeps_its_pause(
@@ -118,36 +139,12 @@ async def test_the_first_attempt_after_a_loss_keeps_its_pause(
 ) -> None:
     # (A session cut on our side may linger on the server a moment, holding the lock:
     # taking it at once would find it held and step down.)
-    from coordinator.daemon import leadership as module
-
-    async def connect(*_args: Any, **_kwargs: Any) -> _Conn:
-        return _Conn()
-
-    async def close_quietly(*_args: Any, **_kwargs: Any) -> None:
-        return None
-
-    monkeypatch.setattr(module, "connect", connect)
-    monkeypatch.setattr(module, "close_quietly", close_quietly)
-    first = _Conn()
-    lead = Leadership(
-        dsn="postgresql://x@y/z", store=_Store(), log=EventLog(stream=io.StringIO()),  # type: ignore[arg-type]
-        instance="i", conn=first,  # type: ignore[arg-type]
-    )  # fmt: skip
-    regained = trio.Event()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(
-            partial(
-                lead.keep, on_lost=lambda: None, on_regained=regained.set,
-                on_stepped_down=lambda: None,
-            )
-        )  # fmt: skip
-        await trio.sleep(1)
-        first.end()
+    async with _keeping(monkeypatch, reachable=True) as k:
+        k.first.end()
         lost = trio.current_time()
-        lead.nudge()
-        await regained.wait()
+        k.lead.nudge()
+        await k.regained.wait()
         assert trio.current_time() - lost == pytest.approx(0.5)
-        nursery.cancel_scope.cancel()
 
 
 async def test_nudges_make_at_most_an_attempt_a_second(
@@ -155,39 +152,13 @@ async def test_nudges_make_at_most_an_attempt_a_second(
 ) -> None:
     # (Every fenced claim nudges; the database answering claims may still refuse new
     # sessions, "too many connections": no attempt at the claims' rate.)
-    from coordinator.daemon import leadership as module
-
-    attempts: list[float] = []
-
-    async def connect(*_args: Any, **_kwargs: Any) -> _Conn:
-        attempts.append(trio.current_time())
-        raise DatabaseUnavailable("too many connections")
-
-    async def close_quietly(*_args: Any, **_kwargs: Any) -> None:
-        return None
-
-    monkeypatch.setattr(module, "connect", connect)
-    monkeypatch.setattr(module, "close_quietly", close_quietly)
-    first = _Conn()
-    lead = Leadership(
-        dsn="postgresql://x@y/z", store=_Store(), log=EventLog(stream=io.StringIO()),  # type: ignore[arg-type]
-        instance="i", conn=first,  # type: ignore[arg-type]
-    )  # fmt: skip
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(
-            partial(
-                lead.keep, on_lost=lambda: None, on_regained=lambda: None,
-                on_stepped_down=lambda: None,
-            )
-        )  # fmt: skip
-        await trio.sleep(1)
-        first.end()
+    async with _keeping(monkeypatch, reachable=False) as k:
+        k.first.end()
         await trio.sleep(100)
         start = trio.current_time()
         for _ in range(50):  # a fenced claim every 0.1 s for 5 s
-            lead.nudge()
+            k.lead.nudge()
             await trio.sleep(0.1)
-        during = [t for t in attempts if t >= start]
+        during = [t for t in k.attempts if t >= start]
         assert 4 <= len(during) <= 6
         assert all(b - a >= 1.0 for a, b in itertools.pairwise(during))
-        nursery.cancel_scope.cancel()
