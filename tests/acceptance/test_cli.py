@@ -867,14 +867,22 @@ def test_runs_show_prints_a_commands_output_as_lines(database: str) -> None:
     assert shown["extra"]["stdout_tail"] == "line one\nline two\n"
 
 
-def test_cancelling_a_running_run_says_what_can_be_done(database: str) -> None:
-    """The refusal offered no way out."""
-    cli("jobs", "define", "long", "--manual", "--", "true", dsn=database)
-    run_id = sql(
+def _a_running_run(database: str, name: str) -> int:
+    """A manual job ``name`` whose run is ``running`` (as a daemon's claim leaves it)."""
+    cli("jobs", "define", name, "--manual", "--", "true", dsn=database)
+    run_id: int = sql(
         database,
         "INSERT INTO coordinator.runs (job_id, trigger, status, claimed_at, started_at) "
-        "SELECT id, 'manual', 'running', now(), now() FROM coordinator.jobs RETURNING id",
+        "SELECT id, 'manual', 'running', now(), now() FROM coordinator.jobs WHERE name = $1 "
+        "RETURNING id",
+        name,
     )[0]["id"]
+    return run_id
+
+
+def test_cancelling_a_running_run_says_what_can_be_done(database: str) -> None:
+    """The refusal offered no way out."""
+    run_id = _a_running_run(database, "long")
     one_line_error(
         cli("runs", "cancel", str(run_id), dsn=database),
         code=2,
@@ -885,12 +893,7 @@ def test_cancelling_a_running_run_says_what_can_be_done(database: str) -> None:
 
 
 def test_removing_a_job_whose_run_is_running_says_its_result_is_lost(database: str) -> None:
-    cli("jobs", "define", "busy", "--manual", "--", "true", dsn=database)
-    run_id = sql(
-        database,
-        "INSERT INTO coordinator.runs (job_id, trigger, status, claimed_at, started_at) "
-        "SELECT id, 'manual', 'running', now(), now() FROM coordinator.jobs RETURNING id",
-    )[0]["id"]
+    run_id = _a_running_run(database, "busy")
     removed = cli("jobs", "remove", "busy", dsn=database)
     assert removed.code == 0, removed.err
     assert removed.out.strip() == "removed default/busy"
