@@ -1113,6 +1113,19 @@ def test_config_names_the_file_whose_worker_socket_to_use(
         _address(missing)
 
 
+async def _reap(proc: trio.Process) -> bytes:
+    """End ``proc`` if it still runs, and return all it wrote on stderr."""
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+    assert proc.stderr is not None
+    stderr = b""
+    while chunk := await proc.stderr.receive_some(65536):
+        stderr += chunk
+    await proc.stderr.aclose()
+    return stderr
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="signals and sockets: Linux")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 async def test_command_serves_and_stops_cleanly_on_sigterm(
@@ -1160,14 +1173,7 @@ async def test_command_serves_and_stops_cleanly_on_sigterm(
                 proc.send_signal(signum)  # (SIGHUP's default action: no goodbye)
                 assert await proc.wait() == 0
             finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
-                assert proc.stderr is not None
-                stderr = b""
-                while chunk := await proc.stderr.receive_some(65536):
-                    stderr += chunk
-                await proc.stderr.aclose()
+                stderr = await _reap(proc)
             assert f"{signum.name}: leaving cleanly".encode() in stderr
             assert [e["reason"] for e in events if e["event"] == "worker.disconnected"] == ["bye"]
             nursery.cancel_scope.cancel()
@@ -1264,14 +1270,7 @@ async def test_a_call_running_on_after_its_connection_closed_ends_the_worker(
                 proc.send_signal(signal.SIGTERM)
                 assert await proc.wait() == 0
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-        assert proc.stderr is not None
-        stderr = b""
-        while chunk := await proc.stderr.receive_some(65536):
-            stderr += chunk
-        await proc.stderr.aclose()
+            stderr = await _reap(proc)
     said = stderr.decode()
     assert "connection closed with 1 call(s) running; cancelling them" in said
     assert (
