@@ -250,6 +250,7 @@ async def connect(
     settings = {"application_name": application_name}
     if daemon:
         settings["coordinator.origin"] = "daemon"
+        settings.update(SERVER_KEEPALIVE)
     try:
         # Bounded by trio, not by asyncpg's timeout: under trio-asyncio that one leaves an
         # asyncio timer behind which later wakes an otherwise idle process.
@@ -358,6 +359,20 @@ def one_line(exc: BaseException) -> str:
     """The first line of an exception's message (asyncpg's run to several)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+#: The same probes from the server's side, for the daemon's sessions (ignored on a Unix
+#: socket). Without them a session whose daemon's host vanished (a network cut, a host
+#: lost) lingered on the server until its kernel's default keepalive, two hours: holding
+#: the single-writer lock, so the daemon that came back as a standby waited that long for
+#: its own dead session, and a claim's row locks with it. (PostgreSQL 12+, as the
+#: schema's ``plan_cache_mode`` is.)
+SERVER_KEEPALIVE: Final = {
+    "tcp_keepalives_idle": "30",
+    "tcp_keepalives_interval": "10",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+}
 
 
 def _enable_keepalive(conn: Connection) -> None:

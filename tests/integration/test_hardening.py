@@ -396,3 +396,34 @@ async def test_fast_restarts_under_load_lose_nothing_and_share_no_connection(
     assert running <= len(spooled)
     for name in names:
         assert executions(tmp_path / f"{name}.txt") >= 1
+
+
+async def test_the_daemons_sessions_ask_the_server_to_probe_them_too(
+    aio_loop: Any, database: str
+) -> None:
+    """A session whose daemon's host vanished lingered on the server for its kernel's
+    default keepalive, two hours, holding the single-writer lock: the daemon that came
+    back as a standby waited that long for its own dead session."""
+    from coordinator.db import APP_CLI, APP_DAEMON, close_quietly, connect
+
+    names = ["tcp_keepalives_count", "tcp_keepalives_idle", "tcp_keepalives_interval",
+             "tcp_user_timeout"]  # fmt: skip
+    query = "SELECT name, setting FROM pg_settings WHERE name = ANY ($1) ORDER BY name"
+    daemon = await connect(database, application_name=APP_DAEMON, daemon=True)
+    cli = await connect(database, application_name=APP_CLI)
+    try:
+        if await aio(daemon.fetchval)("SELECT inet_server_addr() IS NULL"):
+            pytest.skip("a Unix socket: the server ignores keepalive settings there")
+        ours = {r["name"]: r["setting"] for r in await aio(daemon.fetch)(query, names)}
+        assert ours == {
+            "tcp_keepalives_count": "3",
+            "tcp_keepalives_idle": "30",
+            "tcp_keepalives_interval": "10",
+            "tcp_user_timeout": "60000",
+        }
+        # (Only the daemon's: a command's session keeps the server's defaults.)
+        theirs = {r["name"]: r["setting"] for r in await aio(cli.fetch)(query, names)}
+        assert theirs["tcp_keepalives_idle"] != "30"
+    finally:
+        await close_quietly(daemon)
+        await close_quietly(cli)
