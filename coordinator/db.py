@@ -361,6 +361,14 @@ def one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+#: The daemon's sessions' TCP probes, both ends: idle seconds before the first, seconds
+#: between them, how many go unanswered before the connection is dropped; and how long
+#: data may stay unacknowledged (milliseconds).
+KEEPALIVE_IDLE: Final = 30
+KEEPALIVE_INTERVAL: Final = 10
+KEEPALIVE_COUNT: Final = 3
+USER_TIMEOUT_MS: Final = 60_000
+
 #: The same probes from the server's side, for the daemon's sessions (ignored on a Unix
 #: socket). Without them a session whose daemon's host vanished (a network cut, a host
 #: lost) lingered on the server until its kernel's default keepalive, two hours: holding
@@ -368,10 +376,10 @@ def one_line(exc: BaseException) -> str:
 #: its own dead session, and a claim's row locks with it. (PostgreSQL 12+, as the
 #: schema's ``plan_cache_mode`` is.)
 SERVER_KEEPALIVE: Final = {
-    "tcp_keepalives_idle": "30",
-    "tcp_keepalives_interval": "10",
-    "tcp_keepalives_count": "3",
-    "tcp_user_timeout": "60000",
+    "tcp_keepalives_idle": str(KEEPALIVE_IDLE),
+    "tcp_keepalives_interval": str(KEEPALIVE_INTERVAL),
+    "tcp_keepalives_count": str(KEEPALIVE_COUNT),
+    "tcp_user_timeout": str(USER_TIMEOUT_MS),
 }
 
 
@@ -383,10 +391,10 @@ def _enable_keepalive(conn: Connection) -> None:
         return
     options = [
         (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
-        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), 30),
-        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), 10),
-        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 3),
-        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), 60_000),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), KEEPALIVE_IDLE),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), KEEPALIVE_INTERVAL),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), KEEPALIVE_COUNT),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), USER_TIMEOUT_MS),
     ]
     for level, name, value in options:
         if name is None:
