@@ -437,7 +437,21 @@ _LOCK = "SELECT pg_advisory_lock($1, $2)"
 #: Taken by the leader's session once it leads: claims probe it instead of reading
 #: pg_locks (migrations/0020_cheap_fence.sql). Tried, never waited for: refused (a claim
 #: of a dead leader with the same pid still holds it), claims read pg_locks as before.
-_ALIVE = "SELECT pg_try_advisory_lock($1, -pg_backend_pid())"
+#: It also reads the session's start, which with its pid names it beyond a reused pid
+#: (:meth:`Store.end_own_lingering_lead`).
+_ALIVE = """
+SELECT pg_try_advisory_lock($1, -pg_backend_pid()),
+       (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())
+"""
+#: Ends the session holding the single-writer lock if it is the one named (pid and start):
+#: this daemon's own lock session, cut on our side but still alive on the server.
+_END_OWN_LEAD = """
+SELECT pg_terminate_backend(a.pid)
+  FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+   AND l.classid = $1::integer::oid AND l.objid = $2::integer::oid
+   AND l.pid = $3 AND a.backend_start = $4
+"""
 
 
 def _broken_session(exc: BaseException) -> bool:
@@ -785,6 +799,8 @@ class Store:
     statement_timeout: float = 30.0
     #: Backend pid of the session holding the single-writer lock (claims are fenced on it).
     leader_pid: int | None = None
+    #: The last lock session this daemon held, as (pid, start): kept after it is lost.
+    led_by: tuple[int, datetime] | None = None
     #: Statements sent so far (``coordinator_sql_statements_total``).
     statements: int = 0
     claims: Batcher[_ClaimItem, ClaimResult] = attrs.field(init=False)
@@ -841,10 +857,32 @@ class Store:
         return got
 
     async def _alive(self, conn: Connection) -> None:
-        """Take the probe lock that tells claims this session leads (one statement, once
-        per leadership)."""
+        """Take the probe lock that tells claims this session leads, and note the
+        session's pid and start (one statement, once per leadership)."""
         self.statements += 1
-        await aio(conn.fetchval)(_ALIVE, LOCK_CLASS)
+        row = await aio(conn.fetchrow)(_ALIVE, LOCK_CLASS)
+        if row is not None and row[1] is not None:
+            self.led_by = (conn.get_server_pid(), row[1])
+
+    async def end_own_lingering_lead(self, conn: Connection) -> bool:
+        """End this daemon's last lock session if it still holds the lock on the server
+        (one statement, only after a lost lead found the lock taken). A session cut on our
+        side (a network cut, our end's keepalive) stays alive on the server until its own
+        probes give up, about a minute: holding the lock, it made its daemon step down as
+        if another daemon led. Named by pid and start, it is never another's session.
+        ``True`` if it was ended; ``False`` if the lock is another's or ending it was
+        refused (a role that may not signal it: the daemon steps down as before)."""
+        if self.led_by is None:
+            return False
+        pid, started = self.led_by
+        self.statements += 1
+        try:
+            ended = await aio(conn.fetchval)(_END_OWN_LEAD, LOCK_CLASS, LOCK_OBJECT, pid, started)
+        except asyncpg.InsufficientPrivilegeError:
+            return False
+        except Exception as exc:
+            raise _wrap(exc, "leadership") from exc
+        return bool(ended)
 
     async def wait_lead(self, conn: Connection) -> None:
         """Wait for the single-writer lock: one statement that blocks until the leader's

@@ -43,6 +43,10 @@ def _nothing() -> None:
 
 #: Least seconds between two attempts to take the lock back, however often nudged.
 NUDGE_FLOOR: Final = 1.0
+#: After ending our own lingering lock session: attempts to take the lock, and the pause
+#: before each (the server releases the lock when that backend has exited).
+OWN_SESSION_TRIES: Final = 20
+OWN_SESSION_PAUSE: Final = 0.05
 
 
 def sendable(leader_pid: int | None, lost_at: float | None, since: float) -> bool:
@@ -186,6 +190,8 @@ class Leadership:
                 try:
                     new_conn = await connect(self.dsn, application_name=APP_DAEMON, daemon=True)
                     led = await self.store.try_lead(new_conn)
+                    if not led and await self.store.end_own_lingering_lead(new_conn):
+                        led = await self._take_freed(new_conn)
                 except CoordinatorError:
                     await close_quietly(new_conn, within=1.0)
                     continue
@@ -210,6 +216,23 @@ class Leadership:
                 self.log.info("leadership.regained", instance=self.instance)
                 on_regained()
                 break
+
+    async def _take_freed(self, conn: Connection) -> bool:
+        """Take the lock our own lingering session held, once the server has ended it
+        (the lock goes when the backend exits, a moment after it is signalled). A standby
+        waiting for the lock may take it first: then this daemon steps down, as it
+        should."""
+        self.log.warning(
+            "leadership.own_session_ended",
+            instance=self.instance,
+            reason="this daemon's last lock session was still alive on the server after "
+            "its connection was cut; ended it to take the lock again",
+        )
+        for _ in range(OWN_SESSION_TRIES):
+            await trio.sleep(OWN_SESSION_PAUSE)
+            if await self.store.try_lead(conn):
+                return True
+        return False
 
     async def release(self) -> None:
         """Close the lock's session (the lock goes with it); shielded and bounded."""

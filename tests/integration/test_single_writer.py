@@ -16,8 +16,10 @@ lock session ends and the new leader sweeps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -334,9 +336,83 @@ async def test_a_leader_that_steps_down_before_any_sweep_lets_its_calls_finish(
     finally:
         await aio(taker.close)()
     assert old.named("leadership.lost")
+    assert not old.named("leadership.own_session_ended")  # another's session: not ended
     assert old.named("leadership.stopping_calls") == []
     assert (
         await aio(conn.fetchval)("SELECT status FROM coordinator.runs WHERE id = $1", run_id)
         == "succeeded"
     )
     assert old.named("job.run", run=run_id, outcome="succeeded")
+
+
+class _CuttableProxy:
+    """A TCP relay to the database whose :meth:`cut` drops the client side of every
+    connection and leaves the server's side open: the daemon's sessions end as in a
+    network cut, while the server, hearing nothing, keeps them (as it would until its
+    keepalive probes gave up) -- the lock session among them, holding the lock."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.clients: list[trio.SocketStream] = []
+        self.kept: list[trio.SocketStream] = []  # server sides, left open by cut()
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(self._relay, listeners)
+
+    async def _relay(self, client: trio.SocketStream) -> None:
+        server = await trio.open_tcp_stream(*self.upstream)
+        self.clients.append(client)
+        self.kept.append(server)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pump, client, server)
+            nursery.start_soon(self._pump, server, client)
+
+    @staticmethod
+    async def _pump(source: trio.SocketStream, sink: trio.SocketStream) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            while data := await source.receive_some(65536):
+                await sink.send_all(data)
+
+    async def cut(self) -> None:
+        clients, self.clients = self.clients, []
+        for client in clients:
+            await trio.aclose_forcefully(client)
+
+    async def aclose(self) -> None:
+        for stream in self.kept:
+            await trio.aclose_forcefully(stream)
+
+
+async def test_a_leader_cut_off_ends_its_own_lingering_session_and_leads_on(
+    conn: asyncpg.Connection, database: str, nursery: trio.Nursery, start_daemon: Any
+) -> None:
+    """After a network cut the server keeps the leader's lock session until its probes
+    give up (about a minute). The daemon, back within that minute, found the lock taken --
+    by its own dead session -- and stepped down as if another daemon led (exit 1), and
+    nobody led until the server let the session go. It now recognises its own session
+    (pid and start) and ends it; another daemon's is never touched (the test above)."""
+    url = urlsplit(database)
+    if url.hostname is None or url.port is None:
+        pytest.skip("the relay needs the database over TCP (the suite's own cluster is)")
+    proxy = _CuttableProxy(url.hostname, url.port)
+    port = await nursery.start(proxy.serve)
+    try:
+        await define(conn, "after")
+        leader = await start_daemon(dsn=url._replace(netloc=f"postgres@127.0.0.1:{port}").geturl())
+        old_pid = await _lock_holder_pid(conn)
+        await proxy.cut()
+        await leader.wait_event("leadership.regained", timeout=15)
+        assert leader.named("leadership.own_session_ended")
+        assert not leader.named("leadership.lost")
+        assert await _lock_holder_pid(conn) not in (None, old_pid)
+        gone = await aio(conn.fetchval)(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", old_pid
+        )
+        assert gone
+        run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'after')")
+        await leader.wait_event("job.run", run=run_id, outcome="succeeded", timeout=15)
+        assert await leader.stop() == 0
+    finally:
+        await proxy.aclose()

@@ -71,6 +71,9 @@ class _Store:
     async def try_lead(self, _conn: Any) -> bool:
         return True
 
+    async def end_own_lingering_lead(self, _conn: Any) -> bool:
+        return False
+
 
 @attrs.define
 class _Keeping:
