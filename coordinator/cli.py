@@ -406,6 +406,13 @@ class _Parser(argparse.ArgumentParser):
     said by the command that was typed (``coordinator jobs define: ...``), naming an
     option it does not know and the one that was perhaps meant."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A word that starts with a minus and a digit is a value, never an option (none of
+        # ours looks like one): `--every -5m` is then told "a duration must be positive",
+        # where argparse took -5m for an option and said "expected one argument".
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message: str) -> NoReturn:
         raise _UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
 
@@ -2057,7 +2064,17 @@ def _recoverable_fields(run: client.RunView) -> list[tuple[str, str]]:
 
 async def _runs_pause(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
-        status = await db.aio(client.pause_run)(conn, args.run_id)
+        try:
+            status = await db.aio(client.pause_run)(conn, args.run_id)
+        except Conflict as exc:
+            # The SQL function's words are for SQL (`recoverable => true`); here, the flag.
+            said = str(exc).replace("(define it with recoverable)", "")
+            if said == str(exc):
+                raise
+            raise Conflict(
+                f"{said.rstrip()}: define it with --recoverable (coordinator jobs define) to "
+                "make its runs pausable"
+            ) from exc
     if status == "paused":
         print(f"run {args.run_id} is paused (a trigger of its job resumes it)")
     else:

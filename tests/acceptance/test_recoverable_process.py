@@ -237,7 +237,8 @@ def test_the_cli_pauses_cancels_and_refuses_clearly(database: str) -> None:
     assert not_recoverable.returncode == 2
     assert not_recoverable.stderr.strip() == (
         f"coordinator: run {plain_run} of default/plain cannot be paused: the job is not "
-        "recoverable (define it with recoverable)"
+        "recoverable: define it with --recoverable (coordinator jobs define) to make its "
+        "runs pausable"
     )
     unknown = cli(database, "runs", "pause", "987654")
     assert (unknown.returncode, unknown.stderr.count("\n")) == (2, 1)

@@ -250,3 +250,31 @@ def test_an_empty_timezone_is_refused_not_taken_for_utc(
         "coordinator: --timezone: unknown timezone '' (use an IANA name such as "
         "'Europe/Berlin' or 'UTC')"
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["jobs", "define", "x", "--every", "-5m", "--", "true"],
+            "coordinator: --every: '-5m': a duration must be positive",
+        ),
+        (
+            ["jobs", "define", "x", "--every", "5m", "--timeout", "-.5s", "--", "true"],
+            "coordinator: --timeout: '-.5s': a duration must be positive",
+        ),
+        (
+            ["runs", "list", "--limit", "-5"],
+            "coordinator runs list: argument --limit: must be at least 1, not -5 "
+            "(see 'coordinator runs list --help')",
+        ),
+    ],
+)
+def test_a_negative_value_is_read_as_the_options_value(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse took ``-5m`` for an option and said "expected one argument" of
+    ``--every``; a word of a minus and a digit is a value (no option looks like one), so
+    the value's own check speaks. Refused before connecting."""
+    assert main(["--dsn", "postgresql://nobody@127.0.0.1:1/none", *argv]) == 2
+    assert capsys.readouterr().err.splitlines() == [expected]
