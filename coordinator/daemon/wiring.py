@@ -30,6 +30,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
@@ -572,13 +573,29 @@ class Daemon:
                 on_state=lambda _up: self._update(),
                 on_statement=self.store.count,
             )
-            await nursery.start(self._listener.run)
+            await self._unless_stopped(partial(nursery.start, self._listener.run))
             # Executors that accept connections (workers) open only once we lead: a
             # standby must not take the leader's socket. Before the first refresh, so
             # workers that reconnect at once count when deadlines are first armed.
             for executor in self.executors.values():
-                await nursery.start(executor.serve)
+                await self._unless_stopped(partial(nursery.start, executor.serve))
         await self._step("refresh", lambda: self.inventory.refresh(first=True))
+
+    async def _unless_stopped(self, start: Callable[[], Awaitable[object]]) -> None:
+        """Start a task whose start may wait (the worker socket waits up to 45 s for
+        another listener to go), cut short by a stop: ``systemctl stop`` then waited
+        that long, and the stop ended as a refusal to start (exit 2)."""
+        async with trio.open_nursery() as watch:
+
+            async def cancel_on_stop() -> None:
+                await self._stop.wait()
+                watch.cancel_scope.cancel()
+
+            watch.start_soon(cancel_on_stop)
+            await start()
+            watch.cancel_scope.cancel()
+        if self._stop.is_set():
+            raise _Stopped
 
     async def _step(self, purpose: str, action: Callable[[], Awaitable[T]]) -> T:
         """Run one startup step through the error policy: retried (at once after a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -609,3 +610,25 @@ async def test_a_stop_still_sends_the_runs_claimed_ahead_instead_of_failing_them
         runs,
     )
     assert [(r["status"], r["error_message"]) for r in statuses] == [("succeeded", None)] * 3
+
+
+async def test_a_stop_during_the_wait_for_a_busy_worker_socket_stops_at_once(
+    start_daemon: StartDaemon,
+) -> None:
+    """Another process listens on the daemon's worker socket: the daemon waits for it to
+    go (up to 45 s) before refusing to start. A stop meanwhile waited for all of it and
+    ended as that refusal (exit 2); it now stops at once, cleanly."""
+    harness = await start_daemon(wait_ready=False)
+    # (The daemon's task has not run yet: its socket and grace are set before it looks.)
+    executor: Any = harness.daemon.executors["worker"]
+    executor.socket_busy_grace = 3600.0
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        squatter.bind(str(executor.socket_path))
+        squatter.listen(8)
+        await harness.wait_event("worker.socket_busy")
+        assert await harness.stop(timeout=15) == 0
+    finally:
+        squatter.close()
+    assert not harness.daemon.ready.is_set()
+    assert harness.named("stopped")
