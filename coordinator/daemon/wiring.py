@@ -196,6 +196,8 @@ class Daemon:
     _phase: str = attrs.field(default="starting", init=False)
     _state: str = attrs.field(default="starting", init=False)
     _stop: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # Starts that a stop cuts short (see _unless_stopped).
+    _stoppable: set[trio.CancelScope] = attrs.field(factory=set, init=False)
     _abandon: trio.Event = attrs.field(factory=trio.Event, init=False)
     _listener: Listener | None = attrs.field(default=None, init=False)
     _started_at: float | None = attrs.field(default=None, init=False)
@@ -319,6 +321,8 @@ class Daemon:
     def request_stop(self) -> None:
         """Begin the stop sequence (SIGTERM, SIGINT and tests call this)."""
         self._stop.set()
+        for scope in self._stoppable:
+            scope.cancel()
 
     def abandon_calls(self) -> None:
         """Stop running calls now instead of waiting for them (a second SIGINT)."""
@@ -584,16 +588,18 @@ class Daemon:
     async def _unless_stopped(self, start: Callable[[], Awaitable[object]]) -> None:
         """Start a task whose start may wait (the worker socket waits up to 45 s for
         another listener to go), cut short by a stop: ``systemctl stop`` then waited
-        that long, and the stop ended as a refusal to start (exit 2)."""
-        async with trio.open_nursery() as watch:
-
-            async def cancel_on_stop() -> None:
-                await self._stop.wait()
-                watch.cancel_scope.cancel()
-
-            watch.start_soon(cancel_on_stop)
-            await start()
-            watch.cancel_scope.cancel()
+        that long, and the stop ended as a refusal to start (exit 2). A plain cancel
+        scope, not a watching nursery: a nursery would wrap the start's own refusal
+        (e.g. a socket directory owned by another user) in an exception group, and
+        the refusal would no longer end as exit 2."""
+        with trio.CancelScope() as scope:
+            self._stoppable.add(scope)
+            if self._stop.is_set():
+                scope.cancel()
+            try:
+                await start()
+            finally:
+                self._stoppable.discard(scope)
         if self._stop.is_set():
             raise _Stopped
 
