@@ -568,3 +568,60 @@ async def test_commands_run_only_in_the_namespaces_command_namespaces_names(
     )
     assert (run.category, run.retryable, run.retried_by) == ("invalid-input", False, None)
     assert "ran" not in json.dumps(run.extra)
+
+
+async def test_a_confined_roles_statements_are_not_jit_compiled(
+    roles: Roles, database: str, jobs: dict[str, int]
+) -> None:
+    """On PostgreSQL's default ``jit = on``, the policies' call of ``_namespaces()``
+    (run with enable_seqscan = off, its grants table read whole at disable_cost) was
+    compiled by LLVM at every statement of a confined role: ~100 ms each (0035). The
+    plans inside the functions are read from auto_explain, sent to this session as
+    notices; the session is the superuser's (LOAD needs it) acting as alice."""
+    app = await aio(asyncpg.connect)(database)
+    notices: list[str] = []
+    app.add_log_listener(lambda _conn, message: notices.append(message.message))
+    try:
+        for statement in (
+            "LOAD 'auto_explain'",
+            "SET auto_explain.log_min_duration = 0",
+            "SET auto_explain.log_nested_statements = on",
+            "SET auto_explain.log_level = notice",
+            "SET jit = on",
+        ):
+            await aio(app.execute)(statement)
+        if not await aio(app.fetchval)("SELECT pg_jit_available()"):
+            pytest.skip("this PostgreSQL has no JIT provider (llvmjit) to misuse")
+        await aio(app.execute)(f'SET ROLE "{roles.alice}"')
+        assert await aio(app.fetchval)("SELECT count(*) FROM coordinator.jobs") > 0
+        assert await aio(app.fetchval)("SELECT coordinator.trigger('billing', 'b')") is not None
+    finally:
+        await aio(app.close)()
+    plans = [n for n in notices if "namespace_grants" in n]
+    assert plans, notices  # the policies' reading of the grants was explained
+    assert not [n for n in notices if "JIT:" in n], notices
+
+
+async def test_every_function_that_avoids_sequential_scans_also_avoids_jit(
+    conn: asyncpg.Connection,
+) -> None:
+    """0035's rule, for the functions later migrations redefine: CREATE OR REPLACE
+    replaces a function's settings, so each must repeat ``SET jit = off`` beside
+    ``SET enable_seqscan = off``."""
+    rows = await aio(conn.fetch)(
+        """
+        SELECT p.oid::regprocedure::text AS name
+          FROM pg_proc p
+         WHERE p.pronamespace = 'coordinator'::regnamespace
+           AND 'enable_seqscan=off' = ANY (p.proconfig)
+           AND NOT 'jit=off' = ANY (p.proconfig)
+        """
+    )
+    assert [r["name"] for r in rows] == []
+    assert (
+        await aio(conn.fetchval)(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'coordinator'::regnamespace"
+            " AND 'jit=off' = ANY (proconfig)"
+        )
+        > 20
+    )
