@@ -110,6 +110,9 @@ class Inventory:
     #: A refresh found a run an operator asked to pause (``cancel_requested``): ask its
     #: call to stop, if it runs here (its NOTIFY may have been missed).
     pausing: Callable[[int], bool] = _not_here
+    #: A settlement found its job changed by another writer: refresh the jobs
+    #: :meth:`request` named, at once (the loop's urgent wake).
+    reread: Callable[[], None] = lambda: None
     #: Python's cyclic garbage collector around refreshes (a daemon that owns its
     #: process freezes what a full refresh leaves alive: see :mod:`.cyclic_gc`).
     collector: cyclic_gc.Collector = attrs.field(factory=cyclic_gc.Collector)
@@ -193,6 +196,18 @@ class Inventory:
             self.events.log.warning("settle.orphaned", job=job.key, run=run_id)
             self.jobs.pop(job_id, None)
             self.deadlines.discard(job_id)
+            return
+        if state.outcome == "superseded":
+            # The run was ended otherwise meanwhile -- another daemon's sweep failed it
+            # and queued its retry, or paused it, or an operator resolved it -- and that
+            # writer's wake may never come (a daemon's own sessions send none; a refresh
+            # while the call ran left its job alone). What the job has now is not in this
+            # state: read it again, at once. (Rare; not idle: a call just ended.)
+            self.deadlines.discard(job_id)
+            if entry is not None:
+                entry.run_id = entry.run_status = entry.run_due_at = None
+            self.request([job_id])
+            self.reread()
             return
         if state.retry_run_id is not None and not (state.paused or state.invalid):
             # A retry waits: the timer serves its saved due time (the saved deadline

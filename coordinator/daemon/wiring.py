@@ -292,6 +292,7 @@ class Daemon:
         self.inventory.queued = self._offer_queued
         self.inventory.reading = self._parked.forget
         self.inventory.pausing = lambda run_id: self.dispatcher.request_stop(run_id, "pause")
+        self.inventory.reread = lambda: self.loop.wake(urgent=True)
         self.settlement.on_saved = self.dispatcher.saved_later
         self.leadership = Leadership(
             dsn=self.dsn,

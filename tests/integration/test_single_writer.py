@@ -313,6 +313,41 @@ async def test_a_result_that_comes_after_another_leaders_sweep_is_saved_or_said(
     assert old.status == 1  # stepped down
 
 
+async def test_a_retry_another_daemons_sweep_queued_runs_once_the_superseded_call_ends(
+    conn: asyncpg.Connection, database: str, tmp_path: Any, start_daemon: Any
+) -> None:
+    """Another daemon's sweep (it led for a moment: this daemon's lock session was cut,
+    and it took the lock back once the other had gone) failed this leader's running
+    run of an idempotent job and queued its retry. The call's result then came back
+    superseded, and the job was left as the settlement said: nothing outstanding. The
+    retry stayed queued, with workers idle, until some unrelated wake (a tester saw
+    1.5 min, ended by a restart). The superseded settlement now re-reads its job."""
+    marker = tmp_path / "ran"
+    job_id = await define(
+        conn,
+        "slow",
+        target={"kind": "exec", "argv": ["sh", "-c", f"sleep 1.5; echo x >> {marker}"]},
+        idempotent=True,
+    )
+    leader = await start_daemon(spool_path=tmp_path / "spool.jsonl")
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'slow')")
+    await leader.wait_event("run.started", run=run_id)
+    pool = ConnectionPool(database, size=1)
+    try:
+        lost = await Store(pool=pool, instance="other").sweep_lost()
+    finally:
+        await pool.close()
+    assert [(x.run_id, x.action) for x in lost] == [(run_id, "retried")]
+    retry = await aio(conn.fetchval)(
+        "SELECT id FROM coordinator.runs WHERE job_id = $1 AND id > $2", job_id, run_id
+    )
+    assert retry is not None
+    await leader.wait_event("settle.superseded", run=run_id, timeout=15)
+    await leader.wait_event("job.run", run=retry, outcome="succeeded", timeout=15)
+    assert marker.read_text() == "x\nx\n"  # the swept call's and the retry's
+    assert await leader.stop() == 0
+
+
 async def test_a_leader_that_steps_down_before_any_sweep_lets_its_calls_finish(
     conn: asyncpg.Connection, database: str, tmp_path: Any, start_daemon: Any
 ) -> None:
