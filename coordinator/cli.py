@@ -296,7 +296,7 @@ class CommandContext:
 
     args: argparse.Namespace
     #: The embedded cluster this command owns (started or adopted; stopped when it ends).
-    started_cluster: embedded.Cluster | None = None
+    used_cluster: embedded.Cluster | None = None
     #: The configuration, once loaded (or set by :meth:`use`).
     _config: config_mod.Config | None = None
     #: The command chose its own embedded database (the demo): no check against the
@@ -345,29 +345,33 @@ class CommandContext:
         )
         started = not cluster.is_running()
         new = not cluster.initialized
-        if await trio.to_thread.run_sync(partial(embedded.ensure_running, cluster, say=_note)):
-            self.started_cluster = cluster
-            if started:
-                # A new one holds nothing: say why this one, should another be meant (a
-                # forgotten --state-dir after the demo, a config not found).
-                setup = "" if self.args.group == "migrate" else "; `coordinator migrate` sets it up"
-                if self._own_database:
-                    # The demo's own, whatever DSN is configured; and it migrates itself.
-                    made = " (new: the demo's own database)" if new else ""
-                else:
-                    made = (
-                        f" (new: no DSN is configured and there was none in "
-                        f"{config.state_dir}{setup})"
-                        if new
-                        else ""
-                    )
-                _note(f"started the embedded PostgreSQL in {cluster.root}{made}")
+        try:
+            ours = await trio.to_thread.run_sync(
+                partial(embedded.ensure_running, cluster, say=_note)
+            )
+        finally:
+            self.used_cluster = cluster  # (left by stop_cluster, even if cancelled here)
+        if ours and started:
+            # A new one holds nothing: say why this one, should another be meant (a
+            # forgotten --state-dir after the demo, a config not found).
+            setup = "" if self.args.group == "migrate" else "; `coordinator migrate` sets it up"
+            if self._own_database:
+                # The demo's own, whatever DSN is configured; and it migrates itself.
+                made = " (new: the demo's own database)" if new else ""
+            else:
+                made = (
+                    f" (new: no DSN is configured and there was none in {config.state_dir}{setup})"
+                    if new
+                    else ""
+                )
+            _note(f"started the embedded PostgreSQL in {cluster.root}{made}")
         return cluster.dsn()
 
     async def stop_cluster(self) -> None:
-        if self.started_cluster is not None:
-            cluster, self.started_cluster = self.started_cluster, None
-            await trio.to_thread.run_sync(embedded.stop_owned, cluster)
+        """Leave the embedded server: stopped if no other command uses it."""
+        if self.used_cluster is not None:
+            cluster, self.used_cluster = self.used_cluster, None
+            await trio.to_thread.run_sync(embedded.leave, cluster)
 
     def _dsn_field(self) -> str:
         """Where the DSN came from, as a refusal names it (:meth:`Config.named`; it said

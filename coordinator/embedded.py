@@ -374,11 +374,26 @@ def private_cluster(
 
 
 # --------------------------------------------------------------------------- ownership
+#
+# Two locks in the cluster's root, both ``flock``s (the kernel drops them however a
+# command ends, ``kill -9`` included):
+#
+# - :data:`USERS_FILE`: every command using the server (the daemon, a standby beside it,
+#   each CLI command) holds it shared for as long as it does. The last to leave -- the one
+#   that then gets it exclusively -- stops the server. Before, the command that had
+#   started the server stopped it when it ended, under a daemon that had come meanwhile
+#   and then waited for a database that never came back (a tester's finding).
+# - :data:`OWNER_FILE`: held exclusively by the command that started the server (or took
+#   it over), with its pid. Others wait for that one to finish starting it. A server
+#   running with this lock free and a pid in the file is an orphan (its owner was killed
+#   and nobody else used it): the next command adopts it and says so. An owner that
+#   leaves while others still use the server clears the pid: handed over, not orphaned.
 
 #: In the cluster's root: the pid of the command that owns the running server, under an
-#: exclusive ``flock`` that command holds. The kernel drops the lock however the owner
-#: ends (``kill -9`` included), so a running server whose lock is free is an orphan.
+#: exclusive ``flock`` that command holds.
 OWNER_FILE = "owner.pid"
+#: In the cluster's root: a shared ``flock`` per command using the server.
+USERS_FILE = "users.lock"
 #: How long a command waits for another live command to finish starting the server.
 OWNER_START_WAIT = 60.0
 
@@ -395,6 +410,10 @@ class _Owner:
 
 
 _OWNERS: dict[Path, _Owner] = {}
+#: root -> this process's open :data:`USERS_FILE`, locked shared.
+_USES: dict[Path, int] = {}
+#: Roots whose server this process started without an owner file it could open.
+_STARTED_UNOWNED: set[Path] = set()
 
 
 def _claim(cluster: Cluster) -> tuple[_Owner | None, int | None]:
@@ -414,6 +433,42 @@ def _claim(cluster: Cluster) -> tuple[_Owner | None, int | None]:
     return _Owner(fd), None
 
 
+def _use(cluster: Cluster) -> None:
+    """Count this process among the server's users (a shared lock). Blocks while the
+    last user stops the server, so that this one then starts it again. A file this
+    process may not open or lock leaves it uncounted (it then never stops the server
+    unless it owns it, as before the count)."""
+    if cluster.root in _USES:
+        return  # counted already (a lock per open file: a second one would block the first)
+    path = cluster.root / USERS_FILE
+    fd = -1
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if fd < 0:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)  # (another user's file: a lock needs no write)
+    if fd < 0:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:
+        os.close(fd)
+        return
+    _USES[cluster.root] = fd
+
+
+def _last_to_leave(fd: int) -> bool:
+    """Drop this process's shared lock, then try for the exclusive one: granted only if
+    no other user holds its lock. Of users leaving together, the last to try gets it
+    (each has dropped its own first), so the server is never left running unused."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
 def _read_pid(fd: int) -> int | None:
     with contextlib.suppress(OSError, ValueError):
         return int(os.pread(fd, 32, 0).decode().strip() or "x")
@@ -426,30 +481,50 @@ def _write_pid(owner: _Owner) -> None:
 
 
 def ensure_running(cluster: Cluster, *, say: Callable[[str], None] | None = None) -> bool:
-    """Create and start ``cluster`` as needed. True if this process now owns the running
-    server and must stop it when done (:func:`stop_owned`): it started it, or adopted an
-    orphan that a killed command left running (``say`` is told).
+    """Create and start ``cluster`` as needed, and count this process among its users
+    until :func:`leave`. True if this process started the server, or adopted an orphan
+    that a killed command left running (``say`` is told).
 
-    A server owned by another live command is used as it is (that command stops it).
+    A server another live command started is used as it is: whoever leaves last stops it.
     """
     if not cluster.initialized:
         cluster.init()
+    counted = cluster.root in _USES
+    _use(cluster)
+    try:
+        return _own_or_wait(cluster, say)
+    except BaseException:
+        fd = None if counted else _USES.pop(cluster.root, None)
+        if fd is not None:
+            os.close(fd)
+        raise
+
+
+def _own_or_wait(cluster: Cluster, say: Callable[[str], None] | None) -> bool:
+    if cluster.root in _OWNERS and cluster.is_running():
+        return False  # ours already (a command connects more than once)
     owner, holder = _claim(cluster)
     if owner is None:
         if holder is None:  # no owner file we can use: the old way, no adoption
             if cluster.is_running():
                 return False
             cluster.start()
+            _STARTED_UNOWNED.add(cluster.root)
             return True
         _wait_for_start(cluster, holder)
         return False
     previous = _read_pid(owner.fd)
+    started = False
     if cluster.is_running():
+        if previous is None:
+            # Handed over: its owner left while others used it. Ours now, quietly.
+            _write_pid(owner)
+            _OWNERS[cluster.root] = owner
+            return False
         if say is not None:
-            by = f" by pid {previous}, which is gone" if previous else ""
             say(
-                f"adopted the embedded PostgreSQL in {cluster.root}, left running{by}; "
-                "stopping it when this command ends"
+                f"adopted the embedded PostgreSQL in {cluster.root}, left running by pid "
+                f"{previous}, which is gone; stopping it when this command ends"
             )
     else:
         try:
@@ -457,9 +532,10 @@ def ensure_running(cluster: Cluster, *, say: Callable[[str], None] | None = None
         except BaseException:
             owner.release()
             raise
+        started = True
     _write_pid(owner)
     _OWNERS[cluster.root] = owner
-    return True
+    return started or previous is not None
 
 
 def _wait_for_start(cluster: Cluster, holder: int) -> None:
@@ -473,11 +549,25 @@ def _wait_for_start(cluster: Cluster, holder: int) -> None:
         time.sleep(0.1)
 
 
-def stop_owned(cluster: Cluster) -> None:
-    """Stop a server :func:`ensure_running` made ours, then give up the ownership."""
+def leave(cluster: Cluster) -> None:
+    """This process is done with the server (:func:`ensure_running`): stop it if no
+    other command uses it, owner or not; else leave it running for them (an owner hands
+    it over by clearing its pid)."""
+    root = cluster.root
+    fd = _USES.pop(root, None)
+    owner = _OWNERS.pop(root, None)
     try:
-        cluster.stop()
+        # Uncounted (no users file): as before the count, the one that started it stops it.
+        uncounted_last = owner is not None or root in _STARTED_UNOWNED
+        last = uncounted_last if fd is None else _last_to_leave(fd)
+        if last:
+            cluster.stop()
+        elif owner is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(owner.fd, 0)
     finally:
-        owner = _OWNERS.pop(cluster.root, None)
+        _STARTED_UNOWNED.discard(root)
         if owner is not None:
             owner.release()
+        if fd is not None:
+            os.close(fd)

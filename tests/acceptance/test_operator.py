@@ -858,6 +858,68 @@ def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(
         stop_leftover(root)
 
 
+def test_the_embedded_cluster_stays_up_while_a_daemon_uses_it_and_stops_with_the_last_user(
+    tmp_path: Path, cluster_home: Path
+) -> None:
+    """A command that started the embedded PostgreSQL (`jobs trigger --wait`) used to
+    stop it when it ended, under a daemon that had started meanwhile: the daemon was
+    degraded for good. Every command now counts as a user; the last to leave stops it."""
+    bin_dir = server_binaries()
+    state = cluster_home / "state"
+    config = write(
+        tmp_path / "coordinator.toml",
+        f"""
+        state_dir = "{state}"
+        worker_socket = "{short_dir() / "w.sock"}"
+        log_format = "json"
+        """,
+    )
+    root = state / "postgres"
+    env = _environment(config, COORDINATOR_PG_BIN=bin_dir)
+    wait = ("jobs", "trigger", "waiter", "--wait", "--wait-timeout", "60s")
+    daemon: subprocess.Popen[bytes] | None = None
+    try:
+        assert run_cli("migrate", config=config, COORDINATOR_PG_BIN=bin_dir).code == 0
+        defined = run_cli(
+            "jobs", "define", "waiter", "--manual", "--", "true",
+            config=config, COORDINATOR_PG_BIN=bin_dir,
+        )  # fmt: skip
+        assert defined.code == 0, defined
+        assert postmaster_pid(root) is None  # each command stopped what it started
+        waiting = subprocess.Popen(
+            [sys.executable, "-c", RUN_MAIN, *wait],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        wait_until(lambda: postmaster_pid(root) is not None, 60, "the command's server")
+        with (tmp_path / "run.log").open("wb") as sink:
+            daemon = subprocess.Popen(
+                [sys.executable, "-c", RUN_MAIN, "run"],
+                stdout=subprocess.DEVNULL,
+                stderr=sink,
+                env=env,
+            )
+        out, err = waiting.communicate(timeout=90)
+        # The daemon ran it, so it was using the server when the command ended.
+        assert (waiting.returncode, out.split()[-1:]) == (0, ["succeeded"]), err
+        server = postmaster_pid(root)
+        assert server is not None  # not stopped under the daemon
+        again = run_cli(*wait, config=config, COORDINATOR_PG_BIN=bin_dir)
+        assert (again.code, again.out.split()[-1:]) == (0, ["succeeded"]), again
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(30) == 0
+        # The daemon was the last to leave: it stopped the server.
+        assert postmaster_pid(root) is None
+        wait_until(lambda: not alive(server), 10, "the server's exit")
+    finally:
+        if daemon is not None and daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(10)
+        stop_leftover(root)
+
+
 # --------------------------------------------------------------------------- 5. the web page
 
 
