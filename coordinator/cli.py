@@ -1680,13 +1680,18 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
             # namespace the role may not operate (not "unknown job", as the read said).
             await db.aio(client.require_operate)(conn, args.namespace)
             raise
-        run_id = await db.aio(client.trigger)(
+        triggered = await db.aio(client.trigger_answer)(
             conn, args.name, namespace=args.namespace, args=run_args
         )
+        run_id = triggered.run_id
         if not args.json:
             print(run_id, flush=True)
         facts = await probe.gather(conn, ctx.config(), api=False)
-        if run_id == job.outstanding_run and run_args:
+        created = triggered.changed and run_id != job.outstanding_run
+        if not triggered.changed and run_id != job.outstanding_run:
+            # Another caller's run, made between the read above and this trigger.
+            _note(f"{job.key} already has run {run_id} outstanding ({triggered.status})")
+        if not created and run_args:
             # trigger() answers with the outstanding run as it is: its args stand.
             given = ", ".join(f"--arg {k}" if k != "force" else "--force" for k in run_args)
             _note(f"{given} not applied: run {run_id} keeps the args it was triggered with")

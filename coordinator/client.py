@@ -81,6 +81,7 @@ __all__ = [
     "RunView",
     "SyncPlan",
     "SyncResult",
+    "Triggered",
     "WaitTimeout",
     "check_retention",
     "daemon_leader",
@@ -111,6 +112,7 @@ __all__ = [
     "sync_manifest",
     "translate_errors",
     "trigger",
+    "trigger_answer",
     "wait_for_run",
 ]
 
@@ -877,6 +879,43 @@ async def trigger(
             "SELECT coordinator.trigger($1, $2, $3::text::jsonb)", namespace, name, args_text
         )
     return run_id
+
+
+@attrs.frozen(kw_only=True)
+class Triggered:
+    """What :func:`trigger_answer` found: the run, whether this call made it outstanding
+    (inserted it, or resumed it from ``paused``) and its status right after."""
+
+    run_id: int
+    #: This call inserted the run or resumed it; ``False``: it was already outstanding
+    #: (another caller's, even one racing this call).
+    changed: bool
+    status: RunStatus
+
+
+async def trigger_answer(
+    conn: Connection,
+    name: str,
+    *,
+    namespace: str = "default",
+    args: Mapping[str, Any] | None = None,
+) -> Triggered:
+    """:func:`trigger`, telling whether this call made the run outstanding. Comparing
+    the answer with the job as read before is a race: concurrent callers all read "no
+    run", and each then said it had created the one run. Here the trigger and a read of
+    the run share a transaction, and the run's row version is this transaction's only
+    if this call inserted or resumed it. On a connection outside a transaction (the
+    admin API's, the CLI's): inside a caller's savepoint the row would carry the
+    subtransaction's id, and ``changed`` would be ``False``."""
+    async with conn.transaction():
+        run_id = await trigger(conn, name, namespace=namespace, args=args)
+        row = await conn.fetchrow(
+            "SELECT r.status, r.xmin = pg_current_xact_id_if_assigned()::xid AS mine "
+            "FROM coordinator.runs r WHERE r.id = $1",
+            run_id,
+        )
+    assert row is not None  # (the trigger's transaction sees its own run)
+    return Triggered(run_id=run_id, changed=bool(row["mine"]), status=row["status"])
 
 
 async def require_operate(conn: Connection, namespace: str) -> None:

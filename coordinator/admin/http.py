@@ -551,20 +551,18 @@ class _Api:
         _note(request, force=force or None)
         async with self.db() as conn:
             job = await aio(client.get_job)(conn, name, namespace=ns)
-            run_id = await aio(client.trigger)(
+            triggered = await aio(client.trigger_answer)(
                 conn, name, namespace=ns, args={"force": True} if force else None
             )
-        created = run_id != job.outstanding_run
-        # A paused run is resumed: queued again, same id, cursor and counter.
-        resumed = not created and job.outstanding_status == "paused"
+        run_id = triggered.run_id
+        # Changed by this call: inserted, or (outstanding before) a paused run resumed --
+        # queued again, same id, cursor and counter. Not changed: another caller's, even
+        # one racing this one (comparing with the job read before said "created" to all).
+        created = triggered.changed and run_id != job.outstanding_run
+        resumed = triggered.changed and run_id == job.outstanding_run
         _note(request, run=run_id, created=created, resumed=resumed or None)
         return JSONResponse(
-            {
-                "run": run_id,
-                "created": created,
-                "resumed": resumed,
-                "status": "queued" if created or resumed else job.outstanding_status,
-            }
+            {"run": run_id, "created": created, "resumed": resumed, "status": triggered.status}
         )
 
     async def pause(self, request: Request) -> Response:

@@ -505,12 +505,15 @@ class Web:
         async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
             access.require(request, namespace, operate=True)
             job = await aio(client.get_job)(conn, name, namespace=namespace)
-            run_id = await aio(client.trigger)(conn, name, namespace=namespace)
-            if run_id == job.outstanding_run:
-                return f"run {run_id} is already {job.outstanding_status}", {
+            triggered = await aio(client.trigger_answer)(conn, name, namespace=namespace)
+            run_id = triggered.run_id
+            if not triggered.changed:  # (another's, even one made a moment ago)
+                return f"run {run_id} is already {triggered.status}", {
                     "run": run_id,
                     "created": False,
                 }
+            if run_id == job.outstanding_run:  # it was paused: resumed, same id
+                return f"run {run_id} resumed", {"run": run_id, "created": False}
             if job.paused:  # (as the CLI says it: the run waits)
                 return f"run {run_id} queued; it waits while the job is paused", {
                     "run": run_id,

@@ -8,6 +8,7 @@ import secrets
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
 import attrs
 import httpx
 import pytest
@@ -25,8 +26,6 @@ from .conftest import Harness, StartDaemon, define
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-
-    import asyncpg
 
     from coordinator.embedded import StatementLog
 
@@ -355,6 +354,45 @@ async def test_trigger_is_idempotent_and_audited(admin: Admin, conn: asyncpg.Con
     assert [a["created"] for a in admin.audits] == [True, False]
     assert admin.audits[0]["force"] is True
     assert "force" not in admin.audits[1]
+
+
+async def test_a_trigger_racing_another_callers_says_the_run_was_not_its_own(
+    admin: Admin, conn: asyncpg.Connection, database: str
+) -> None:
+    """`created` was decided by comparing the answer with the job as read before the
+    trigger: callers racing each other all read "no run", and each was told it had
+    created the one run (a tester saw 7 of 8). The race made deterministic: another
+    transaction has inserted the run, uncommitted, when the API reads the job; its
+    trigger waits for that insert and answers with its run."""
+    await define(conn, "held", paused=True)
+    other = await aio(asyncpg.connect)(database)
+    answers: list[httpx.Response] = []
+    try:
+        await aio(other.execute)("BEGIN")
+        run_id = await aio(other.fetchval)("SELECT coordinator.trigger('default', 'held')")
+
+        async def post() -> None:
+            answers.append(await admin.post("/api/jobs/default/held/trigger"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post)
+            with trio.fail_after(10):
+                while not await aio(conn.fetchval)(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE '%coordinator.trigger%' AND pid <> $1",
+                    other.get_server_pid(),
+                ):
+                    await trio.sleep(0.02)
+            await aio(other.execute)("COMMIT")
+    finally:
+        await aio(other.close)()
+    assert answers[0].json() == {
+        "run": run_id,
+        "created": False,
+        "resumed": False,
+        "status": "queued",
+    }
+    assert admin.audits[-1]["created"] is False
 
 
 async def test_error_shapes(admin: Admin, conn: asyncpg.Connection) -> None:
