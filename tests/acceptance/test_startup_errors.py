@@ -257,3 +257,21 @@ def test_waits_for_the_database_at_start(private_cluster: Any, tmp_path: Path) -
             proc.kill()
             proc.wait(10)
     assert "Traceback" not in stderr.read_text()
+
+
+def test_a_worker_port_in_use(database: str, tmp_path: Path) -> None:
+    """Exit 2 in one line, as an admin port in use (systemd does not restart it every
+    2 s): a tester saw exit 1 and only the log's daemon.failed line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = run(
+            database,
+            tmp_path,
+            {
+                "COORDINATOR_WORKER_LISTEN": f"127.0.0.1:{port}",
+                "COORDINATOR_WORKER_TOKEN": GOOD_TOKEN,
+            },
+        )
+    assert_one_line_refusal(result, "worker_listen", str(port), "in use")
