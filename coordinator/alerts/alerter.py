@@ -28,6 +28,7 @@ With no sink configured no alerter is made at all: no subscriber, no task, nothi
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import deque
 from collections.abc import Callable
@@ -198,9 +199,11 @@ class Alerter:
     #: Delivery retries: the first pause and the longest (seconds).
     retry_first: float = 1.0
     retry_cap: float = 300.0
-    #: Where a stop keeps the deliveries it abandons, for the next start to send
-    #: (``None``: nowhere; they are lost, logged). The window was opened for them, so
-    #: without this the next alert of their (job, kind) was suppressed too.
+    #: Where the deliveries under way are kept, for the next start to send those a stop
+    #: abandons or a crash cuts short (``None``: nowhere; they are lost, logged). The
+    #: window was opened for them, so without this the next alert of their (job, kind)
+    #: was suppressed too. Written ahead, as each delivery starts and ends: a ``kill -9``
+    #: while a sink was failing lost its alert (a tester's finding).
     outbox: Path | None = None
     _queue: deque[_Candidate] = attrs.field(factory=deque)
     _wake: trio.Event = attrs.field(factory=trio.Event)
@@ -458,6 +461,7 @@ class Alerter:
         self._deliveries += 1
         key = self._deliveries
         self._under_way[key] = alert
+        self._write_outbox()
         try:
             while True:
                 attempt += 1
@@ -478,10 +482,13 @@ class Alerter:
                         )
                     )
                     if expired:
-                        return  # a newer alert of this (job, kind) may go out by now
+                        # A newer alert of this (job, kind) may go out by now.
+                        self._done_with(key)
+                        return
                     await trio.sleep(delay)
                     continue
                 self.sent += 1
+                self._done_with(key)
                 self.events.emit(
                     AlertSent(
                         job=alert.job,
@@ -495,9 +502,15 @@ class Alerter:
                 )
                 return
         finally:
-            del self._under_way[key]
+            # (Cancelled by a stop: still in the outbox file, for the next start.)
+            self._under_way.pop(key, None)
             self._delivering -= 1
             self._update_idle()
+
+    def _done_with(self, key: int) -> None:
+        """A delivery sent, or past its window: out of the outbox."""
+        del self._under_way[key]
+        self._write_outbox()
 
     def _update_idle(self) -> None:
         if not self._queue and not self._busy and self._delivering == 0:
@@ -542,21 +555,37 @@ class Alerter:
         next start sends them, still within their window); how many were kept."""
         if self.outbox is None or not deliveries:
             return 0
-        text = "".join(json.dumps(d.to_json(), separators=(",", ":")) + "\n" for d in deliveries)
+        return len(deliveries) if self._write(deliveries) else 0
+
+    def _write_outbox(self) -> None:
+        """The outbox is the deliveries under way, written as each starts and ends (a
+        private file, replaced whole and synced: a crash leaves the last one whole)."""
+        if self.outbox is not None:
+            self._write(list(self._under_way.values()))
+
+    def _write(self, deliveries: list[_Delivery]) -> bool:
+        assert self.outbox is not None
         try:
+            if not deliveries:
+                with contextlib.suppress(FileNotFoundError):
+                    self.outbox.unlink()
+                return True
+            text = "".join(
+                json.dumps(d.to_json(), separators=(",", ":")) + "\n" for d in deliveries
+            )
             self.outbox.parent.mkdir(parents=True, exist_ok=True)
             write_private(self.outbox, text)
         except OSError as exc:
             self.events.log.error(
                 "alert.outbox_failed", path=str(self.outbox), error=exc.strerror or repr(exc)
             )
-            return 0
-        return len(deliveries)
+            return False
+        return True
 
     def _resume_outbox(self) -> None:
-        """Send again what the last stop kept, if still within its window and its sink
-        is still configured; then the outbox is empty (a delivery failing again is kept
-        again by the next stop)."""
+        """Send again what the last stop kept (or a crash left), if still within its
+        window and its sink is still configured; those are the outbox again while under
+        way."""
         if self.outbox is None:
             return
         text = private_text(self.outbox)

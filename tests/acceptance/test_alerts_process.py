@@ -69,3 +69,35 @@ def test_alert_settings_that_cannot_work_stop_the_daemon_with_exit_2(
     d = daemons("d1", "--config", str(config))
     assert d.proc.wait(60) == 2
     assert "alert_email_to" in d.log_path.read_text()
+
+
+def test_an_alert_a_crash_cut_short_is_sent_by_the_next_start(
+    daemons: Any, database: str, tmp_path: Path
+) -> None:
+    """The outbox was written only by a clean stop: a `kill -9` while a sink was failing
+    lost the alert, and the window opened for it silenced the job's next one for hours.
+    It is now written as each delivery starts and ends."""
+    hook = HttpReceiver(status=500)
+    hook.start()
+    try:
+        config = tmp_path / "coordinator.toml"
+        config.write_text(f'alert_webhook = "{hook.url}"\nalert_window = "1h"\n')
+        made = cli(database, "jobs", "define", "k9", "--manual", "--", "sh", "-c", "exit 4")
+        assert made.returncode == 0, made.stderr
+        d = daemons("d1", "--config", str(config))
+        d.wait_event("ready")
+        run_id = int(cli(database, "jobs", "trigger", "k9").stdout.strip())
+        d.wait_event("alert.failed", sink="webhook", run=run_id)
+        d.kill()
+        assert hook.accepted == []
+        hook.status = 200
+        again = daemons("d1", "--config", str(config))  # the same state directory
+        assert again.wait_event("alert.outbox")["resumed"] == 1
+        again.wait_event("alert.sent", sink="webhook", run=run_id)
+        (request,) = hook.accepted
+        assert json.loads(request.body)["run"]["id"] == run_id
+        again.proc.send_signal(signal.SIGTERM)
+        assert again.proc.wait(30) == 0
+        assert not (tmp_path / "state-d1" / "alerts-outbox.jsonl").exists()
+    finally:
+        hook.stop()
