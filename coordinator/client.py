@@ -50,12 +50,14 @@ from .model import (
     DEFAULT_KEEP_LAST,
     DEFAULT_RETRY_BACKOFF,
     DEFAULT_RETRY_MAX_DELAY,
+    ENV_STRING_MAX,
     OUTSTANDING,
     PRIORITIES,
     TERMINAL,
     RunStatus,
     Schedule,
     Target,
+    params_env_size,
 )
 from .policies import check_misfire, check_retention, check_retry_policy
 from .protocol import CATEGORIES, SEVERITIES
@@ -712,6 +714,14 @@ def _prepare(
             Target.from_json(target_json)
         except ValueError as exc:
             raise InvalidInput("target", str(exc)) from None
+        if target.kind == "exec" and (size := params_env_size(params_obj)) > ENV_STRING_MAX:
+            raise InvalidInput(
+                "params",
+                f"{size - len('COORDINATOR_PARAMS=') - 1:,} bytes as JSON; a command gets its "
+                f"params in one environment variable (COORDINATOR_PARAMS), which may hold "
+                f"{ENV_STRING_MAX // 1024} KiB at most: pass large input as a run's args "
+                "(its stdin), or a reference to it (a path, a key)",
+            )
         if recoverable and target.kind != "worker":
             raise InvalidInput(
                 "recoverable",

@@ -7,8 +7,9 @@ They mirror the rows of ``coordinator.jobs`` and ``coordinator.runs`` (see
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 import attrs
 
@@ -89,6 +90,17 @@ class Schedule:
     expression: str | None = None
     #: IANA timezone in which a cron expression is read.
     timezone: str = "UTC"
+
+
+#: The most bytes one environment string (``NAME=value`` and its NUL) may have on Linux
+#: (MAX_ARG_STRLEN, 32 pages): a command job's params travel as one,
+#: ``COORDINATOR_PARAMS``, so they are refused at definition beyond it.
+ENV_STRING_MAX: Final = 131072
+
+
+def params_env_size(params: object) -> int:
+    """Bytes of ``COORDINATOR_PARAMS=<params as JSON>`` and its NUL, as a command gets it."""
+    return len(b"COORDINATOR_PARAMS=") + len(json.dumps(params, default=str).encode()) + 1
 
 
 @attrs.frozen(kw_only=True)

@@ -39,7 +39,7 @@ import trio
 
 from ..clock import WallClock
 from ..events import EventBus
-from ..model import EXIT_TEMPFAIL, Outcome
+from ..model import ENV_STRING_MAX, EXIT_TEMPFAIL, Outcome, params_env_size
 from ..text import TRUNCATED, clip, storable
 from .base import AT_ONCE, ExecutorHooks, Turn
 from .ledger import CommandLedger
@@ -69,6 +69,25 @@ _CANCEL_SLACK: Final = 1.0
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
 
 _Ending = Literal["exited", "timeout", "abandon"]
+
+
+def _too_big(claim: Claim) -> str:
+    """E2BIG in words: the kernel's message names the program ("Argument list too long:
+    'true'"), not what was too long -- here, mostly, params stored before definitions
+    were checked against the limit of one environment string."""
+    size = params_env_size(claim.job.params)
+    if size > ENV_STRING_MAX:
+        return (
+            f"the job's params are {size - len('COORDINATOR_PARAMS=') - 1:,} bytes as JSON "
+            "in COORDINATOR_PARAMS, over the "
+            f"{ENV_STRING_MAX // 1024} KiB one environment variable may hold: pass large "
+            "input as a run's args (its stdin), or a reference to it"
+        )
+    return (
+        "the command's arguments and environment are over the kernel's limit (E2BIG): "
+        "shorten its argv or env, or pass large input as a run's args (its stdin)"
+    )
+
 
 __all__ = ["CANCELLED_MESSAGE", "DRAIN_AFTER_KILL", "PIPE_GRACE", "TRUNCATED", "ExecExecutor"]
 
@@ -213,7 +232,7 @@ class ExecExecutor:
                 started_at,
                 "failed",
                 "handler",
-                f"cannot start: {exc}",
+                f"cannot start: {_too_big(claim) if too_big else exc}",
                 _io_extra(None, "", ""),
                 category="invalid-input" if too_big else None,
                 retryable=False if too_big else None,

@@ -134,6 +134,25 @@ async def test_define_rejects_invalid_fields(
     assert caught.value.field == field
 
 
+async def test_a_command_jobs_params_must_fit_one_environment_variable(
+    conn: asyncpg.Connection,
+) -> None:
+    """A command gets its params as COORDINATOR_PARAMS, one environment string of at
+    most 128 KiB: bigger ones were stored, and every run then failed "Argument list too
+    long: 'true'". A worker job's params travel on its socket: no such limit."""
+    big = {"blob": "y" * 200_000}
+    with pytest.raises(InvalidInput) as caught:
+        await _define(conn, "bigparams", params=big)
+    assert caught.value.field == "params"
+    assert "200,012 bytes as JSON" in str(caught.value)
+    assert "COORDINATOR_PARAMS" in str(caught.value)
+    assert "128 KiB" in str(caught.value)
+    assert await _define(conn, "fits", params={"blob": "y" * 130_000}) > 0
+    assert (
+        await _define(conn, "worker", params=big, target=Target(kind="worker", worker_type="t")) > 0
+    )
+
+
 async def test_define_with_invalid_reason_stores_inert(conn: asyncpg.Connection) -> None:
     await _define(
         conn,

@@ -295,7 +295,12 @@ async def test_params_beyond_the_kernel_s_limit_are_the_run_s_input_not_a_retry(
     alike; it was category unknown and retried."""
     outcome = await run(make_claim(["true"], params={"p": "z" * 200_000}))
     assert (outcome.status, outcome.error_cause) == ("failed", "handler")
-    assert outcome.error_message == "cannot start: [Errno 7] Argument list too long: 'true'"
+    # The kernel's words named `true` (4 bytes); these name what was too long.
+    assert outcome.error_message == (
+        "cannot start: the job's params are 200,009 bytes as JSON in COORDINATOR_PARAMS, over the "
+        "128 KiB one environment variable may hold: pass large input as a run's args (its "
+        "stdin), or a reference to it"
+    )
     assert (outcome.category, outcome.retryable) == ("invalid-input", False)
     missing = await run(make_claim(["nope"]))  # (another cannot-start: the policy decides)
     assert (missing.category, missing.retryable) == (None, None)
