@@ -173,7 +173,12 @@ def _optional_text(value: Any, name: str) -> str | None:
 
 
 def _path(value: Any, name: str) -> Path:
-    return Path(_text(value, name)).expanduser()
+    text = _text(value, name)
+    if not text.strip():
+        # Path("") is ".": an `EnvironmentFile` line `COORDINATOR_STATE_DIR=` put the
+        # spool and the embedded cluster wherever the command ran (a tester's finding).
+        raise ConfigError(f"{name}: empty; give a path, or leave the setting out")
+    return Path(text).expanduser()
 
 
 def _directory(value: Any, name: str) -> Path:

@@ -192,6 +192,9 @@ def parse_tokens(value: Any, setting: str, *, kind: Literal["admin", "worker"]) 
             access = given
         else:
             types = _names(raw.get("types", [ALL]), f"{where}.types", namespace=False)
+            if types is not None and not types:
+                # (Accepted, it was shown as `types *` and refused every type.)
+                raise ConfigError(f'{where}.types: list at least one job type, or "*"')
         scopes.append(
             TokenScope(
                 name=str(name),

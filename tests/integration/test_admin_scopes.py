@@ -235,6 +235,15 @@ def test_tokens_are_found_by_hash_and_misconfigurations_named() -> None:
             "admin_tokens",
             kind="admin",
         )
+    # An empty list of types was shown as `types *` and refused every type.
+    with pytest.raises(
+        Exception, match=r'worker_tokens\.x\.types: list at least one job type, or "\*"'
+    ):
+        parse_tokens(
+            {"x": {"hash": hash_token("t" * 20), "namespaces": ["*"], "types": []}},
+            "worker_tokens",
+            kind="worker",
+        )
     with pytest.raises(Exception, match="same hash"):
         TokenSet(
             (

@@ -536,3 +536,15 @@ def test_a_file_value_of_the_wrong_toml_type_is_said_as_written(tmp_path: Path) 
         f"config file {file}: log_level: must be one of debug, info, warning, error, "
         "as text, not true"
     )
+
+
+def test_an_empty_path_is_refused_naming_where_it_came_from(tmp_path: Path) -> None:
+    """Path("") is ".": an empty COORDINATOR_STATE_DIR put the state wherever the command
+    ran, and an empty TLS file setting said "cannot load .: Is a directory"."""
+    for variable in ("COORDINATOR_STATE_DIR", "COORDINATOR_WORKER_TLS_CA"):
+        with pytest.raises(ConfigError, match=f"^{variable}: empty; give a path"):
+            load(file=None, environ={variable: ""}, flags={})
+    file = tmp_path / "c.toml"
+    file.write_text('state_dir = ""\n')
+    with pytest.raises(ConfigError, match=r"c.toml: state_dir: empty; give a path"):
+        load(file=file, environ={}, flags={})
