@@ -201,9 +201,11 @@ class Cluster:
             if parent != temp and temp in parent.parents:
                 os.chmod(parent, mode | 0o001)
                 continue
+            usual = Path("/var/lib/coordinator")
+            example = "" if parent in (usual, *usual.parents) else f" (e.g. {usual})"
             raise UnreachableDirectory(
                 f"the server runs as user {self.user!r}, which cannot enter {parent}: "
-                "choose a state directory it can reach (e.g. /var/lib/coordinator) or "
+                f"choose a state directory it can reach{example} or "
                 f"allow it in (chmod o+x {parent})"
             )
 

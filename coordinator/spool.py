@@ -39,7 +39,13 @@ if TYPE_CHECKING:
     from .clock import WallClock
 
 FILE_MODE = 0o600
-DIR_MODE = 0o700
+#: A directory the spool makes (the state directory, usually): nobody else may list or
+#: write it, but others may pass through it -- the embedded PostgreSQL runs as another
+#: user (``postgres``) when the daemon runs as root, and its cluster lives in
+#: ``<state dir>/postgres``. At 0700, `coordinator run` as root on a fresh machine made
+#: /var/lib/coordinator, then refused it as unreachable (a tester's finding). What is in
+#: it is private by its own mode (the spool's files 0600, the cluster's 0700).
+DIR_MODE = 0o711
 
 
 class SpoolError(CoordinatorError):
@@ -312,7 +318,7 @@ def _unwritable(directory: Path, *, probe: bool) -> str | None:
 
 
 def _make_private_dir(path: Path) -> None:
-    """Create ``path`` (and parents) 0700 if missing; an existing directory is kept as it is
+    """Create ``path`` (and parents) 0711 if missing; an existing directory is kept as it is
     (the operator may have chosen its mode)."""
     if path.is_dir():
         return

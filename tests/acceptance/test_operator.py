@@ -13,6 +13,7 @@ import http.cookiejar
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -918,6 +919,55 @@ def test_the_embedded_cluster_stays_up_while_a_daemon_uses_it_and_stops_with_the
             daemon.kill()
             daemon.wait(10)
         stop_leftover(root)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="the embedded server runs as another user only under root"
+)
+def test_run_as_root_makes_a_state_directory_its_embedded_server_can_reach(
+    tmp_path: Path,
+) -> None:
+    """As root the embedded server runs as `postgres`, under `<state dir>/postgres`.
+    `run` made a missing state directory 0700, then refused it as unreachable and
+    suggested that very directory. Outside /tmp (whose directories the cluster opens
+    for itself), as /var/lib/coordinator is."""
+    bin_dir = server_binaries()
+    base = Path(tempfile.mkdtemp(prefix="coordinator-state-", dir="/var/tmp"))
+    base.chmod(0o755)
+    state = base / "state"  # missing: `run` makes it
+    config = write(
+        tmp_path / "coordinator.toml",
+        f"""
+        state_dir = "{state}"
+        worker_socket = "{short_dir() / "w.sock"}"
+        log_format = "json"
+        """,
+    )
+    log = tmp_path / "run.log"
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with log.open("wb") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", RUN_MAIN, "run", "--migrate"],
+                stdout=subprocess.DEVNULL,
+                stderr=sink,
+                env=_environment(config, COORDINATOR_PG_BIN=bin_dir),
+            )
+        wait_until(
+            lambda: '"event":"ready"' in log.read_text() or proc.poll() is not None,
+            90,
+            "the daemon's ready",
+        )
+        assert proc.poll() is None, log.read_text()
+        assert state.stat().st_mode & 0o777 == 0o711
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        stop_leftover(state / "postgres")
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- 5. the web page
