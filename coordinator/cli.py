@@ -1666,6 +1666,11 @@ async def _jobs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
     return 0
 
 
+class NotWaiting(CoordinatorError):
+    """``jobs trigger --wait`` (no ``--wait-timeout``) of a run that cannot start until
+    someone acts: exit 1 at once, as a wait that timed out."""
+
+
 async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
     run_args = _key_values(args.arg, "--arg", as_json=True)
     if args.force:
@@ -1737,6 +1742,20 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
             if args.json:
                 _print_json((await db.aio(client.get_run)(conn, run_id)).to_json())
             return 0
+        if (
+            wait_timeout is None
+            and triggered.status == "queued"
+            and (job.paused or job.invalid_reason is not None)
+        ):
+            # It cannot start until someone acts: waiting without a bound waited forever.
+            run = await db.aio(client.get_run)(conn, run_id)
+            if args.json:
+                _print_json(run.to_json())
+            what = "paused" if job.paused else "invalid"
+            raise NotWaiting(
+                f"not waiting for run {run_id}: {job.key} is {what}, so the run cannot start "
+                f"(the note above says what lets it); --wait-timeout DURATION waits anyway"
+            )
         timeout = wait_timeout.total_seconds() if wait_timeout is not None else None
         try:
             run = await db.aio(client.wait_for_run)(conn, run_id, max_wait=timeout)

@@ -342,6 +342,23 @@ def test_trigger_paused_job_notes_queued(database: str) -> None:
     assert "stays queued" in r.err
 
 
+def test_trigger_wait_on_a_paused_job_says_it_would_wait_forever(database: str) -> None:
+    """Nothing starts the run until a resume: --wait with no --wait-timeout waited
+    forever (a tester killed it after 10 min). A bounded wait still waits."""
+    cli("jobs", "define", "p", "--manual", "--paused", "--", "true", dsn=database)
+    r = cli("jobs", "trigger", "p", "--wait", dsn=database)
+    assert r.code == 1, r
+    run_id = int(r.out.split()[0])
+    assert r.err.splitlines()[-1] == (
+        f"coordinator: not waiting for run {run_id}: default/p is paused, so the run cannot "
+        "start (the note above says what lets it); --wait-timeout DURATION waits anyway"
+    )
+    assert "coordinator jobs resume p" in r.err
+    bounded = cli("jobs", "trigger", "p", "--wait-timeout", "1s", dsn=database)
+    assert bounded.code == 1
+    assert f"run {run_id} is still queued after 1s" in bounded.err
+
+
 def _wait_then_settle(
     database: str, status: str, *extra: str, define: tuple[str, ...] = (), also: str = ""
 ) -> tuple[Result, int]:
