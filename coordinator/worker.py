@@ -617,13 +617,25 @@ class _Orphans:
     limit: float | None
     _timer: threading.Timer | None = None
 
-    def arm(self, runs: list[int]) -> None:
-        if not runs:
+    def arm(self, running: Mapping[int, object]) -> None:
+        """Watch the calls in ``running`` (the session's, which drops each as it ends):
+        the line names those still there when the time is up, not all that were there
+        when the connection closed (a tester read of a run that had ended 10 s before)."""
+        if not running:
             return
-        ids = ", ".join(str(r) for r in runs)
+        first = sorted(running)
         limit = self.limit
 
+        def still_running() -> str:
+            for _ in range(3):  # (read from this thread while trio's may change it)
+                try:
+                    return ", ".join(str(r) for r in sorted(running)) or "(none)"
+                except RuntimeError:
+                    continue
+            return ", ".join(str(r) for r in first)
+
         def expired() -> None:
+            ids = still_running()
             if limit is None:
                 logger.error(
                     "run(s) %s still running %gs after their connection closed and their "
@@ -906,7 +918,7 @@ class Worker:
                 # Every way out with calls running arms the watch: the read side's end,
                 # the write side's failure (it cancels this scope, the read loop with it)
                 # and a cancel from outside alike.
-                orphans.arm(sorted(session.running))
+                orphans.arm(session.running)
             nursery.cancel_scope.cancel()
         return session
 

@@ -1279,6 +1279,26 @@ async def test_a_call_running_on_after_its_connection_closed_ends_the_worker(
     ) is exits
 
 
+def test_the_orphan_watch_names_only_the_calls_still_running(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The line named every call running when the connection closed, one that had ended
+    10 s before among them: an operator would look for a runaway handler that was not
+    there. (The thread's timer, shortened; no limit: the embedded worker's log line.)"""
+    from coordinator import worker as worker_mod
+
+    monkeypatch.setattr(worker_mod, "ORPHAN_LIMIT", 0.05)
+    running: dict[int, object] = {308: object(), 309: object()}
+    watch = worker_mod._Orphans(None)
+    with caplog.at_level(logging.ERROR, logger="coordinator.worker"):
+        watch.arm(running)
+        del running[308]  # its handler honoured the cancel
+        assert watch._timer is not None
+        watch._timer.join(5)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("run(s) 309 still running 0.05s after their connection closed")
+
+
 # -- recoverable jobs: cursor, counter, findings, pausing -------------------------------------
 
 
