@@ -606,6 +606,14 @@ ORPHAN_EXIT: Final = 70
 ORPHAN_LIMIT: Final = 10.0
 
 
+def _is_eof(cause: BaseException | None) -> bool:
+    """The peer closed the TLS connection without its close_notify (an EOF, not a bad
+    handshake or a bad record)."""
+    return isinstance(cause, ssl.SSLEOFError) or (
+        isinstance(cause, ssl.SSLError) and cause.reason == "UNEXPECTED_EOF_WHILE_READING"
+    )
+
+
 @attrs.define(eq=False)
 class _Orphans:
     """Watches the calls cancelled because their connection closed: if any still runs
@@ -899,7 +907,15 @@ class Worker:
                 except ProtocolError as exc:
                     logger.error("the daemon sent a bad message (%s); reconnecting", exc)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    if isinstance(exc.__cause__, ssl.SSLError):
+                    if session.welcomed and _is_eof(exc.__cause__):
+                        # A TLS connection the daemon closed without close_notify, as a
+                        # stop, a kill or a failover does (and our own `bye` ends with):
+                        # a lost connection, as on the Unix socket, not a TLS failure.
+                        if self._stop is not None and self._stop.is_set():
+                            logger.info("connection to the daemon closed")
+                        else:
+                            logger.warning("connection to the daemon lost")
+                    elif isinstance(exc.__cause__, ssl.SSLError):
                         hint = (
                             ""
                             if session.welcomed

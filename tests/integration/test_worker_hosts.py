@@ -7,6 +7,7 @@ PostgreSQL.
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -196,6 +197,47 @@ async def test_a_tls_worker_connects_and_runs_its_namespaces_jobs(
     assert len(harness.named("run.given_back")) == 1
     worker.stop()
     billing.stop()
+
+
+async def test_a_tls_connection_the_daemon_ends_is_lost_not_a_tls_failure(
+    start_daemon: StartDaemon,
+    server_tls: ssl.SSLContext,
+    ca_file: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The daemon closes TLS connections without close_notify (a stop, a kill, a
+    failover, and after a worker's own `bye`): the SDK logged ERROR "TLS with the
+    daemon failed: ... EOF occurred in violation of protocol" for each."""
+    harness, address = await tls_daemon(start_daemon, server_tls)
+    caplog.set_level(logging.INFO, logger="coordinator.worker")
+    for worker_id, end in (("leaves", "worker stops"), ("stays", "daemon stops")):
+        worker = Worker(worker_id=worker_id)
+
+        @worker.job("reports.daily")
+        async def daily(ctx: Context) -> int:
+            return 1
+
+        async with trio.open_nursery() as nursery:
+            await run_worker(
+                nursery, worker, address, token=REPORTS_TOKEN, tls=tls_context(ca_file),
+                server_hostname="localhost",
+            )  # fmt: skip
+            await harness.wait_event("worker.connected", worker=worker_id)
+            caplog.clear()
+            if end == "worker stops":
+                worker.stop()
+            else:
+                assert await harness.stop() == 0
+                with trio.fail_after(10):
+                    while not [r for r in caplog.records if "daemon" in r.getMessage()]:
+                        await trio.sleep(0.02)
+                worker.stop()
+        said = [(r.levelname, r.getMessage()) for r in caplog.records]
+        assert [m for level, m in said if level == "ERROR"] == [], said
+        if end == "worker stops":
+            assert ("INFO", "connection to the daemon closed") in said, said
+        else:
+            assert ("WARNING", "connection to the daemon lost") in said, said
 
 
 async def test_plain_tcp_a_wrong_token_and_a_foreign_type_are_refused(
