@@ -1513,7 +1513,28 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
         raise ValueError("--tls-ca, --tls and --tls-cert need --tcp")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
-    return tls_context(args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+    # Each file loaded on its own, so that a refusal names the flag and the file (the
+    # daemon's do: worker_tls_cert/worker_tls_key: cannot load X with Y).
+    try:
+        context = tls_context(args.tls_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"--tls-ca: cannot load {args.tls_ca}: {_why(exc)}") from None
+    if args.tls_cert:
+        try:
+            context.load_cert_chain(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"--tls-cert/--tls-key: cannot load {args.tls_cert} with {args.tls_key}: "
+                f"{_why(exc)}"
+            ) from None
+    return context
+
+
+def _why(exc: OSError | ssl.SSLError) -> str:
+    """``No such file or directory``, ``key values mismatch``: the words, not the codes."""
+    if isinstance(exc, ssl.SSLError):
+        return str(exc.reason or exc).replace("_", " ").lower()
+    return exc.strerror or str(exc)
 
 
 def _address(args: argparse.Namespace) -> Path | tuple[str, int]:

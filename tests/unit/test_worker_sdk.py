@@ -1505,3 +1505,35 @@ async def test_findings_buffered_when_a_handler_is_cancelled_still_precede_the_r
             ]
             assert await peer.recv() == {"type": "result", "run": 7, "ok": True, "paused": True}
             nursery.cancel_scope.cancel()
+
+
+def test_the_worker_commands_tls_refusals_name_the_flag_and_the_file(tmp_path: Path) -> None:
+    """They said only "[Errno 2] No such file or directory" or "[X509: KEY_VALUES_MISMATCH]
+    key values mismatch (_ssl.c:3926)"."""
+    import argparse
+
+    import trustme
+
+    from coordinator import worker as worker_mod
+
+    ca = trustme.CA()
+    one, other = ca.issue_cert("localhost"), ca.issue_cert("localhost")
+    ca_file, cert, key = tmp_path / "ca.pem", tmp_path / "w.crt", tmp_path / "other.key"
+    ca.cert_pem.write_to_path(str(ca_file))
+    one.cert_chain_pems[0].write_to_path(str(cert))
+    other.private_key_pem.write_to_path(str(key))
+
+    def tls(**given: Any) -> Any:
+        fields = {"tls": False, "tls_ca": None, "tls_cert": None, "tls_key": None}
+        return worker_mod._tls(argparse.Namespace(tcp="127.0.0.1:1", **{**fields, **given}))
+
+    missing = tmp_path / "nonexist.crt"
+    with pytest.raises(ValueError, match=r"^--tls-ca: ") as caught:
+        tls(tls_ca=str(missing))
+    assert str(caught.value) == f"--tls-ca: cannot load {missing}: No such file or directory"
+    with pytest.raises(ValueError, match=r"^--tls-cert/--tls-key: ") as caught:
+        tls(tls_ca=str(ca_file), tls_cert=str(cert), tls_key=str(key))
+    assert str(caught.value) == (
+        f"--tls-cert/--tls-key: cannot load {cert} with {key}: key values mismatch"
+    )
+    assert tls(tls_ca=str(ca_file)) is not None
