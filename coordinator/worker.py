@@ -712,6 +712,9 @@ class Worker:
     _handlers: dict[str, Handler] = attrs.field(factory=dict, init=False)
     _declared: dict[str, DeclaredJob] = attrs.field(factory=dict, init=False)
     _stop: trio.Event | None = attrs.field(default=None, init=False)
+    #: The daemon's last refusal of this worker, said once at ERROR until it changes or
+    #: the worker is welcomed (it retried every 30 s, an ERROR line each time, forever).
+    _refused: str | None = attrs.field(default=None, init=False)
     #: SIGINT arrives as a signal here (``coordinator worker`` receives it), never as a
     #: ``KeyboardInterrupt``: one a handler raises is then its own, one call's failure.
     _sigint_received: bool = attrs.field(default=False, init=False)
@@ -965,6 +968,7 @@ class Worker:
                 message = parse_from_daemon(line)
                 if isinstance(message, Welcome):
                     session.welcomed_at = trio.current_time()
+                    self._refused = None
                     logger.info(
                         "connected as %s: %s (capacity %d)",
                         message.worker,
@@ -1001,8 +1005,17 @@ class Worker:
                 "pause_grace longer than the daemon's grace); the daemon said: %s",
                 said,
             )
+        elif said == self._refused:
+            logger.info("the daemon refused this worker again: %s", said)
         else:
+            self._refused = said
             logger.error("the daemon refused this worker: %s", said)
+            logger.info(
+                "trying again with backoff (up to every %gs) until the daemon's "
+                "configuration or this worker's allows it; the same refusal is said at "
+                "info level from now on",
+                BACKOFF_CAP,
+            )
 
     def _on_declared(self, declared: Declared) -> None:
         self.last_declared = declared

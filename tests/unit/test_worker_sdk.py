@@ -888,6 +888,32 @@ async def test_the_log_says_why_the_daemon_ended_the_connection(
     assert errors[0].endswith(said)
 
 
+async def test_the_same_refusal_is_an_error_once(
+    sock_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refusal no retry fixes (a wrong token) was an ERROR line at every retry, every
+    30 s, for good. Once, then info; a welcome resets it."""
+    caplog.set_level(logging.INFO, logger="coordinator.worker")
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(echo_worker().run, sock_path)
+            for _ in range(2):
+                peer = await daemon.accept()
+                assert (await peer.recv() or {})["type"] == "hello"
+                await peer.send({"type": "error", "message": "missing or wrong token"})
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.send({"type": "error", "message": "missing or wrong token"})
+            assert await peer.recv() is None
+            nursery.cancel_scope.cancel()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "refused" in r.getMessage()]
+    assert said == [
+        ("ERROR", "the daemon refused this worker: missing or wrong token"),
+        ("INFO", "the daemon refused this worker again: missing or wrong token"),
+        ("ERROR", "the daemon refused this worker: missing or wrong token"),  # after a welcome
+    ]
+
+
 async def test_error_from_the_daemon_means_reconnect(sock_path: Path) -> None:
     with trio.fail_after(GUARD):
         async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
