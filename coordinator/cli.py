@@ -1405,13 +1405,15 @@ def _status_of_database(
 
 
 async def _config(args: argparse.Namespace, ctx: CommandContext) -> int:
-    from .service import refusals
+    from .service import cautions, refusals
 
     config = ctx.config()
     # What `run` refuses before connecting, said here (the service's environment may
     # differ: its env file, its user's rights to the files named).
     for problem in refusals(config):
         _note(f"`coordinator run` with these settings would refuse: {problem}")
+    for caution in cautions(config):
+        _note(f"`coordinator run` would start, but: {caution}")
     rows = config.describe()
     if getattr(args, "json", False):
         values = config.redacted()

@@ -10,12 +10,13 @@ admin token, a port in use, a spool path that is a directory...) are
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import ssl
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Final, Literal, cast
 
 import trio
 
@@ -218,6 +219,41 @@ def refusals(config: Config, *, probe: bool = False) -> list[str]:
     return found
 
 
+#: A worker certificate this close to its end is said at start (and by ``config``).
+CERTIFICATE_WARNING: Final = timedelta(days=14)
+
+
+def cautions(config: Config, *, now: datetime | None = None) -> list[str]:
+    """What ``coordinator run`` starts with but says is wrong, one line each: a worker
+    certificate past (or near) its end. It loads, so nothing refused it, and then every
+    worker's handshake failed with nothing in the daemon's log pointing at its own
+    certificate (a tester's finding)."""
+    found: list[str] = []
+    cert = config.worker_tls_cert
+    end = certificate_end(cert) if cert is not None else None
+    if end is not None:
+        now = now or datetime.now(UTC)
+        when = f"{end:%Y-%m-%d %H:%M} UTC"
+        if end <= now:
+            found.append(
+                f"worker_tls_cert: {cert} expired on {when}: every worker's TLS handshake "
+                "fails until it is renewed"
+            )
+        elif end - now <= CERTIFICATE_WARNING:
+            found.append(f"worker_tls_cert: {cert} expires on {when}: renew it before then")
+    return found
+
+
+def certificate_end(path: Path) -> datetime | None:
+    """The notAfter of the PEM certificate at ``path`` (``None`` if it cannot be read:
+    loading it is checked, and said, elsewhere)."""
+    try:
+        decoded = ssl._ssl._test_decode_cert(os.fspath(path))  # type: ignore[attr-defined]
+        return datetime.fromtimestamp(ssl.cert_time_to_seconds(decoded["notAfter"]), UTC)
+    except Exception:  # (no such file, not PEM, a Python without the helper)
+        return None
+
+
 def preflight(config: Config) -> None:
     """Raise the first of :func:`refusals` (a :class:`ConfigError`: one line, exit 2),
     the state directory tried by writing in it."""
@@ -312,6 +348,8 @@ async def serve(
     redact.install(config.redactor())  # before anything is logged, stored or served
     log = log if log is not None else event_log(config)
     preflight(config)
+    for caution in cautions(config):
+        log.warning("startup.caution", reason=caution)
     daemon = build_daemon(
         dsn=dsn,
         settings=DaemonSettings(

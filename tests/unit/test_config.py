@@ -548,3 +548,32 @@ def test_an_empty_path_is_refused_naming_where_it_came_from(tmp_path: Path) -> N
     file.write_text('state_dir = ""\n')
     with pytest.raises(ConfigError, match=r"c.toml: state_dir: empty; give a path"):
         load(file=file, environ={}, flags={})
+
+
+def test_a_worker_certificate_past_or_near_its_end_is_a_caution(tmp_path: Path) -> None:
+    """An expired certificate loads, so nothing refused it; then every worker's handshake
+    failed and the daemon's log blamed the handshake. `run` and `config` now say it."""
+    from datetime import UTC, datetime, timedelta
+
+    import trustme
+
+    from coordinator.service import cautions
+
+    now = datetime(2026, 12, 3, tzinfo=UTC)
+    ca = trustme.CA()
+    paths = {}
+    for name, end in (("old", now - timedelta(days=1)), ("soon", now + timedelta(days=3)),
+                      ("fine", now + timedelta(days=300))):  # fmt: skip
+        leaf = ca.issue_cert("localhost", not_before=now - timedelta(days=30), not_after=end)
+        paths[name] = tmp_path / f"{name}.crt"
+        leaf.cert_chain_pems[0].write_to_path(str(paths[name]))
+    assert cautions(Config(worker_tls_cert=paths["old"]), now=now) == [
+        f"worker_tls_cert: {paths['old']} expired on 2026-12-02 00:00 UTC: every worker's "
+        "TLS handshake fails until it is renewed"
+    ]
+    assert cautions(Config(worker_tls_cert=paths["soon"]), now=now) == [
+        f"worker_tls_cert: {paths['soon']} expires on 2026-12-06 00:00 UTC: renew it before then"
+    ]
+    assert cautions(Config(worker_tls_cert=paths["fine"]), now=now) == []
+    assert cautions(Config(worker_tls_cert=tmp_path / "missing.crt"), now=now) == []
+    assert cautions(Config(), now=now) == []
