@@ -374,6 +374,10 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
     keep_last = _keep_last(e)
     retention = _duration(e, "retention")
     params = e.typed("params", dict, "a table", {})
+    for where, number in _non_finite(params, "params"):
+        # (Stored as the strings "nan" and "inf" without a word, where the client and
+        # the protocol refuse them.)
+        e.problem(where, f"{number} is not a JSON number (JSON has no NaN or infinity)")
     target = _target(e)
     if recoverable and "command" in raw:
         e.problem(
@@ -574,6 +578,17 @@ def _target(e: _Entry) -> Target | dict[str, Any]:
             "argv": [str(a) for a in command] if isinstance(command, list) else [],
         }
     return Target(kind="exec", argv=tuple(command), env=env, cwd=cwd)
+
+
+def _non_finite(value: Any, where: str) -> list[tuple[str, float]]:
+    """Where ``value`` holds NaN or an infinity (TOML's ``nan``, ``inf``, ``1e400``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [(where, value)]
+    if isinstance(value, dict):
+        return [f for k, v in value.items() for f in _non_finite(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [f for i, v in enumerate(value) for f in _non_finite(v, f"{where}[{i}]")]
+    return []
 
 
 def _jsonable(value: Any) -> Any:

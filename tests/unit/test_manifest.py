@@ -434,3 +434,18 @@ def test_manifest_rejected_message() -> None:
     )
     assert error.exit_code == 2
     assert error.manifest is manifest
+
+
+def test_params_that_json_cannot_hold_are_problems() -> None:
+    """TOML has nan and inf (and 1e400 reads as inf); they were stored as the strings
+    "nan" and "inf" without a word, where the client and the protocol refuse them."""
+    entry, problems = _one(
+        'name = "g"\nmanual = true\nworker = "w"\n'
+        "params = { big = 1e400, fine = 1.5, deep = { n = nan, list = [1, -inf] } }\n"
+    )
+    assert [(p.field, p.reason) for p in problems] == [
+        ("params.big", "inf is not a JSON number (JSON has no NaN or infinity)"),
+        ("params.deep.n", "nan is not a JSON number (JSON has no NaN or infinity)"),
+        ("params.deep.list[1]", "-inf is not a JSON number (JSON has no NaN or infinity)"),
+    ]
+    assert entry["invalid_reason"] is not None
