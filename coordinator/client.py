@@ -626,9 +626,33 @@ def _require_text(value: object, field: str) -> str:
 
 def _to_json_text(value: object, field: str) -> str:
     try:
-        return json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(field, f"not representable as JSON: {exc}") from None
+    if "\\u0000" in text and (where := _nul_at(value, field)) is not None:
+        # PostgreSQL's jsonb cannot hold it; its own words ("unsupported Unicode escape
+        # sequence") dropped the detail that said which character.
+        raise InvalidInput(
+            field, f"contains the character U+0000 (NUL) at {where}, which PostgreSQL cannot store"
+        )
+    return text
+
+
+def _nul_at(value: object, where: str) -> str | None:
+    """Where a NUL character is in ``value`` (a key or a string), if anywhere."""
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if "\x00" in str(key):
+                return f"{where} (a key)"
+            if (found := _nul_at(item, f"{where}.{key}")) is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if (found := _nul_at(item, f"{where}[{i}]")) is not None:
+                return found
+    return None
 
 
 def _object(value: Mapping[str, Any] | None, field: str) -> dict[str, Any]:

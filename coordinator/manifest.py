@@ -403,7 +403,7 @@ def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem
                 keep_last=keep_last,
                 retention=retention,
             ), []
-        except InvalidInput as exc:  # pragma: no cover - the checks above cover these
+        except InvalidInput as exc:  # (what only the client checks: a NUL in params)
             e.problem(exc.field, exc.reason)
     reason = "; ".join(f"{p.field}: {p.reason}" for p in e.problems)
     entry = job_entry(

@@ -798,3 +798,20 @@ async def test_the_summary_counts_what_a_refresh_loads(conn: asyncpg.Connection)
         1,  # idle
         1,  # once, served
     )
+
+
+async def test_a_nul_character_is_named_where_it_is(conn: asyncpg.Connection) -> None:
+    """PostgreSQL's jsonb cannot hold U+0000, and its words ("unsupported Unicode escape
+    sequence") did not say which character or where."""
+    await _define(conn, "nul")
+    with pytest.raises(InvalidInput) as caught:
+        await aio(client.trigger)(conn, "nul", args={"s": "\U0001f600\x00x"})
+    assert str(caught.value) == (
+        "args: contains the character U+0000 (NUL) at args.s, which PostgreSQL cannot store"
+    )
+    with pytest.raises(InvalidInput) as caught:
+        await _define(conn, "nul2", params={"deep": ["ok", {"k\x00": 1}]})
+    assert str(caught.value) == (
+        "params: contains the character U+0000 (NUL) at params.deep[1] (a key), which "
+        "PostgreSQL cannot store"
+    )
