@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import asyncpg
 import attrs
 
 from .db import aio
@@ -74,6 +75,12 @@ async def migrate(conn: Connection, migrations: list[Migration] | None = None) -
     async def run() -> None:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATE_LOCK_KEY)
+            if await _up_to_date(conn, migrations):
+                # Nothing to do, said as such to a role that may read the record but not
+                # create in the database (the bootstrap's CREATE ... IF NOT EXISTS needs
+                # that right even when everything exists: "permission denied for
+                # database", a tester's finding).
+                return
             await conn.execute(_BOOTSTRAP)
             rows = await conn.fetch("SELECT name, checksum FROM coordinator.schema_migrations")
             done = {r["name"]: r["checksum"] for r in rows}
@@ -96,8 +103,40 @@ async def migrate(conn: Connection, migrations: list[Migration] | None = None) -
                 )
                 applied_now.append(m.name)
 
-    await aio(run)()
+    try:
+        await aio(run)()
+    except asyncpg.InsufficientPrivilegeError as exc:
+        # (Asked once the failed transaction has rolled back.)
+        raise DatabaseError(await aio(_not_owner)(conn, exc)) from None
     return applied_now
+
+
+async def _up_to_date(conn: Connection, migrations: list[Migration]) -> bool:
+    """Every migration recorded, each with this build's checksum, as far as the current
+    role may read the record (``False`` when it may not, or there is none)."""
+    readable = await conn.fetchval(
+        "SELECT has_schema_privilege(n.oid, 'USAGE') AND has_table_privilege(c.oid, 'SELECT')"
+        "  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = 'coordinator' AND c.relname = 'schema_migrations'"
+    )
+    if not readable:
+        return False
+    rows = await conn.fetch("SELECT name, checksum FROM coordinator.schema_migrations")
+    done = {r["name"]: r["checksum"] for r in rows}
+    return all(done.get(m.name) == m.checksum for m in migrations)
+
+
+async def _not_owner(conn: Connection, exc: Exception) -> str:
+    """The refusal of a role that may not change the schema, with who may."""
+    owner = await conn.fetchval(
+        "SELECT pg_catalog.pg_get_userbyid(nspowner) FROM pg_catalog.pg_namespace"
+        " WHERE nspname = 'coordinator'"
+    )
+    who = f"the schema's owner ({owner}) or a superuser" if owner else "the database's owner"
+    return (
+        f"{exc}: migrations are applied by {who}, as `coordinator migrate --dsn ...`; "
+        f"{await conn.fetchval('SELECT current_user')} may not"
+    )
 
 
 async def pending(conn: Connection, migrations: list[Migration] | None = None) -> list[str]:

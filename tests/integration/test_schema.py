@@ -357,3 +357,37 @@ async def test_resolve_only_unresolved(conn: asyncpg.Connection) -> None:
     ]
     with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError):
         await aio(conn.fetchval)("SELECT coordinator.resolve($1, 'failed')", retry)
+
+
+async def test_migrate_by_a_role_that_may_not_change_the_schema(
+    conn: asyncpg.Connection, database: str, database_name: str
+) -> None:
+    """On an up-to-date schema it said "permission denied for database" (the bootstrap's
+    CREATE ... IF NOT EXISTS needs CREATE on the database): now "up to date" for a role
+    that may read the record, and one line naming who may migrate otherwise."""
+    from coordinator.errors import DatabaseError
+
+    role = f"stranger_{database_name}"
+    await aio(conn.execute)(f'CREATE ROLE "{role}" LOGIN')
+    other = await aio(asyncpg.connect)(database.replace("postgres@", f"{role}@", 1))
+    try:
+        with pytest.raises(DatabaseError) as info:
+            await migrate_mod.migrate(other)
+        assert str(info.value) == (
+            f"permission denied for database {database_name}: migrations are applied by the "
+            f"schema's owner (postgres) or a superuser, as `coordinator migrate --dsn ...`; "
+            f"{role} may not"
+        )
+        await aio(conn.execute)(f'GRANT USAGE ON SCHEMA coordinator TO "{role}"')
+        await aio(conn.execute)(f'GRANT SELECT ON coordinator.schema_migrations TO "{role}"')
+        assert await migrate_mod.migrate(other) == []  # up to date: nothing to create
+        last = migrate_mod.load_migrations()[-1]
+        await aio(conn.execute)(
+            "DELETE FROM coordinator.schema_migrations WHERE name = $1", last.name
+        )
+        with pytest.raises(DatabaseError, match=r"migrations are applied by the schema's owner"):
+            await migrate_mod.migrate(other)
+    finally:
+        await aio(other.close)()
+        await aio(conn.execute)(f'DROP OWNED BY "{role}"')
+        await aio(conn.execute)(f'DROP ROLE "{role}"')
