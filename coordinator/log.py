@@ -59,10 +59,16 @@ def _logfmt_value(value: Any) -> str:
     else:
         text = str(value)
     if not text or _QUOTED.search(text) is not None:
-        # JSON's string syntax: quotes, backslashes, C0 controls and (ensure_ascii) C1
-        # and U+2028/U+2029 escaped; DEL is the one control character it leaves raw.
-        return json.dumps(text).replace("\x7f", "\\u007f")
+        # JSON's string syntax: quotes, backslashes and C0 controls escaped; then the
+        # control characters it leaves raw (DEL, C1, U+2028/U+2029) as \uXXXX. Other
+        # characters stay as they are: `ü` or `日` escaped were unreadable in journalctl,
+        # and a grep for a job's name did not find it (a tester's finding).
+        return CONTROL.sub(_escaped, json.dumps(text, ensure_ascii=False))
     return text
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 #: The JSON format's encoder (one object: ``json.dumps`` with options builds one per call).

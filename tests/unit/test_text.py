@@ -166,3 +166,15 @@ def test_width_counts_terminal_columns() -> None:
     assert width("e\u0301") == 1  # e and a combining acute accent
     assert pad("日本", 6) == "日本  "
     assert width(pad("ab", 6)) == width(pad("日本語", 6)) == 6
+
+
+def test_logfmt_keeps_letters_of_any_script_as_they_are() -> None:
+    """`ü` and `日` were written \\u00fc and \\u65e5 in a quoted value: unreadable in
+    journalctl, and a grep for the job's name did not find it. Only control characters
+    are escaped."""
+    line = _logfmt(job='default/ünïcødé ✓ 日本語 "quote"', error="a\x85b")
+    assert ' job="default/ünïcødé ✓ 日本語 \\"quote\\""' in line
+    assert ' error="a\\u0085b"' in line
+    assert json.loads(line.split(" job=", 1)[1].split(" error=")[0]) == (
+        'default/ünïcødé ✓ 日本語 "quote"'
+    )
