@@ -528,8 +528,10 @@ class Web:
 
         async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
             access.require(request, namespace, operate=True)
+            job = await aio(client.get_job)(conn, name, namespace=namespace)
             await aio(client.pause)(conn, name, namespace=namespace)
-            return f"{namespace}/{name} paused", {}
+            # (As the CLI says it: a second click changed nothing.)
+            return f"{namespace}/{name} paused" + (" (it was already)" if job.paused else ""), {}
 
         return await self._act(request, act)
 
@@ -538,8 +540,10 @@ class Web:
 
         async def act(conn: Connection, _form: dict[str, str]) -> tuple[str, dict[str, Any]]:
             access.require(request, namespace, operate=True)
+            job = await aio(client.get_job)(conn, name, namespace=namespace)
             await aio(client.resume)(conn, name, namespace=namespace)
-            return f"{namespace}/{name} resumed", {}
+            not_paused = "" if job.paused else " (it was not paused)"
+            return f"{namespace}/{name} resumed{not_paused}", {}
 
         return await self._act(request, act)
 

@@ -284,9 +284,14 @@ async def test_run_pause_resume_and_resolve_from_the_page(
     paused = await site.post("/jobs/default/button/pause", data={"csrf": csrf}, headers=fetch)
     assert paused.json() == {"ok": True, "message": "default/button paused"}
     assert (await aio(client.get_job)(conn, "button")).paused
+    # A second click changes nothing, and says so (as the CLI does).
+    again = await site.post("/jobs/default/button/pause", data={"csrf": csrf}, headers=fetch)
+    assert again.json() == {"ok": True, "message": "default/button paused (it was already)"}
     resumed = await site.post("/jobs/default/button/resume", data={"csrf": csrf}, headers=fetch)
-    assert resumed.json()["ok"]
+    assert resumed.json() == {"ok": True, "message": "default/button resumed"}
     assert not (await aio(client.get_job)(conn, "button")).paused
+    again = await site.post("/jobs/default/button/resume", data={"csrf": csrf}, headers=fetch)
+    assert again.json() == {"ok": True, "message": "default/button resumed (it was not paused)"}
     # Resolving a run that is not unresolved is refused with the reason.
     run = (await aio(client.get_job)(conn, "button")).last_run
     resolve = await site.post(
