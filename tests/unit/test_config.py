@@ -455,6 +455,9 @@ def test_local_timezone_from_tz_or_utc() -> None:
          "COORDINATOR_ALERT_WEBHOOK: expected an https:// URL, not 'htps://hooks.slack.com/***'"),
         ("https://hooks.example/services/SECRET tok",
          "COORDINATOR_ALERT_WEBHOOK: a URL has no spaces or control characters"),
+        ("https://", "COORDINATOR_ALERT_WEBHOOK: 'https://' has no host (https://HOST/PATH)"),
+        ("https:///SECRET",
+         "COORDINATOR_ALERT_WEBHOOK: 'https:///***' has no host (https://HOST/PATH)"),
     ],
 )  # fmt: skip
 def test_a_bad_webhook_is_refused_without_showing_its_secret(url: str, refusal: str) -> None:
