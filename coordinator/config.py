@@ -245,11 +245,11 @@ def _webhook(value: Any, name: str) -> str | None:
         # (urllib would refuse it at the first alert, its error quoting the URL's path.)
         raise ConfigError(f"{name}: a URL has no spaces or control characters")
     url = urlsplit(text)
-    if url.scheme in ("https", "http") and not url.hostname:
-        # ("expected an https:// URL, not 'https://'" read as a contradiction.)
-        raise ConfigError(f"{name}: {_redact_url(text)!r} has no host (https://HOST/PATH)")
     if url.scheme not in ("https", "http"):
         raise ConfigError(f"{name}: expected an https:// URL, not {_redact_url(text)!r}")
+    if not url.hostname:
+        # ("expected an https:// URL, not 'https://'" read as a contradiction.)
+        raise ConfigError(f"{name}: {_redact_url(text)!r} has no host (https://HOST/PATH)")
     try:
         url.port  # noqa: B018 - reading it checks it
     except ValueError:
