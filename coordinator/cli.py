@@ -1309,7 +1309,7 @@ async def _status(args: argparse.Namespace, ctx: CommandContext) -> int:
         answer = probe.of_this_database(answer, leader)
         live = answer.status
     if live is not None:
-        return _status_of_daemon(args, config, answer, database, unreachable)
+        return _status_of_daemon(args, config, answer, database, unreachable, leader)
     assert database is not None
     return _status_of_database(args, answer, database, leader, probe.start_hint(config))
 
@@ -1320,13 +1320,26 @@ def _status_of_daemon(
     answer: probe.ApiAnswer,
     database: dict[str, Any] | None,
     unreachable: str | None,
+    leader: client.Leader | None = None,
 ) -> int:
     live = dict(answer.status or {})
     differences = (
         why.status_differences(live, database, refresh_spacing=config.refresh_spacing)
-        if database is not None
+        if database is not None and live.get("state") != "standby"
         else []
     )
+    if live.get("state") == "standby" and database is not None:
+        # A standby loads and arms nothing: the differences above, worded for a leader
+        # (manual jobs not loaded, changed since its last refresh...), misled (a tester's
+        # finding). Say why, and who leads.
+        leads = (
+            f"PostgreSQL session {leader.pid} ({leader.application or '?'}) leads"
+            if leader is not None
+            else "no session holds the lock now"
+        )
+        differences = [
+            f"this daemon stands by: it loads and arms nothing until it takes the lock; {leads}"
+        ]
     if getattr(args, "json", False):
         _print_json(
             {

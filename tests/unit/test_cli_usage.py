@@ -278,3 +278,37 @@ def test_a_negative_value_is_read_as_the_options_value(
     the value's own check speaks. Refused before connecting."""
     assert main(["--dsn", "postgresql://nobody@127.0.0.1:1/none", *argv]) == 2
     assert capsys.readouterr().err.splitlines() == [expected]
+
+
+def test_status_of_a_standby_says_it_stands_by_and_who_leads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The differences were worded for a leader ("the daemon has loaded 0: it loads only
+    jobs that can fall due (407 manual not loaded)"), where the reason is that this
+    daemon stands by and another leads."""
+    import argparse
+    from datetime import UTC, datetime
+
+    from coordinator import cli, client, probe
+    from coordinator.config import Config
+
+    answer = probe.ApiAnswer(
+        status={"state": "standby", "instance": "b", "jobs": 0, "uptime_s": 3},
+        label="the daemon's admin API at http://127.0.0.1:18673/api/status",
+    )
+    database = {
+        "jobs": 409, "loadable": 2, "manual": 407, "paused": 0, "invalid": 0, "done": 0,
+        "next_deadline": datetime(2026, 12, 3, tzinfo=UTC), "next_job": "default/a",
+    }  # fmt: skip
+    leader = client.Leader(pid=4242, application="coordinator", since=None)
+    args = argparse.Namespace(json=False)
+    assert cli._status_of_daemon(args, Config(), answer, database, None, leader) == 0
+    differences = [
+        line.split(":", 1)[1].strip()
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("difference:")
+    ]
+    assert differences == [
+        "this daemon stands by: it loads and arms nothing until it takes the lock; "
+        "PostgreSQL session 4242 (coordinator) leads"
+    ]
