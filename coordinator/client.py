@@ -480,12 +480,22 @@ class SyncResult:
     created: int
     updated: int
     paused: int
+    #: Of ``updated``, those whose definition was already as listed (not written): a
+    #: deploy script tells "nothing changed" from ``changed == 0`` (the dry run's words).
+    unchanged: int = 0
+
+    @property
+    def changed(self) -> int:
+        """Listed jobs that existed and were written (``updated`` less ``unchanged``)."""
+        return self.updated - self.unchanged
 
     def to_json(self) -> dict[str, Any]:
         return {
             "namespace": self.namespace,
             "created": self.created,
             "updated": self.updated,
+            "changed": self.changed,
+            "unchanged": self.unchanged,
             "paused": self.paused,
         }
 
@@ -1083,14 +1093,34 @@ async def sync(
         seen.add(entry_name)
     payload = _to_json_text([dict(e) for e in entries], "jobs")
     with translate_errors(namespace=namespace, field="jobs"):
-        row = await conn.fetchrow(
-            "SELECT created, updated, paused FROM coordinator.sync($1, $2::text::jsonb)",
-            namespace,
-            payload,
-        )
+        async with conn.transaction():
+            # (Counted first, in the sync's transaction: sync() itself answers only
+            # "updated", the unchanged among them included. An entry the count cannot
+            # read is left for sync() to refuse in its own words.)
+            try:
+                async with conn.transaction():
+                    unchanged = await conn.fetchval(_SYNC_UNCHANGED, namespace, payload)
+            except asyncpg.PostgresError:
+                unchanged = 0
+            row = await conn.fetchrow(
+                "SELECT created, updated, paused FROM coordinator.sync($1, $2::text::jsonb)",
+                namespace,
+                payload,
+            )
     return SyncResult(
-        namespace=namespace, created=row["created"], updated=row["updated"], paused=row["paused"]
+        namespace=namespace,
+        created=row["created"],
+        updated=row["updated"],
+        paused=row["paused"],
+        unchanged=min(unchanged or 0, row["updated"]),
     )
+
+
+#: Listed jobs whose definition is already as listed (the count sync() does not give).
+_SYNC_UNCHANGED = """
+SELECT count(*) FILTER (WHERE coordinator._job_unchanged($1, e.value))
+  FROM jsonb_array_elements($2::text::jsonb) AS e(value)
+"""
 
 
 #: Each listed job as it stands before a sync (in the plan's transaction).

@@ -410,6 +410,11 @@ async def test_sync_creates_updates_and_pauses_missing(conn: asyncpg.Connection)
     changed = MANIFEST.replace('every = "6h"', 'every = "30m"')
     result = await aio(client.sync_manifest)(conn, parse(changed))
     assert (result.created, result.updated, result.paused) == (0, 2, 0)
+    # Of the two updated, one was already as listed: the dry run's words, for scripts.
+    assert (result.changed, result.unchanged) == (1, 1)
+    assert result.to_json()["changed"] == 1
+    again = await aio(client.sync_manifest)(conn, parse(changed))
+    assert (again.updated, again.changed, again.unchanged) == (2, 0, 2)
     jobs = await _jobs(conn)
     assert (jobs["reindex"].schedule, jobs["reindex"].schedule_version) == ("30m", 2)
     assert jobs["nightly"].schedule_version == 1
