@@ -593,6 +593,21 @@ def _from_postgres(
     if state == "42704":  # undefined_object: grant_namespace's unknown role
         return _invalid(getattr(exc, "column_name", None) or field, message)
     if state == "42501":  # insufficient_privilege: a table or function grant, or RLS
+        if message.startswith("permission denied for schema coordinator"):
+            # No role of the schema's: PostgreSQL's words said nothing of what to do.
+            message += (
+                ": this role is in none of coordinator_app, coordinator_admin and "
+                "coordinator_daemon; `coordinator grant ROLE NAMESPACE` (run by the "
+                "schema's owner or a coordinator_admin member) lets it use a namespace"
+            )
+            return PermissionDenied(None, message, message=message)
+        if message.startswith(
+            ("permission denied for function grant_namespace",
+             "permission denied for function revoke_namespace")
+        ):  # fmt: skip
+            # Not about the namespace named: about who may grant.
+            message += ": grants are made by the schema's owner or a coordinator_admin member"
+            return PermissionDenied(None, message, message=message)
         if namespace is None and message.startswith("permission denied for "):
             # A privilege on an object (a function of the admin's, a table): no namespace
             # is involved, so PostgreSQL's words are the message.

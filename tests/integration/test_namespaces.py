@@ -432,6 +432,34 @@ async def test_grants_listed_changed_and_revoked(
         await client_grant(conn, "no_such_role_x", "ops")
     with pytest.raises(InvalidInput, match="namespace"):
         await client_grant(conn, roles.bob, "bad namespace")
+    # Granting is the owner's or an admin's: not a refusal about the namespace named.
+    with pytest.raises(PermissionDenied) as refused:
+        await client_grant(as_role["alice"], roles.bob, "other")
+    assert str(refused.value) == (
+        "permission denied for function grant_namespace: grants are made by the schema's "
+        "owner or a coordinator_admin member"
+    )
+
+
+async def test_a_role_in_none_of_the_schemas_roles_is_told_what_to_do(
+    conn: asyncpg.Connection, database: str, database_name: str
+) -> None:
+    """It got PostgreSQL's bare "permission denied for schema coordinator"."""
+    role = f"stranger_{database_name}"
+    await aio(conn.execute)(f'CREATE ROLE "{role}" LOGIN')
+    stranger = await aio(asyncpg.connect)(database.replace("postgres@", f"{role}@", 1))
+    try:
+        with pytest.raises(PermissionDenied) as refused:
+            await aio(client.list_jobs)(stranger)
+        assert str(refused.value) == (
+            "permission denied for schema coordinator: this role is in none of "
+            "coordinator_app, coordinator_admin and coordinator_daemon; `coordinator grant "
+            "ROLE NAMESPACE` (run by the schema's owner or a coordinator_admin member) lets "
+            "it use a namespace"
+        )
+    finally:
+        await aio(stranger.close)()
+        await aio(conn.execute)(f'DROP ROLE "{role}"')
 
 
 async def test_the_daemons_plans_carry_no_policy(
