@@ -1507,6 +1507,9 @@ def _prepare(argv: Sequence[str] | None) -> int | _Prepared:
 
 
 def _token(args: argparse.Namespace) -> str | None:
+    if args.token and args.token_file:
+        # (--token-file won without a word; which one was meant?)
+        raise ValueError("--token and --token-file: give one of them")
     if args.token_file:
         try:
             text = Path(args.token_file).read_text().strip()

@@ -1563,3 +1563,18 @@ def test_the_worker_commands_tls_refusals_name_the_flag_and_the_file(tmp_path: P
         f"--tls-cert/--tls-key: cannot load {cert} with {key}: key values mismatch"
     )
     assert tls(tls_ca=str(ca_file)) is not None
+
+
+def test_the_worker_command_refuses_two_tokens(tmp_path: Path) -> None:
+    """--token-file won over --token without a word."""
+    import argparse
+
+    from coordinator import worker as worker_mod
+
+    token_file = tmp_path / "tok"
+    token_file.write_text("from-the-file-" + "f" * 20 + "\n")
+    both = argparse.Namespace(token="given-" + "g" * 20, token_file=str(token_file))
+    with pytest.raises(ValueError, match=r"^--token and --token-file: give one of them$"):
+        worker_mod._token(both)
+    one = argparse.Namespace(token=None, token_file=str(token_file))
+    assert worker_mod._token(one) == "from-the-file-" + "f" * 20
