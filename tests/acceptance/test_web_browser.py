@@ -458,6 +458,23 @@ def test_pause_and_resume_without_a_reload(page: Page, site: Site) -> None:
     assert rows[0]["paused"] is False
 
 
+def test_a_job_removed_while_its_page_is_open_says_so(page: Page, site: Site) -> None:
+    """The live update stripped the title, details and buttons and kept the runs table,
+    with no word of why (a tester's finding)."""
+    job_id = site.define("leaving", schedule_kind="cron", schedule="0 0 1 1 *")
+    page.go("/jobs/default/leaving")
+    page.live()
+    page.mark()
+    sql(site.dsn, "SELECT coordinator.remove('default', 'leaving')")
+    note = page.wait(
+        lambda d: d.find_elements(By.CSS_SELECTOR, f'p.note[data-gone="{job_id}"]'),
+        what="the removed job's notice",
+    )[0]
+    assert note.text.startswith("This job was removed")
+    assert note.find_element(By.TAG_NAME, "a").get_attribute("href").endswith("/")
+    assert page.same_document()
+
+
 @pytest.mark.parametrize(("span", "days", "unit"), [("2d", 2, "hour"), ("6mo", 183, "week")])
 def test_sparkline_has_the_right_buckets(
     page: Page, site: Site, span: str, days: int, unit: str

@@ -64,7 +64,10 @@
     inflight[src] = true;
     fetchHtml(src).then(function (r) {
       if (r.status === 204 || r.status === 404) {
-        els.forEach(function (el) { el.remove(); });
+        els.forEach(function (el) {
+          if (r.status === 404 && el.classList.contains("job-head")) gone(el);
+          else el.remove();
+        });
         return null;
       }
       if (r.status === 401) {
@@ -88,6 +91,22 @@
           if (!timer) timer = setTimeout(flush, REFRESH_DELAY);
         });
       });
+  }
+
+  // The job of this page was removed: say so where its head was (its title, details
+  // and buttons went, and the runs below were left looking like a job's).
+  function gone(head) {
+    var note = document.createElement("p");
+    note.className = "note";
+    note.setAttribute("role", "status");
+    note.dataset.gone = head.dataset.job || "";
+    note.textContent = "This job was removed: its runs went with it unless it was removed " +
+      "with --keep-history. ";
+    var back = document.createElement("a");
+    back.href = "/";
+    back.textContent = "All jobs";
+    note.appendChild(back);
+    head.replaceWith(note);
   }
 
   function parse(html) {
