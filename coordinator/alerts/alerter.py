@@ -609,7 +609,8 @@ class Alerter:
             return
         sinks = {sink.name: sink for sink in self.sinks}
         now = self.clock.now()
-        resumed = expired = unreadable = 0
+        resumed = unreadable = 0
+        dropped: list[str] = []  # named, as alert.abandoned named them at the stop
         for line in text.splitlines():
             try:
                 delivery = _Delivery.from_json(json.loads(line))
@@ -618,14 +619,18 @@ class Alerter:
                 continue
             sink = sinks.get(delivery.sink)
             if sink is None or delivery.at + self.window <= now:
-                expired += 1
+                why = "its sink is no longer configured" if sink is None else "window over"
+                dropped.append(
+                    f"{delivery.job} run {delivery.run} {delivery.kind} ({delivery.sink}: {why})"
+                )
                 continue
             self._start(sink, delivery)
             resumed += 1
         self.events.log.info(
             "alert.outbox",
             resumed=resumed,
-            expired=expired or None,
+            expired=len(dropped) or None,
+            dropped="; ".join(dropped) or None,
             unreadable=unreadable or None,
         )
 

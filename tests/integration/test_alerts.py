@@ -390,6 +390,7 @@ async def test_an_alert_a_stop_abandons_is_sent_by_the_next_start(
     assert outbox.exists()
     assert outbox.stat().st_mode & 0o077 == 0  # (the error text may be sensitive)
 
+    kept = outbox.read_text()
     smtp.start()
     second = await start_daemon(
         alert_sinks=sinks(smtp, receiver),
@@ -403,3 +404,19 @@ async def test_an_alert_a_stop_abandons_is_sent_by_the_next_start(
     assert mail["Subject"] == "[coordinator] default/flaky failed (handler, unknown)"
     assert mail["X-Coordinator-Run"] == str(run_id)
     assert len(receiver.requests) == 1  # the webhook had it already: not sent twice
+
+    # An outbox delivery the next start cannot send is named, as the stop named it (it
+    # was only counted: "expired=2").
+    await second.stop()
+    outbox.write_text(kept)
+    outbox.chmod(0o600)
+    third = await start_daemon(
+        alert_sinks=sinks(smtp, receiver)[1:],  # the webhook only
+        alert_window=WINDOW,
+        build={"alert_outbox": outbox},
+    )
+    [said] = await third.wait_event("alert.outbox")
+    assert (said["resumed"], said["expired"]) == (0, 1)
+    assert said["dropped"] == (
+        f"default/flaky run {run_id} failed (email: its sink is no longer configured)"
+    )
