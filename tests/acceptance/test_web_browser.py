@@ -458,6 +458,27 @@ def test_pause_and_resume_without_a_reload(page: Page, site: Site) -> None:
     assert rows[0]["paused"] is False
 
 
+def test_a_long_name_wraps_and_leaves_every_rows_buttons_in_view(page: Page, site: Site) -> None:
+    """A 200-character name took the whole width: every row's schedule, runs and buttons
+    sat behind a horizontal scrollbar, and the header's "next:" ran off the page (a
+    tester's finding). Nothing may reach past the window's right edge."""
+    site.define("L" * 200, schedule_kind="interval", schedule="1h")
+    site.define("short", schedule_kind="cron", schedule="0 0 1 1 *")
+    page.driver.set_window_size(1400, 900)
+
+    def overflowing() -> list[str]:
+        found: list[str] = page.driver.execute_script(
+            "return Array.from(document.querySelectorAll('body *'))"
+            ".filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)"
+            ".map(e => e.tagName + '.' + e.className);"
+        )
+        return found
+
+    for path in ("/", "/jobs/default/" + "L" * 200):
+        page.go(path)
+        assert overflowing() == [], path
+
+
 def test_a_job_removed_while_its_page_is_open_says_so(page: Page, site: Site) -> None:
     """The live update stripped the title, details and buttons and kept the runs table,
     with no word of why (a tester's finding)."""
