@@ -134,7 +134,12 @@ def build_daemon(
 
 
 def worker_tcp(
-    worker_listen: str | None, *, tls: bool, token: str | None, tokens: TokenSet
+    worker_listen: str | None,
+    *,
+    tls: bool,
+    token: str | None,
+    tokens: TokenSet,
+    setting: str = "worker_listen",
 ) -> tuple[str, int] | None:
     """The TCP address workers connect to (``None``: the Unix socket only), or a
     :class:`ConfigError` for a listener that would be open to the wrong peers: on
@@ -145,7 +150,8 @@ def worker_tcp(
         if tls:
             raise ConfigError("worker_tls_cert is set but worker_listen is not")
         return None
-    tcp = parse_listen(worker_listen, setting="worker_listen", allow_remote=True)
+    # (``setting``: where it was set, as a refusal names it -- COORDINATOR_WORKER_LISTEN.)
+    tcp = parse_listen(worker_listen, setting=setting, allow_remote=True)
     if not is_loopback(tcp[0]):
         if not tls:
             raise ConfigError(
@@ -201,6 +207,7 @@ def refusals(config: Config, *, probe: bool = False) -> list[str]:
             tls=tls is not None or config.worker_tls_cert is not None,
             token=config.worker_token,
             tokens=config.worker_tokens,
+            setting=config.named("worker_listen"),
         )
     )
     if config.admin_listen:

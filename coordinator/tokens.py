@@ -157,6 +157,9 @@ _WORKER_KEYS: Final = ("hash", "namespaces", "types")
 def parse_tokens(value: Any, setting: str, *, kind: Literal["admin", "worker"]) -> TokenSet:
     """The ``admin_tokens``/``worker_tokens`` setting: a TOML table of tables (or, from
     the environment, the same as a JSON object). Errors name the setting and the token."""
+    if isinstance(value, str) and not setting.startswith("COORDINATOR_"):
+        # A TOML file (or code) gives a table; only the environment gives JSON text.
+        raise ConfigError(f"{setting}: expected a table of named tokens, got a string")
     if isinstance(value, str):
         try:
             value = json.loads(value) if value.strip() else {}

@@ -72,6 +72,7 @@ import attrs
 import trio
 
 from .backoff import backoff as _backoff
+from .errors import InvalidInput
 from .protocol import (
     CATEGORIES,
     MAX_CAPACITY,
@@ -106,7 +107,7 @@ from .protocol import (
     parse_from_daemon,
     write_ahead,
 )
-from .text import ERROR_MESSAGE_LIMIT, clip
+from .text import ERROR_MESSAGE_LIMIT, check_namespace, clip
 
 __all__ = [
     "Context",
@@ -1476,6 +1477,10 @@ def _prepare(argv: Sequence[str] | None) -> int | _Prepared:
         if args.capacity is not None:
             worker.capacity = args.capacity
         if args.namespace:
+            try:
+                check_namespace(args.namespace, "--namespace")
+            except InvalidInput as exc:  # (it said "declare: 'namespace': ...")
+                raise ValueError(str(exc)) from None
             worker.namespace = args.namespace
         worker._check()  # (here, not in the run: one line, not a traceback)
         address = _address(args)

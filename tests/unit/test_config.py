@@ -580,3 +580,24 @@ def test_a_worker_certificate_past_or_near_its_end_is_a_caution(tmp_path: Path) 
     assert cautions(Config(worker_tls_cert=paths["fine"]), now=now) == []
     assert cautions(Config(worker_tls_cert=tmp_path / "missing.crt"), now=now) == []
     assert cautions(Config(), now=now) == []
+
+
+def test_worker_tokens_as_text_in_a_file_and_a_bad_listen_from_the_environment(
+    tmp_path: Path,
+) -> None:
+    """A TOML string was answered in JSON's terms ("Expecting value: line 1 column 1");
+    a bad COORDINATOR_WORKER_LISTEN was named worker_listen, where every other variable
+    is named as set."""
+    from coordinator.service import refusals
+
+    file = tmp_path / "c.toml"
+    file.write_text('worker_tokens = "x"\n')
+    with pytest.raises(ConfigError) as refused:
+        load(file=file, environ={}, flags={})
+    assert str(refused.value) == (
+        f"config file {file}: worker_tokens: expected a table of named tokens, got a string"
+    )
+    config = load(file=None, environ={"COORDINATOR_WORKER_LISTEN": "garbage"}, flags={})
+    assert [r for r in refusals(config) if "garbage" in r] == [
+        "COORDINATOR_WORKER_LISTEN: expected HOST:PORT, not 'garbage'"
+    ]

@@ -1107,7 +1107,7 @@ def test_the_command_says_in_one_line_why_the_worker_cannot_serve(
     argv = ["cw_app_scheduled:worker", "--socket", "/nonexistent", "--namespace", "a b"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("coordinator worker: declare: 'namespace'")
+    assert err.startswith("coordinator worker: --namespace: 'a b': use letters")
     assert err.count("\n") == 1
     sys.modules.pop("cw_app_scheduled", None)
 
@@ -1578,3 +1578,24 @@ def test_the_worker_command_refuses_two_tokens(tmp_path: Path) -> None:
         worker_mod._token(both)
     one = argparse.Namespace(token=None, token_file=str(token_file))
     assert worker_mod._token(one) == "from-the-file-" + "f" * 20
+
+
+def test_the_worker_commands_bad_namespace_is_named_by_its_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It said "declare: 'namespace': 'bad ns': ...", the protocol's words."""
+    from coordinator import worker as worker_mod
+
+    (tmp_path / "cw_ns.py").write_text(
+        "from coordinator.worker import Worker\n"
+        "worker = Worker()\n"
+        "@worker.job('t')\n"
+        "async def t(ctx):\n"
+        "    return None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert worker_mod._prepare(["cw_ns:worker", "--namespace", "bad ns"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "coordinator worker: --namespace: 'bad ns': use letters, digits, '.', '_' and '-', "
+        "starting with a letter or a digit"
+    )
