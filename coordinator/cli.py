@@ -1602,7 +1602,9 @@ async def _jobs_list(args: argparse.Namespace, ctx: CommandContext) -> int:
         [
             (
                 job.namespace,
-                job.name,
+                # (A 200-character name made the column that wide; `jobs show` and
+                # --json have it whole.)
+                _clip(job.name, 48),
                 _describe_schedule(job),
                 _clip(_describe_target(job.target), 40),
                 why.next_run(job, facts),

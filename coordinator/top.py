@@ -36,7 +36,7 @@ import trio
 
 from .errors import ConfigError, CoordinatorError
 from .probe import api_url
-from .text import printable
+from .text import pad, printable, width
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -167,7 +167,7 @@ class Screen:
             bar = _bar(self.progress.get(run) if isinstance(run, int) else None)
             seconds = float(call.get("running_s") or 0) + aged
             lines.append(
-                f"  run {run:<7} {printable(str(call.get('job'))):<32} "
+                f"  run {run:<7} {_cell(str(call.get('job')), 32)} "
                 f"{_duration(seconds):>7}  {bar}"
             )
         lines += ["", "NEXT DEADLINES"]
@@ -180,7 +180,7 @@ class Screen:
             waits = _unserved(job, served)
             if waits is not None:  # (saved, not armed: "3m33s ago" read as overdue)
                 when = "unarmed"
-            line = f"  {when:<12} {printable(_key(job)):<32} {printable(_schedule(job))}"
+            line = f"  {when:<12} {_cell(_key(job), 32)} {printable(_schedule(job))}"
             if waits is not None:
                 line += f"  (waiting for a worker serving {printable(waits)})"
             lines.append(line)
@@ -206,7 +206,7 @@ class Screen:
             error = f"  {printable(str(run['error']))}" if run.get("error") else ""
             status = str(run.get("status"))
             lines.append(
-                f"  run {run.get('run')!s:<7} {printable(str(run.get('job'))):<32} "
+                f"  run {run.get('run')!s:<7} {_cell(str(run.get('job')), 32)} "
                 f"{paint(status)}{' ' * max(0, 10 - len(status))} {took_text:>7} {ago:>12}"
                 f"{error}"
             )
@@ -293,6 +293,18 @@ def _bar(progress: dict[str, Any] | None, size: int = 20) -> str:
         filled = round(size * max(0.0, min(100.0, float(percent))) / 100)
         return f"[{'#' * filled}{'.' * (size - filled)}] {float(percent):3.0f}% {text}".rstrip()
     return f"[{'~' * size}] {text}".rstrip()
+
+
+def _cell(text: str, columns: int) -> str:
+    """``text`` (printable) in exactly ``columns`` terminal columns: cut with ``…`` when
+    longer. A name past its column pushed the line's later columns (a run's outcome)
+    out of line, or off the screen (a tester's finding)."""
+    text = printable(text)
+    if width(text) > columns:
+        while width(text) > columns - 1:
+            text = text[:-1]
+        text += "…"
+    return pad(text, columns)
 
 
 def _fit(line: str, width: int) -> str:

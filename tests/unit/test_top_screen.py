@@ -120,3 +120,20 @@ def test_once_shows_the_daemons_side_when_the_database_is_down() -> None:
     frame = out.getvalue()
     assert "default/copy" in frame  # the running call, from the daemon's memory
     assert "! the admin API answered 503 to /api/jobs: database unavailable" in frame
+
+
+def test_a_long_name_is_cut_to_its_column_and_the_outcome_stays_in_line() -> None:
+    """A name past the 32-column job column pushed the run's outcome out of line (or
+    off a 100-column screen): cut with an ellipsis, wide characters counted as two."""
+    s = screen()
+    from coordinator.text import width
+
+    names = ("default/" + "L" * 200, "default/" + "日本語" * 10, "default/a")
+    for run, job in enumerate(names, start=8):
+        s.take("run", {"job_id": run, "job": job, "run": run, "status": "succeeded",
+                       "trigger": "manual", "elapsed_ms": 1000.0})  # fmt: skip
+    outcomes = "\n".join(s.render(NOW, width=100)).split("RECENT OUTCOMES\n")[1].splitlines()
+    columns = {width(line[: line.index("succeeded")]) for line in outcomes}
+    assert len(columns) == 1, outcomes  # the same column on every line
+    assert "default/LLL" in outcomes[0] or "default/LLL" in outcomes[-1]
+    assert any("…" in line for line in outcomes)
