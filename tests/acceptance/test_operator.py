@@ -814,14 +814,9 @@ def test_durations_need_a_unit(tmp_path: Path, args: tuple[str, ...], message: s
     one_line_error(result, code=2, contains=message)
 
 
-def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(
-    tmp_path: Path, cluster_home: Path
-) -> None:
-    """`kill -9` of the command that started the embedded PostgreSQL: the next command
-    finds the server running with nobody owning it, adopts it and stops it."""
-    bin_dir = server_binaries()
-    state = cluster_home / "state"
-    config = write(
+def _embedded_config(tmp_path: Path, state: Path) -> Path:
+    """A configuration with no DSN: the embedded cluster under ``state``."""
+    return write(
         tmp_path / "coordinator.toml",
         f"""
         state_dir = "{state}"
@@ -829,6 +824,16 @@ def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(
         log_format = "json"
         """,
     )
+
+
+def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(
+    tmp_path: Path, cluster_home: Path
+) -> None:
+    """`kill -9` of the command that started the embedded PostgreSQL: the next command
+    finds the server running with nobody owning it, adopts it and stops it."""
+    bin_dir = server_binaries()
+    state = cluster_home / "state"
+    config = _embedded_config(tmp_path, state)
     root = state / "postgres"
     log = tmp_path / "run.log"
     try:
@@ -867,14 +872,7 @@ def test_the_embedded_cluster_stays_up_while_a_daemon_uses_it_and_stops_with_the
     degraded for good. Every command now counts as a user; the last to leave stops it."""
     bin_dir = server_binaries()
     state = cluster_home / "state"
-    config = write(
-        tmp_path / "coordinator.toml",
-        f"""
-        state_dir = "{state}"
-        worker_socket = "{short_dir() / "w.sock"}"
-        log_format = "json"
-        """,
-    )
+    config = _embedded_config(tmp_path, state)
     root = state / "postgres"
     env = _environment(config, COORDINATOR_PG_BIN=bin_dir)
     wait = ("jobs", "trigger", "waiter", "--wait", "--wait-timeout", "60s")
@@ -935,14 +933,7 @@ def test_run_as_root_makes_a_state_directory_its_embedded_server_can_reach(
     base = Path(tempfile.mkdtemp(prefix="coordinator-state-", dir="/var/tmp"))
     base.chmod(0o755)
     state = base / "state"  # missing: `run` makes it
-    config = write(
-        tmp_path / "coordinator.toml",
-        f"""
-        state_dir = "{state}"
-        worker_socket = "{short_dir() / "w.sock"}"
-        log_format = "json"
-        """,
-    )
+    config = _embedded_config(tmp_path, state)
     log = tmp_path / "run.log"
     proc: subprocess.Popen[bytes] | None = None
     try:

@@ -74,19 +74,22 @@ def test_a_short_admin_token(database: str, tmp_path: Path) -> None:
     assert_one_line_refusal(result, "admin token", "16")
 
 
-def test_an_admin_port_in_use(database: str, tmp_path: Path) -> None:
+def _run_with_a_port_taken(
+    database: str, tmp_path: Path, listen: str, token: str
+) -> tuple[Any, int]:
+    """``run`` with ``listen`` (a variable) at a port another socket holds."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        result = run(
-            database,
-            tmp_path,
-            {
-                "COORDINATOR_ADMIN_LISTEN": f"127.0.0.1:{port}",
-                "COORDINATOR_ADMIN_TOKEN": GOOD_TOKEN,
-            },
-        )
+        env = {listen: f"127.0.0.1:{port}", token: GOOD_TOKEN}
+        return run(database, tmp_path, env), port
+
+
+def test_an_admin_port_in_use(database: str, tmp_path: Path) -> None:
+    result, port = _run_with_a_port_taken(
+        database, tmp_path, "COORDINATOR_ADMIN_LISTEN", "COORDINATOR_ADMIN_TOKEN"
+    )
     assert_one_line_refusal(
         result, "admin_listen", str(port), "a daemon already running? `coordinator status` asks it"
     )
@@ -262,16 +265,7 @@ def test_waits_for_the_database_at_start(private_cluster: Any, tmp_path: Path) -
 def test_a_worker_port_in_use(database: str, tmp_path: Path) -> None:
     """Exit 2 in one line, as an admin port in use (systemd does not restart it every
     2 s): a tester saw exit 1 and only the log's daemon.failed line."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
-        result = run(
-            database,
-            tmp_path,
-            {
-                "COORDINATOR_WORKER_LISTEN": f"127.0.0.1:{port}",
-                "COORDINATOR_WORKER_TOKEN": GOOD_TOKEN,
-            },
-        )
+    result, port = _run_with_a_port_taken(
+        database, tmp_path, "COORDINATOR_WORKER_LISTEN", "COORDINATOR_WORKER_TOKEN"
+    )
     assert_one_line_refusal(result, "worker_listen", str(port), "in use")
