@@ -167,8 +167,7 @@ class Screen:
             bar = _bar(self.progress.get(run) if isinstance(run, int) else None)
             seconds = float(call.get("running_s") or 0) + aged
             lines.append(
-                f"  run {run:<7} {_cell(str(call.get('job')), 32)} "
-                f"{_duration(seconds):>7}  {bar}"
+                f"  run {run:<7} {_cell(str(call.get('job')), 32)} {_duration(seconds):>7}  {bar}"
             )
         lines += ["", "NEXT DEADLINES"]
         upcoming = _upcoming(self.jobs)
