@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Final
 
 import attrs
 
@@ -240,6 +241,10 @@ class Cluster:
             "port": str(self.socket_port),
             "unix_socket_directories": f"'{self.socket_dir}'",
             "log_line_prefix": f"'{LOG_LINE_PREFIX}'",
+            # Authentication is trust: the socket is the only door, so only its user
+            # (and root) may open it. At the default 0777 any local user passing
+            # through the state directory logged in as the superuser.
+            "unix_socket_permissions": "0700",
             # No JIT: the daemon's statements are tiny, and the hardened systemd unit
             # (MemoryDenyWriteExecute) forbids the executable memory JIT needs.
             "jit": "off",
@@ -418,14 +423,19 @@ _USES: dict[Path, int] = {}
 _STARTED_UNOWNED: set[Path] = set()
 
 
+#: :func:`_claim`'s answer when the file cannot even be opened (no ownership at all).
+_NO_FILE: Final = -1
+
+
 def _claim(cluster: Cluster) -> tuple[_Owner | None, int | None]:
     """Try to become the owner: ``(owner, None)`` on success, else ``(None, pid)`` with
-    the live owner's pid (``(None, None)`` if the file cannot even be opened)."""
+    the live owner's pid -- ``None`` when it has not written it yet, or cleared it while
+    handing the server over -- (``(None, _NO_FILE)`` if the file cannot even be opened)."""
     path = cluster.root / OWNER_FILE
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
-        return None, None
+        return None, _NO_FILE
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -507,7 +517,7 @@ def _own_or_wait(cluster: Cluster, say: Callable[[str], None] | None) -> bool:
         return False  # ours already (a command connects more than once)
     owner, holder = _claim(cluster)
     if owner is None:
-        if holder is None:  # no owner file we can use: the old way, no adoption
+        if holder == _NO_FILE:  # no owner file we can use: the old way, no adoption
             if cluster.is_running():
                 return False
             cluster.start()
@@ -529,9 +539,14 @@ def _own_or_wait(cluster: Cluster, say: Callable[[str], None] | None) -> bool:
                 f"{previous}, which is gone; stopping it when this command ends"
             )
     else:
+        # Our pid first: another command finding the lock held waits for this start
+        # (locked with no pid read as "no owner file" and started a second server).
+        _write_pid(owner)
         try:
             cluster.start()
         except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(owner.fd, 0)
             owner.release()
             raise
         started = True
@@ -540,12 +555,13 @@ def _own_or_wait(cluster: Cluster, say: Callable[[str], None] | None) -> bool:
     return started or previous is not None
 
 
-def _wait_for_start(cluster: Cluster, holder: int) -> None:
+def _wait_for_start(cluster: Cluster, holder: int | None) -> None:
     deadline = time.monotonic() + OWNER_START_WAIT
     while not cluster.is_running():
         if time.monotonic() > deadline:
+            who = f"pid {holder}" if holder is not None else "another command"
             raise ClusterError(
-                f"the embedded PostgreSQL in {cluster.root} belongs to pid {holder}, which "
+                f"the embedded PostgreSQL in {cluster.root} belongs to {who}, which "
                 f"has not started it within {OWNER_START_WAIT:.0f}s"
             )
         time.sleep(0.1)

@@ -905,6 +905,9 @@ def test_the_embedded_cluster_stays_up_while_a_daemon_uses_it_and_stops_with_the
         assert (waiting.returncode, out.split()[-1:]) == (0, ["succeeded"]), err
         server = postmaster_pid(root)
         assert server is not None  # not stopped under the daemon
+        # Trust authentication: only the server's user (and root) may open its socket.
+        (sock,) = (root / "socket").glob(".s.PGSQL.*[0-9]")
+        assert sock.stat().st_mode & 0o777 == 0o700
         again = run_cli(*wait, config=config, COORDINATOR_PG_BIN=bin_dir)
         assert (again.code, again.out.split()[-1:]) == (0, ["succeeded"]), again
         daemon.send_signal(signal.SIGTERM)
