@@ -969,7 +969,10 @@ async def trigger_answer(
     async with conn.transaction():
         run_id = await trigger(conn, name, namespace=namespace, args=args)
         row = await conn.fetchrow(
-            "SELECT r.status, r.xmin = pg_current_xact_id_if_assigned()::xid AS mine "
+            # (txid_current_if_assigned, not PostgreSQL 13's pg_current_xact_id_if_assigned:
+            # the schema runs on 12. Its epoch is in the high 32 bits.)
+            "SELECT r.status, r.xmin::text::bigint"
+            " = txid_current_if_assigned() & 4294967295 AS mine "
             "FROM coordinator.runs r WHERE r.id = $1",
             run_id,
         )
