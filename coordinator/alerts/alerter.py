@@ -223,6 +223,10 @@ class Alerter:
     #: What they are (``job run N kind (sink)``), for the line that names what a stop
     #: abandons.
     _under_way: dict[int, _Delivery] = attrs.field(factory=dict)
+    #: The outbox file is written by one task at a time, in a thread (it is synced: not
+    #: on the loop), each write the state of then; ``_outbox_dirty``: a change waits.
+    _outbox_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    _outbox_dirty: bool = False
     _deliveries: int = 0
     _idle: trio.Event = attrs.field(factory=trio.Event)
     _busy: bool = False
@@ -452,17 +456,17 @@ class Alerter:
     def _start(self, sink: Sink, delivery: _Delivery) -> None:
         assert self._nursery is not None
         self._delivering += 1
-        self._nursery.start_soon(self._deliver, sink, delivery)
+        self._deliveries += 1
+        key = self._deliveries
+        self._under_way[key] = delivery  # (in the outbox's next write, from now on)
+        self._nursery.start_soon(self._deliver, sink, delivery, key)
 
-    async def _deliver(self, sink: Sink, alert: _Delivery) -> None:
+    async def _deliver(self, sink: Sink, alert: _Delivery, key: int) -> None:
         headers = alert.headers()
         message = alert.message
         attempt = 0
-        self._deliveries += 1
-        key = self._deliveries
-        self._under_way[key] = alert
-        self._write_outbox()
         try:
+            await self._save_outbox()  # written ahead: a crash from here on loses nothing
             while True:
                 attempt += 1
                 try:
@@ -483,12 +487,12 @@ class Alerter:
                     )
                     if expired:
                         # A newer alert of this (job, kind) may go out by now.
-                        self._done_with(key)
+                        await self._done_with(key)
                         return
                     await trio.sleep(delay)
                     continue
                 self.sent += 1
-                self._done_with(key)
+                await self._done_with(key)
                 self.events.emit(
                     AlertSent(
                         job=alert.job,
@@ -507,10 +511,10 @@ class Alerter:
             self._delivering -= 1
             self._update_idle()
 
-    def _done_with(self, key: int) -> None:
+    async def _done_with(self, key: int) -> None:
         """A delivery sent, or past its window: out of the outbox."""
         del self._under_way[key]
-        self._write_outbox()
+        await self._save_outbox()
 
     def _update_idle(self) -> None:
         if not self._queue and not self._busy and self._delivering == 0:
@@ -537,7 +541,8 @@ class Alerter:
                 for c in self._queue
             ]
             under_way = list(self._under_way.values())
-            kept = self._keep(under_way)
+            async with self._outbox_lock:  # (no write of a delivery's in a thread now)
+                kept = self._keep(under_way)
             self.events.log.warning(
                 "alert.abandoned",
                 pending=self.pending,
@@ -555,37 +560,52 @@ class Alerter:
         next start sends them, still within their window); how many were kept."""
         if self.outbox is None or not deliveries:
             return 0
-        return len(deliveries) if self._write(deliveries) else 0
+        return len(deliveries) if self._said(self._write(deliveries)) else 0
 
-    def _write_outbox(self) -> None:
-        """The outbox is the deliveries under way, written as each starts and ends (a
-        private file, replaced whole and synced: a crash leaves the last one whole)."""
-        if self.outbox is not None:
-            self._write(list(self._under_way.values()))
+    async def _save_outbox(self) -> None:
+        """Write the outbox -- the deliveries under way -- as each starts and ends (a
+        private file, replaced whole and synced: a crash leaves the last one whole).
+        Returns once a write made after this call's change has ended; changes that come
+        while one is being written go together in the next (a burst of alerts is a few
+        writes, not one per delivery, none of them on the loop)."""
+        if self.outbox is None:
+            return
+        self._outbox_dirty = True
+        async with self._outbox_lock:
+            if not self._outbox_dirty:
+                return  # written meanwhile, this change with it
+            self._outbox_dirty = False
+            deliveries = list(self._under_way.values())
+            self._said(await trio.to_thread.run_sync(self._write, deliveries))
 
-    def _write(self, deliveries: list[_Delivery]) -> bool:
+    def _said(self, error: str | None) -> bool:
+        if error is not None:
+            self.events.log.error("alert.outbox_failed", path=str(self.outbox), error=error)
+        return error is None
+
+    def _write(self, deliveries: list[_Delivery]) -> str | None:
+        """Replace the outbox with ``deliveries`` (none: remove it); the error, if any.
+        (Run in a thread: it logs nothing itself.)"""
         assert self.outbox is not None
         try:
             if not deliveries:
                 with contextlib.suppress(FileNotFoundError):
                     self.outbox.unlink()
-                return True
+                return None
             text = "".join(
                 json.dumps(d.to_json(), separators=(",", ":")) + "\n" for d in deliveries
             )
             self.outbox.parent.mkdir(parents=True, exist_ok=True)
             write_private(self.outbox, text)
         except OSError as exc:
-            self.events.log.error(
-                "alert.outbox_failed", path=str(self.outbox), error=exc.strerror or repr(exc)
-            )
-            return False
-        return True
+            return exc.strerror or repr(exc)
+        return None
 
     def _resume_outbox(self) -> None:
         """Send again what the last stop kept (or a crash left), if still within its
-        window and its sink is still configured; those are the outbox again while under
-        way."""
+        window and its sink is still configured. The file stays until the outbox's next
+        write (the resumed deliveries' first: only those, the rest named and dropped),
+        so that a crash meanwhile loses nothing."""
         if self.outbox is None:
             return
         text = private_text(self.outbox)
@@ -596,16 +616,6 @@ class Alerter:
                     path=str(self.outbox),
                     reason="not a private regular file of this user",
                 )
-            return
-        try:
-            self.outbox.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            # (Not sent again, then: the next start would send them twice.)
-            self.events.log.error(
-                "alert.outbox_failed", path=str(self.outbox), error=exc.strerror or repr(exc)
-            )
             return
         sinks = {sink.name: sink for sink in self.sinks}
         now = self.clock.now()
@@ -626,6 +636,9 @@ class Alerter:
                 continue
             self._start(sink, delivery)
             resumed += 1
+        if not resumed:  # (else the resumed deliveries' first write replaces it)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._save_outbox)
         self.events.log.info(
             "alert.outbox",
             resumed=resumed,
