@@ -205,7 +205,7 @@ class Inventory:
             # state: read it again, at once. (Rare; not idle: a call just ended.)
             self.deadlines.discard(job_id)
             if entry is not None:
-                entry.run_id = entry.run_status = entry.run_due_at = None
+                entry.run_id = entry.run_status = entry.run_created_at = entry.run_due_at = None
             self.request([job_id])
             self.reread()
             return
