@@ -1603,8 +1603,9 @@ async def _jobs_list(args: argparse.Namespace, ctx: CommandContext) -> int:
             (
                 job.namespace,
                 # (A 200-character name made the column that wide; `jobs show` and
-                # --json have it whole.)
-                _clip(job.name, 48),
+                # --json have it whole. Cut, not _clip: a legacy name's control
+                # characters are shown escaped, not folded into spaces.)
+                job.name if len(job.name) <= 48 else job.name[:47] + "…",
                 _describe_schedule(job),
                 _clip(_describe_target(job.target), 40),
                 why.next_run(job, facts),
