@@ -1710,7 +1710,7 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
         if not args.json:
             print(run_id, flush=True)
         facts = await probe.gather(conn, ctx.config(), api=False)
-        created = triggered.changed and run_id != job.outstanding_run
+        created = triggered.created
         if not triggered.changed and run_id != job.outstanding_run:
             # Another caller's run, made between the read above and this trigger.
             _note(f"{job.key} already has run {run_id} outstanding ({triggered.status})")

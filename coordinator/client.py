@@ -949,7 +949,14 @@ class Triggered:
     #: This call inserted the run or resumed it; ``False``: it was already outstanding
     #: (another caller's, even one racing this call).
     changed: bool
+    #: This call inserted it (its ``created_at``, the transaction's ``now()``).
+    created: bool
     status: RunStatus
+
+    @property
+    def resumed(self) -> bool:
+        """This call resumed a paused run: queued again, same id, cursor and counter."""
+        return self.changed and not self.created
 
 
 async def trigger_answer(
@@ -971,13 +978,16 @@ async def trigger_answer(
         row = await conn.fetchrow(
             # (txid_current_if_assigned, not PostgreSQL 13's pg_current_xact_id_if_assigned:
             # the schema runs on 12. Its epoch is in the high 32 bits.)
-            "SELECT r.status, r.xmin::text::bigint"
+            "SELECT r.status, r.created_at = now() AS new, r.xmin::text::bigint"
             " = txid_current_if_assigned() & 4294967295 AS mine "
             "FROM coordinator.runs r WHERE r.id = $1",
             run_id,
         )
     assert row is not None  # (the trigger's transaction sees its own run)
-    return Triggered(run_id=run_id, changed=bool(row["mine"]), status=row["status"])
+    mine = bool(row["mine"])
+    return Triggered(
+        run_id=run_id, changed=mine, created=mine and bool(row["new"]), status=row["status"]
+    )
 
 
 async def require_operate(conn: Connection, namespace: str) -> None:

@@ -550,16 +550,15 @@ class _Api:
         force = _flag(request, "force")
         _note(request, force=force or None)
         async with self.db() as conn:
-            job = await aio(client.get_job)(conn, name, namespace=ns)
+            # (Read first for its refusals' words: a namespace no job could have is bad
+            # input, not an unknown job.)
+            await aio(client.get_job)(conn, name, namespace=ns)
             triggered = await aio(client.trigger_answer)(
                 conn, name, namespace=ns, args={"force": True} if force else None
             )
-        run_id = triggered.run_id
-        # Changed by this call: inserted, or (outstanding before) a paused run resumed --
-        # queued again, same id, cursor and counter. Not changed: another caller's, even
-        # one racing this one (comparing with the job read before said "created" to all).
-        created = triggered.changed and run_id != job.outstanding_run
-        resumed = triggered.changed and run_id == job.outstanding_run
+        # (Told by the run's row, not by the job read before: racing callers all read "no
+        # run", and each was told it had created the one run.)
+        run_id, created, resumed = triggered.run_id, triggered.created, triggered.resumed
         _note(request, run=run_id, created=created, resumed=resumed or None)
         return JSONResponse(
             {"run": run_id, "created": created, "resumed": resumed, "status": triggered.status}

@@ -512,7 +512,7 @@ class Web:
                     "run": run_id,
                     "created": False,
                 }
-            if run_id == job.outstanding_run:  # it was paused: resumed, same id
+            if triggered.resumed:  # it was paused: same id, cursor and counter
                 return f"run {run_id} resumed", {"run": run_id, "created": False}
             if job.paused:  # (as the CLI says it: the run waits)
                 return f"run {run_id} queued; it waits while the job is paused", {
