@@ -826,6 +826,17 @@ def _embedded_config(tmp_path: Path, state: Path) -> Path:
     )
 
 
+def _run_embedded(config: Path, log: Path, bin_dir: str, *args: str) -> subprocess.Popen[bytes]:
+    """`coordinator run` on ``config``'s embedded cluster, its log lines in ``log``."""
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-c", RUN_MAIN, "run", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+            env=_environment(config, COORDINATOR_PG_BIN=bin_dir),
+        )
+
+
 def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(
     tmp_path: Path, cluster_home: Path
 ) -> None:
@@ -837,13 +848,7 @@ def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(
     root = state / "postgres"
     log = tmp_path / "run.log"
     try:
-        with log.open("wb") as sink:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", RUN_MAIN, "run", "--migrate"],
-                stdout=subprocess.DEVNULL,
-                stderr=sink,
-                env=_environment(config, COORDINATOR_PG_BIN=bin_dir),
-            )
+        proc = _run_embedded(config, log, bin_dir, "--migrate")
         wait_until(lambda: '"event":"ready"' in log.read_text(), 60, "the daemon's ready")
         server = postmaster_pid(root)
         assert server is not None
@@ -893,13 +898,7 @@ def test_the_embedded_cluster_stays_up_while_a_daemon_uses_it_and_stops_with_the
             text=True,
         )
         wait_until(lambda: postmaster_pid(root) is not None, 60, "the command's server")
-        with (tmp_path / "run.log").open("wb") as sink:
-            daemon = subprocess.Popen(
-                [sys.executable, "-c", RUN_MAIN, "run"],
-                stdout=subprocess.DEVNULL,
-                stderr=sink,
-                env=env,
-            )
+        daemon = _run_embedded(config, tmp_path / "run.log", bin_dir)
         out, err = waiting.communicate(timeout=90)
         # The daemon ran it, so it was using the server when the command ended.
         assert (waiting.returncode, out.split()[-1:]) == (0, ["succeeded"]), err
@@ -940,13 +939,7 @@ def test_run_as_root_makes_a_state_directory_its_embedded_server_can_reach(
     log = tmp_path / "run.log"
     proc: subprocess.Popen[bytes] | None = None
     try:
-        with log.open("wb") as sink:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", RUN_MAIN, "run", "--migrate"],
-                stdout=subprocess.DEVNULL,
-                stderr=sink,
-                env=_environment(config, COORDINATOR_PG_BIN=bin_dir),
-            )
+        proc = _run_embedded(config, log, bin_dir, "--migrate")
         wait_until(
             lambda: '"event":"ready"' in log.read_text() or proc.poll() is not None,
             90,
