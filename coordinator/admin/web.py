@@ -84,6 +84,11 @@ HISTORY_PAGE: Final = 25
 MAX_FORM: Final = 4096
 #: Findings per page of a run's detail.
 FINDINGS_PAGE: Final = 25
+#: Jobs per page of the jobs view (all of them on one page was 1.5 MB of HTML at 456
+#: jobs, most of it sparklines, each one a statistics read).
+JOBS_PAGE: Final = 100
+#: Longest name filter taken (a job's namespace and name together are at most 127).
+MAX_NAME_FILTER: Final = 200
 
 #: The sections of a run's detail, in order (templates/run_*.html). A new kind of
 #: information about a run is one template and one name here.
@@ -283,26 +288,42 @@ class Web:
         state = request.query_params.get("state") or ""
         if state not in {key for key, _ in present.STATE_FILTERS}:
             raise InvalidInput("state", "not one of the offered filters")
+        name = (request.query_params.get("q") or "").strip()
+        if len(name) > MAX_NAME_FILTER:
+            raise InvalidInput("q", f"longer than {MAX_NAME_FILTER} characters")
+        page = _optional_int(request, "page") or 1
         span_key, chosen = self._buckets(request)
         status = access.status_for(self.status_of(), request)
+        wanted = name.casefold()
         async with self.db() as conn:
             every = await aio(client.list_jobs)(conn, namespaces=access.namespaces(request))
-            jobs = [
+            matching = [
                 job
                 for job in every
                 if (not namespace or job.namespace == namespace)
+                and (not wanted or wanted in f"{job.namespace}/{job.name}".casefold())
                 and present.matches(job, state, status)
             ]
+            # A page past the last (jobs removed since the link was made) shows the last.
+            pages = max(1, -(-len(matching) // JOBS_PAGE))
+            page = min(page, pages)
+            jobs = matching[(page - 1) * JOBS_PAGE : page * JOBS_PAGE]
             stats = await aio(client.jobs_stats)(conn, jobs, chosen)
-        query = urlencode({"namespace": namespace, "state": state, "span": span_key})
+        filters = {"namespace": namespace, "state": state, "q": name, "span": span_key}
         return {
             "jobs": jobs,
             "stats": stats,
             "namespaces": sorted({job.namespace for job in every}),
             "namespace": namespace,
             "state": state,
+            "q": name,
             "span": span_key,
-            "query": query,
+            "query": urlencode(filters),
+            "page_query": urlencode({**filters, "page": page}),
+            "page": page,
+            "pages": pages,
+            "first": (page - 1) * JOBS_PAGE + 1,
+            "matched": len(matching),
             "total": len(every),
             "status": status,
         }

@@ -20,7 +20,7 @@ import trio
 
 from coordinator import buckets, client
 from coordinator.admin import Metrics, make_app, present
-from coordinator.admin.web import FINDINGS_PAGE
+from coordinator.admin.web import FINDINGS_PAGE, JOBS_PAGE
 from coordinator.db import aio
 from coordinator.tokens import TokenSet, single
 
@@ -378,6 +378,65 @@ async def test_the_jobs_view_says_cadence_state_and_next_run_in_words(
     bad = await site.get("/?state=nonsense")
     assert bad.status_code == 400
     assert "state" in bad.text
+
+
+async def test_the_jobs_view_pages_and_filters_by_name(
+    site: Site, conn: asyncpg.Connection
+) -> None:
+    """A page holds JOBS_PAGE jobs with links to the others and keeps its page and name
+    filter when it refreshes itself; a page past the last shows the last."""
+    await aio(conn.execute)(
+        "SELECT coordinator.define_job(name => format('job-%s', lpad(i::text, 3, '0')),"
+        ' schedule_kind => \'manual\', target => \'{"kind": "exec", "argv": ["true"]}\')'
+        " FROM generate_series(1, 230) AS i"
+    )
+    await define(conn, "Nightly-Report", namespace="ops")
+    await site.harness.wait_event("refresh", count=2)
+    await site.sign_in()
+
+    def names(html: str) -> list[str]:
+        return re.findall(r'<td class="name"><a href="[^"]*">([^<]*)</a>', html)
+
+    first = (await site.get("/")).text
+    assert names(first) == [f"job-{i:03}" for i in range(1, JOBS_PAGE + 1)]
+    assert "Jobs <small" in first
+    assert ">231</small>" in first
+    assert "1&ndash;100 of 231" in first
+    assert "page 1 of 3" in first
+    assert "Previous" not in first
+    following = re.search(r'href="(/\?[^"]*page=2)" rel="next"', first)
+    assert following is not None
+    second = (await site.get(following.group(1).replace("&amp;", "&"))).text
+    assert names(second) == [f"job-{i:03}" for i in range(101, 201)]
+    assert 'rel="prev"' in second
+    assert 'rel="next"' in second
+    # The last page, and one past it (jobs removed since the link was made).
+    for asked in ("3", "99"):
+        last = (await site.get(f"/?page={asked}")).text
+        assert names(last) == [f"job-{i:03}" for i in range(201, 231)] + ["Nightly-Report"]
+        assert "201&ndash;231 of 231" in last
+        assert 'rel="next"' not in last
+    # The live table refreshes the page it shows, not the first.
+    source = re.search(r'<tbody data-live="jobs" data-src="([^"]*)"', second)
+    assert source is not None
+    assert "page=2" in source.group(1)
+    fragment = (await site.get(source.group(1).replace("&amp;", "&"))).text
+    assert names(fragment) == names(second)
+    # A name filter: case-insensitive, on namespace/name, one page, kept by the refresh.
+    found = (await site.get("/?q=ops/nightly")).text
+    assert names(found) == ["Nightly-Report"]
+    assert "1 of 231" in found
+    assert "page 1 of" not in found
+    assert names((await site.get("/?q=JOB-22")).text) == [f"job-22{i}" for i in range(10)]
+    none = (await site.get("/?q=nothing-like-it")).text
+    assert "No jobs match these filters." in none
+    refresh = re.search(r'data-src="(/ui/jobs-table\?[^"]*)"', found)
+    assert refresh is not None
+    assert "q=ops%2Fnightly" in refresh.group(1)
+    for bad, word in (("page=0", "page"), ("page=two", "page"), ("q=" + "x" * 201, "q")):
+        answer = await site.get(f"/?{bad}")
+        assert answer.status_code == 400, bad
+        assert word in answer.text
 
 
 async def test_job_history_pages_newest_first(site: Site, conn: asyncpg.Connection) -> None:
