@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final, Literal, cast
 import trio
 
 from . import redact
-from .alerts import Alerter, EmailSink, Sink, WebhookSink
+from .alerts import Alerter, EmailSink, Sink, WebhookSink, drop_outbox
 from .clock import SystemWallClock
 from .config import local_timezone, parse_listen
 from .daemon import Daemon, DaemonSettings
@@ -130,6 +130,8 @@ def build_daemon(
         )
         events.subscribe(alerter.observe)
         daemon.companions.append(alerter)
+    elif alert_outbox is not None:
+        drop_outbox(alert_outbox, events)
     return daemon
 
 

@@ -11,7 +11,7 @@ service or the client. ``service.py`` makes one and attaches it to the daemon.
 
 from __future__ import annotations
 
-from .alerter import Alerter
+from .alerter import Alerter, drop_outbox
 from .message import KINDS, Alert, Message, render
 from .sinks import SIGNATURE_HEADER, DeliveryFailed, EmailSink, Sink, WebhookSink, signature
 
@@ -25,6 +25,7 @@ __all__ = [
     "Message",
     "Sink",
     "WebhookSink",
+    "drop_outbox",
     "render",
     "signature",
 ]

@@ -608,31 +608,19 @@ class Alerter:
         so that a crash meanwhile loses nothing."""
         if self.outbox is None:
             return
-        text = private_text(self.outbox)
-        if text is None:
-            if self.outbox.exists():
-                self.events.log.warning(
-                    "alert.outbox_ignored",
-                    path=str(self.outbox),
-                    reason="not a private regular file of this user",
-                )
+        kept = _read_outbox(self.outbox, self.events)
+        if kept is None:
             return
+        deliveries, unreadable = kept
         sinks = {sink.name: sink for sink in self.sinks}
         now = self.clock.now()
-        resumed = unreadable = 0
+        resumed = 0
         dropped: list[str] = []  # named, as alert.abandoned named them at the stop
-        for line in text.splitlines():
-            try:
-                delivery = _Delivery.from_json(json.loads(line))
-            except (KeyError, TypeError, ValueError, OverflowError):
-                unreadable += 1
-                continue
+        for delivery in deliveries:
             sink = sinks.get(delivery.sink)
             if sink is None or delivery.at + self.window <= now:
                 why = "its sink is no longer configured" if sink is None else "window over"
-                dropped.append(
-                    f"{delivery.job} run {delivery.run} {delivery.kind} ({delivery.sink}: {why})"
-                )
+                dropped.append(_dropped(delivery, why))
                 continue
             self._start(sink, delivery)
             resumed += 1
@@ -648,4 +636,50 @@ class Alerter:
         )
 
 
-__all__ = ["FOUND_LIMIT", "QUEUE_LIMIT", "Alerter", "WindowStore"]
+def drop_outbox(outbox: Path, events: EventBus) -> None:
+    """With no sink configured no alerter runs, so nothing would ever send or remove an
+    outbox an earlier start kept: name its deliveries dropped, as a start that lost
+    their sinks does, and remove it (it was left for good)."""
+    kept = _read_outbox(outbox, events)
+    if kept is None:
+        return
+    deliveries, unreadable = kept
+    dropped = [_dropped(d, "its sink is no longer configured") for d in deliveries]
+    with contextlib.suppress(FileNotFoundError):
+        outbox.unlink()
+    events.log.info(
+        "alert.outbox",
+        resumed=0,
+        expired=len(dropped) or None,
+        dropped="; ".join(dropped) or None,
+        unreadable=unreadable or None,
+    )
+
+
+def _read_outbox(outbox: Path, events: EventBus) -> tuple[list[_Delivery], int] | None:
+    """The deliveries an outbox file holds and how many of its lines were unreadable;
+    ``None`` if there is none, or it is not a private regular file of this user (said)."""
+    text = private_text(outbox)
+    if text is None:
+        if outbox.exists():
+            events.log.warning(
+                "alert.outbox_ignored",
+                path=str(outbox),
+                reason="not a private regular file of this user",
+            )
+        return None
+    deliveries: list[_Delivery] = []
+    unreadable = 0
+    for line in text.splitlines():
+        try:
+            deliveries.append(_Delivery.from_json(json.loads(line)))
+        except (KeyError, TypeError, ValueError, OverflowError):
+            unreadable += 1
+    return deliveries, unreadable
+
+
+def _dropped(delivery: _Delivery, why: str) -> str:
+    return f"{delivery.job} run {delivery.run} {delivery.kind} ({delivery.sink}: {why})"
+
+
+__all__ = ["FOUND_LIMIT", "QUEUE_LIMIT", "Alerter", "WindowStore", "drop_outbox"]

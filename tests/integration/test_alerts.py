@@ -420,3 +420,16 @@ async def test_an_alert_a_stop_abandons_is_sent_by_the_next_start(
     assert said["dropped"] == (
         f"default/flaky run {run_id} failed (email: its sink is no longer configured)"
     )
+
+    # With every sink removed no alerter runs: the outbox was left for good. It is named
+    # dropped the same way and removed.
+    await third.stop()
+    outbox.write_text(kept)
+    outbox.chmod(0o600)
+    fourth = await start_daemon(alert_window=WINDOW, build={"alert_outbox": outbox})
+    [said] = fourth.named("alert.outbox")
+    assert (said["resumed"], said["expired"]) == (0, 1)
+    assert said["dropped"] == (
+        f"default/flaky run {run_id} failed (email: its sink is no longer configured)"
+    )
+    assert not outbox.exists()
