@@ -536,7 +536,8 @@ def _own_or_wait(cluster: Cluster, say: Callable[[str], None] | None) -> bool:
         if say is not None:
             say(
                 f"adopted the embedded PostgreSQL in {cluster.root}, left running by pid "
-                f"{previous}, which is gone; stopping it when this command ends"
+                f"{previous}, which is gone; stopping it when this command ends, unless another "
+                "command still uses it"
             )
     else:
         # Our pid first: another command finding the lock held waits for this start

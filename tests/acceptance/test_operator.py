@@ -861,7 +861,8 @@ def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(
         assert listed.out == "no jobs\n"
         assert listed.err_lines[0] == (
             f"coordinator: note: adopted the embedded PostgreSQL in {root}, left running by "
-            f"pid {proc.pid}, which is gone; stopping it when this command ends"
+            f"pid {proc.pid}, which is gone; stopping it when this command ends, unless "
+            "another command still uses it"
         )
         assert postmaster_pid(root) is None
         wait_until(lambda: not alive(server), 10, "the orphan's exit")
