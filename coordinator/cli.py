@@ -285,6 +285,19 @@ def _note(message: str) -> None:
     print(f"{PROG}: note: {printable(message)}", file=sys.stderr, flush=True)
 
 
+def _note_redacted(values: dict[str, Any], flag: str) -> None:
+    """Say which of the ``--param``/``--arg`` values were stored as ``[redacted]`` (the
+    front doors keep no secret; the job then gets ``[redacted]``, which went unsaid)."""
+    changed = redact.default().changed(values)
+    if changed:
+        which = ", ".join(f"{flag} {key}" for key in changed)
+        _note(
+            f"{which} stored as [redacted] (it looks secret), and the job gets that: give "
+            "a job secrets by reference (a file, an environment variable, a systemd "
+            "credential)"
+        )
+
+
 def _say(message: str) -> None:
     """One line on stdout, control characters escaped (it may quote names as typed)."""
     print(printable(message))
@@ -1535,6 +1548,7 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
         paused = job.paused if args.paused is None else args.paused
         facts = await probe.gather(conn, ctx.config(), api=target.kind == "worker" and not paused)
     _say(f"defined {args.namespace}/{args.name} (job {job_id})")
+    _note_redacted(params, "--param")
     if paused and args.paused is None:
         _note(f"{args.namespace}/{args.name} was paused and stays paused (--no-paused resumes it)")
     _say(
@@ -1714,6 +1728,8 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
         if not triggered.changed and run_id != job.outstanding_run:
             # Another caller's run, made between the read above and this trigger.
             _note(f"{job.key} already has run {run_id} outstanding ({triggered.status})")
+        if created:
+            _note_redacted(run_args, "--arg")
         if not created and run_args:
             # trigger() answers with the outstanding run as it is: its args stand.
             given = ", ".join(f"--arg {k}" if k != "force" else "--force" for k in run_args)

@@ -29,7 +29,9 @@ The rules (:data:`DEFAULT_KEYS`, :func:`Redactor.text`):
    (``password``, ``passwd``, ``pwd``, ``secret``, ``token``, ``api_key``/``apikey``,
    ``authorization``, ``auth``, ``credential(s)``, ``private_key``, ``access_key``,
    ``cookie``, ``session``; more with the ``redact_keys`` setting) is a run of words.
-   ``max_tokens`` and ``tokenizer`` are not secret (``tokens`` is not ``token``).
+   ``max_tokens`` and ``tokenizer`` are not secret (``tokens`` is not ``token``); nor is
+   a key whose last word, after the secret word, names where the secret is or a fact
+   about it (:data:`REFERENCE_WORDS`: ``password_file``, ``token_count``).
 2. **Passwords in URLs.** ``scheme://user:password@host`` keeps the user:
    ``scheme://user:[redacted]@host``.
 3. **Credentials in headers.** ``Authorization: <scheme> <credentials>`` keeps the
@@ -88,7 +90,15 @@ class _FindingLike(Protocol):
 _F = TypeVar("_F", bound=_FindingLike)
 _V = TypeVar("_V")
 
-__all__ = ["DEFAULT_KEYS", "REDACTED", "SAFE_REASON_LIMIT", "Redactor", "default", "install"]
+__all__ = [
+    "DEFAULT_KEYS",
+    "REDACTED",
+    "REFERENCE_WORDS",
+    "SAFE_REASON_LIMIT",
+    "Redactor",
+    "default",
+    "install",
+]
 
 #: What a secret is replaced with.
 REDACTED: Final = "[redacted]"
@@ -115,6 +125,21 @@ DEFAULT_KEYS: Final[tuple[str, ...]] = (
     "session",
     "signature",
 )
+
+#: Last words that make a key name a reference to a secret or a fact about one, not the
+#: secret itself (``password_file``, ``token_count``, ``auth_method``, ``cookie_policy``,
+#: ``private_key_path``): rule 1 leaves such a key's value alone. Its value is an input
+#: a job needs (a front door stores args and params redacted: ``password_file`` was
+#: stored as ``[redacted]``, the very reference secrets are to be passed by). ``id`` is
+#: not among them: a ``session_id`` is a credential.
+REFERENCE_WORDS: Final = frozenset(
+    {
+        "file", "files", "path", "paths", "dir", "directory", "env", "var", "variable",
+        "ref", "reference", "name", "names", "count", "length", "size", "method",
+        "methods", "policy", "type", "kind", "mode", "format", "required", "enabled",
+        "url", "uri", "endpoint", "ttl", "expiry", "expires", "lifetime",
+    }
+)  # fmt: skip
 
 #: A key's words: split at separators, then at camelCase humps.
 _SEPARATORS: Final = re.compile(r"[\s_.\-:/]+")
@@ -227,8 +252,12 @@ class Redactor:
         if known is not None:
             return known
         words = _words(key)
+        # (A secret word followed by a reference word names where the secret is, or a
+        # fact about it: not a secret. One ending the key, or followed by other words --
+        # db_password, password_old -- is.)
+        referred = bool(words) and words[-1] in REFERENCE_WORDS
         found = any(
-            tuple(words[i : i + len(run)]) == run
+            tuple(words[i : i + len(run)]) == run and not (referred and i + len(run) < len(words))
             for run in self._runs
             for i in range(len(words) - len(run) + 1)
         )
@@ -289,6 +318,21 @@ class Redactor:
                 secret_next = isinstance(item, str) and self._secret_option(item)
             return out
         return value
+
+    def changed(self, value: Mapping[str, Any]) -> list[str]:
+        """The keys of ``value`` (dotted where nested) whose values :meth:`value` changes:
+        what a front door that stores args or params redacted tells its caller it did
+        not keep."""
+        out: list[str] = []
+        for key, item in value.items():
+            if isinstance(key, str) and self.secret_key(key):
+                if item != REDACTED:
+                    out.append(key)
+            elif isinstance(item, Mapping):
+                out.extend(f"{key}.{inner}" for inner in self.changed(item))
+            elif self.value(item) != item:
+                out.append(str(key))
+        return out
 
     def _secret_option(self, item: str) -> bool:
         """``--password``, ``-api-key``: an option (no ``=value`` of its own) whose name

@@ -144,6 +144,41 @@ def test_commands_on_unmigrated_database_say_migrate(pg_server: Any) -> None:
 # --------------------------------------------------------------------------- jobs
 
 
+def test_params_and_args_stored_redacted_are_named_and_references_kept(database: str) -> None:
+    """What a front door stores as [redacted] is said (the job gets that); a key naming
+    where a secret is (``password_file``) is kept, since secrets are to be passed so."""
+    r = cli(
+        "jobs", "define", "envdump", "--manual",
+        "--param", "api_token=s3cr3t",
+        "--param", "password_file=/run/secrets/db",
+        "--param", "page=1",
+        "--", "true",
+        dsn=database,
+    )  # fmt: skip
+    assert r.code == 0, r
+    assert r.err_lines == [
+        "coordinator: note: --param api_token stored as [redacted] (it looks secret), and the "
+        "job gets that: give a job secrets by reference (a file, an environment variable, a "
+        "systemd credential)"
+    ]
+    shown = cli("jobs", "show", "envdump", "--json", dsn=database).json
+    assert shown["params"] == {
+        "api_token": "[redacted]",
+        "password_file": "/run/secrets/db",
+        "page": 1,
+    }
+    r = cli(
+        "jobs", "trigger", "envdump",
+        "--arg", "token_count=10", "--arg", "dsn=postgresql://app:pw@db/app",
+        dsn=database,
+    )  # fmt: skip
+    assert r.code == 0, r
+    assert "--arg dsn stored as [redacted]" in r.err
+    assert "token_count" not in r.err
+    run = cli("runs", "show", r.out.split()[0], "--json", dsn=database).json
+    assert run["args"] == {"token_count": 10, "dsn": "postgresql://app:[redacted]@db/app"}
+
+
 def test_define_list_show(database: str) -> None:
     r = cli(
         "jobs",

@@ -84,10 +84,40 @@ def test_ordinary_text_is_left_alone(text: str) -> None:
         ("author", False),
         ("keyword", False),
         ("passage", False),
+        # A secret word then a word naming a reference to it, or a fact about it: the
+        # value is an input a job needs (a tester's password_file was stored redacted).
+        ("password_file", False),
+        ("passwordFile", False),
+        ("--password-file", False),
+        ("token_count", False),
+        ("auth_method", False),
+        ("cookie_policy", False),
+        ("private_key_path", False),
+        ("signature_required", False),
+        ("api_token_url", False),
+        # ... but not when the secret word ends the key, or other words follow it.
+        ("next_page_token", True),
+        ("access_key_id", True),
+        ("password_old", True),
+        ("file_password", True),
     ],
 )
 def test_secret_keys_are_whole_words(key: str, secret: bool) -> None:
     assert R.secret_key(key) is secret
+
+
+def test_changed_names_what_a_front_door_would_not_keep() -> None:
+    value = {
+        "page": 1,
+        "api_token": "x",
+        "password_file": "/run/secrets/db",
+        "dsn": "postgresql://app:pw@db/app",
+        "nested": {"password": "y", "user": "app"},
+        "argv": ["--password", "z"],
+        "already": {"secret": REDACTED},
+    }
+    assert R.changed(value) == ["api_token", "dsn", "nested.password", "argv"]
+    assert R.changed(R.value(value)) == []
 
 
 def test_json_values_lose_their_secrets_at_any_depth() -> None:
