@@ -12,9 +12,11 @@ for itself:
   reads other namespaces' rows);
 * :func:`check_run` for a run named by id: a run of a namespace the token does not
   reach is answered like a run that does not exist (404), so ids reveal nothing;
-* :func:`status_for` and :func:`event_visible` for the daemon's snapshot and its live
-  events (running calls, held results, the next deadline, runs finishing: only those of
-  the token's namespaces; aggregate counts and the worker list are the daemon's own).
+* :func:`status_for`, :func:`event_visible` and :func:`event_vague` for the daemon's
+  snapshot and its live events (running calls, held results, the next deadline, runs
+  finishing: only those of the token's namespaces; a change a NOTIFY names by id only is
+  "jobs changed" to a scoped token; aggregate counts and the worker list are the
+  daemon's own).
 
 The single ``admin_token`` (``admin``) reaches every namespace and may operate.
 """
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from ..errors import PermissionDenied, RunNotFound
+from ..events import NotificationWake
 from ..tokens import TokenScope
 
 if TYPE_CHECKING:
@@ -127,6 +130,14 @@ def status_for(status: DaemonStatus, request: Request | TokenScope) -> DaemonSta
             for w in status.workers
         ),
     )
+
+
+def event_vague(event: Event, token: TokenScope) -> bool:
+    """Whether ``token``'s stream must say only "jobs changed" of ``event``: a NOTIFY
+    names a job or run by id alone, whose namespace the stream cannot tell without a
+    read, so a scoped token is not told which (its page then re-reads what it may see;
+    a tester's scoped stream was told other namespaces' job ids as they changed)."""
+    return token.namespaces is not None and isinstance(event, NotificationWake)
 
 
 def event_visible(event: Event, request: Request | TokenScope) -> bool:

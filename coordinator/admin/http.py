@@ -454,7 +454,11 @@ class _Api:
         if self.bus is None:
             return _error(404, "not_found", "no event stream is served here")
         token = access.token_of(request)
-        return EventSourceResponse(self.bus, visible=lambda e: access.event_visible(e, token))
+        return EventSourceResponse(
+            self.bus,
+            visible=lambda e: access.event_visible(e, token),
+            vague=lambda e: access.event_vague(e, token),
+        )
 
     # -- reads --------------------------------------------------------------------------
 

@@ -164,7 +164,13 @@ class EventSourceResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, bus: EventBus, *, visible: Callable[[Event], bool] | None = None) -> None:
+    def __init__(
+        self,
+        bus: EventBus,
+        *,
+        visible: Callable[[Event], bool] | None = None,
+        vague: Callable[[Event], bool] | None = None,
+    ) -> None:
         # Not Response.__init__: it would declare an empty body (Content-Length: 0).
         self.status_code = 200
         self.background = None
@@ -176,6 +182,8 @@ class EventSourceResponse(Response):
         self.bus = bus
         #: Which events this client may see (an admin token's scope); ``None``: all.
         self.visible = visible
+        #: Which of them it is told only that jobs changed (``access.event_vague``).
+        self.vague = vague
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         stream = self.bus.open_stream(VIEW_BUFFER)
@@ -195,6 +203,8 @@ class EventSourceResponse(Response):
                     if self.visible is not None and not self.visible(event):
                         continue
                     found = message(event)
+                    if found is not None and self.vague is not None and self.vague(event):
+                        found = ("jobs", {})
                     if found is not None:
                         chunk = encode(*found)
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})

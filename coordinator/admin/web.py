@@ -445,7 +445,11 @@ class Web:
         if self.bus is None:
             return PlainTextResponse("no event stream here", status_code=404)
         token = access.token_of(request)
-        return EventSourceResponse(self.bus, visible=lambda e: access.event_visible(e, token))
+        return EventSourceResponse(
+            self.bus,
+            visible=lambda e: access.event_visible(e, token),
+            vague=lambda e: access.event_vague(e, token),
+        )
 
     # -- signing in ---------------------------------------------------------------------
 

@@ -419,29 +419,41 @@ async def test_the_event_stream_of_a_scoped_token_carries_its_namespaces_only(
     api: tuple[Api, Any], conn: asyncpg.Connection
 ) -> None:
     http, harness = api
+    ids = {}
     for ns in ("billing", "reports"):
-        await define(conn, "echo", namespace=ns, target={"kind": "exec", "argv": ["true"]})
+        ids[ns] = await define(
+            conn, "echo", namespace=ns, target={"kind": "exec", "argv": ["true"]}
+        )
     seen: list[str] = []
 
     async def follow() -> None:
         headers = {"Authorization": f"Bearer {BILLING_OPS}"}
         async with http.http.stream("GET", "/api/events", headers=headers) as events:
             async for line in events.aiter_lines():
-                if line.startswith("data:") and '"job"' in line:
+                if line.startswith(("data:", "event:")):
                     seen.append(line)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(follow)
         await trio.sleep(0.3)
         reports = await aio(client.trigger)(conn, "echo", namespace="reports")
-        billing = await aio(client.trigger)(conn, "echo", namespace="billing")
         await harness.wait_event("job.run", run=reports)
+        # Changes a NOTIFY names by job id only (a tester's scoped stream was told
+        # "job_id" of other namespaces' jobs as they were paused and redefined).
+        await aio(client.pause)(conn, "echo", namespace="reports")
+        other = await define(conn, "other", namespace="reports")
+        billing = await aio(client.trigger)(conn, "echo", namespace="billing")
         await harness.wait_event("job.run", run=billing)
         with trio.fail_after(10):
             while not any('"billing/echo"' in line for line in seen):
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
     assert not any("reports/" in line for line in seen), seen
+    for job_id in (ids["reports"], other):
+        assert not any(f'"job_id":{job_id}' in line for line in seen), seen
+    assert not any(f'"run":{reports}' in line for line in seen), seen
+    # It is still told that jobs changed (its page re-reads what it may see).
+    assert "event: jobs" in seen
 
 
 async def test_metrics_of_a_scoped_token_name_its_namespaces_jobs_only(
