@@ -940,6 +940,27 @@ async def trigger(
     return run_id
 
 
+#: The run :func:`trigger_answer` triggered: its status, whether it was inserted by this
+#: transaction (``created_at`` is its ``now()``) and whether its row version is this
+#: transaction's. ``xmin`` is 32 bits and ``txid_status`` wants the epoch too: that of
+#: this transaction's id (or, with none assigned, of the snapshot's ``xmax``), less one
+#: when that puts ``xmin`` above it by more than a subtransaction's id could be (written
+#: before the counter wrapped). (txid_*, not PostgreSQL 13's xid8 functions: the schema
+#: runs on 12.)
+_TRIGGERED_RUN: Final = """
+SELECT r.status, r.created_at = now() AS new,
+       txid_status(CASE WHEN w.x64 > w.b + 1048576 THEN w.x64 - 4294967296 ELSE w.x64 END)
+           = 'in progress' AS mine
+  FROM coordinator.runs r
+ CROSS JOIN LATERAL (
+       SELECT q.b, ((q.b >> 32) << 32) | r.xmin::text::bigint AS x64
+         FROM (SELECT coalesce(txid_current_if_assigned(),
+                               txid_snapshot_xmax(txid_current_snapshot())) AS b) q
+       ) w
+ WHERE r.id = $1
+"""
+
+
 @attrs.frozen(kw_only=True)
 class Triggered:
     """What :func:`trigger_answer` found: the run, whether this call made it outstanding
@@ -969,20 +990,19 @@ async def trigger_answer(
     """:func:`trigger`, telling whether this call made the run outstanding. Comparing
     the answer with the job as read before is a race: concurrent callers all read "no
     run", and each then said it had created the one run. Here the trigger and a read of
-    the run share a transaction, and the run's row version is this transaction's only
-    if this call inserted or resumed it. On a connection outside a transaction (the
-    admin API's, the CLI's): inside a caller's savepoint the row would carry the
-    subtransaction's id, and ``changed`` would be ``False``."""
+    the run share a transaction, and the run's row version was written by this
+    transaction only if this call inserted or resumed it (or, inside a caller's
+    transaction, an earlier trigger of the same job in it did).
+
+    "Written by this transaction" is asked as ``txid_status(xmin) = 'in progress'``: a
+    row version whose writer is still in progress is visible to that writer alone, and
+    PostgreSQL says "in progress" for the current transaction's subtransactions too. So
+    it holds inside a caller's transaction, where this call's savepoint gives the row a
+    subtransaction's id (comparing ``xmin`` with ``txid_current_if_assigned()``, as
+    before, said ``created=False`` there for a run it had just inserted)."""
     async with conn.transaction():
         run_id = await trigger(conn, name, namespace=namespace, args=args)
-        row = await conn.fetchrow(
-            # (txid_current_if_assigned, not PostgreSQL 13's pg_current_xact_id_if_assigned:
-            # the schema runs on 12. Its epoch is in the high 32 bits.)
-            "SELECT r.status, r.created_at = now() AS new, r.xmin::text::bigint"
-            " = txid_current_if_assigned() & 4294967295 AS mine "
-            "FROM coordinator.runs r WHERE r.id = $1",
-            run_id,
-        )
+        row = await conn.fetchrow(_TRIGGERED_RUN, run_id)
     assert row is not None  # (the trigger's transaction sees its own run)
     mine = bool(row["mine"])
     return Triggered(

@@ -227,6 +227,29 @@ async def test_trigger_pause_resume_remove(conn: asyncpg.Connection) -> None:
         await aio(client.get_run)(conn, run_id)
 
 
+async def test_trigger_answer_says_whose_run_it_is_inside_a_callers_transaction_too(
+    conn: asyncpg.Connection,
+) -> None:
+    """Inside an application's transaction the call's savepoint gives the run a
+    subtransaction's id: compared with the top-level id, a run just inserted was
+    answered ``created=False`` (a tester's report)."""
+    await _define(conn, "tx")
+    async with transaction(conn):
+        made = await aio(client.trigger_answer)(conn, "tx")
+        assert (made.changed, made.created, made.status) == (True, True, "queued")
+    again = await aio(client.trigger_answer)(conn, "tx")
+    assert again.run_id == made.run_id
+    assert (again.changed, again.created) == (False, False)
+    # Outside one, too; and a paused run resumed is changed, not created.
+    await aio(conn.execute)(
+        "UPDATE coordinator.runs SET status = 'paused' WHERE id = $1", made.run_id
+    )
+    async with transaction(conn), transaction(conn):  # (a savepoint of the caller's own)
+        resumed = await aio(client.trigger_answer)(conn, "tx")
+    assert (resumed.run_id, resumed.changed, resumed.created) == (made.run_id, True, False)
+    assert resumed.resumed
+
+
 @pytest.mark.parametrize("action", ["trigger", "pause", "resume", "remove", "get_job"])
 async def test_unknown_job(conn: asyncpg.Connection, action: str) -> None:
     with pytest.raises(JobNotFound) as caught:
