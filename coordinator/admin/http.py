@@ -404,6 +404,19 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return value
 
 
+def _json_type(value: Any) -> str:
+    """A JSON value's type in JSON's words (``array``, not ``list``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
 def _job_json(job: client.JobView) -> dict[str, Any]:
     return {**job.to_json(), "key": job.key, "state": job.state}
 
@@ -553,12 +566,25 @@ class _Api:
         access.require(request, ns, operate=True)
         force = _flag(request, "force")
         _note(request, force=force or None)
+        # A body, if any, is {"args": {...}} (a body was read by nobody: a tester's args
+        # were dropped with a 200).
+        body = await _json_body(request)
+        unknown = sorted(set(body) - {"args"})
+        if unknown:
+            raise InvalidInput(
+                "body", f'unknown key {unknown[0]!r}: a trigger takes {{"args": {{...}}}}'
+            )
+        args = body.get("args", {})
+        if not isinstance(args, dict):
+            raise InvalidInput("args", f"must be a JSON object, not {_json_type(args)}")
+        if force:
+            args = {**args, "force": True}
         async with self.db() as conn:
             # (Read first for its refusals' words: a namespace no job could have is bad
             # input, not an unknown job.)
             await aio(client.get_job)(conn, name, namespace=ns)
             triggered = await aio(client.trigger_answer)(
-                conn, name, namespace=ns, args={"force": True} if force else None
+                conn, name, namespace=ns, args=args or None
             )
         # (Told by the run's row, not by the job read before: racing callers all read "no
         # run", and each was told it had created the one run.)

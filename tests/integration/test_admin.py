@@ -356,6 +356,37 @@ async def test_trigger_is_idempotent_and_audited(admin: Admin, conn: asyncpg.Con
     assert "force" not in admin.audits[1]
 
 
+async def test_a_trigger_takes_args_in_its_body_and_refuses_a_body_it_cannot_use(
+    admin: Admin, conn: asyncpg.Connection
+) -> None:
+    """A body was read by nobody: a tester's args were dropped with a 200."""
+    await define(conn, "held", paused=True)
+    for body, field in (
+        ("not json", "body"),
+        ('{"arg": {"x": 1}}', "body"),
+        ('{"args": [1]}', "args"),
+        ("[1]", "body"),
+    ):
+        refused = await admin.post(
+            "/api/jobs/default/held/trigger",
+            content=body,
+            headers={**AUTH, "content-type": "application/json"},
+        )
+        assert_error(refused, 400, "invalid_input")
+        assert refused.json()["message"].startswith(f"{field}:"), refused.json()
+    assert await aio(client.list_runs)(conn, job="held") == []
+    made = await admin.post(
+        "/api/jobs/default/held/trigger",
+        params={"force": "1"},
+        json={"args": {"x": 1, "password": "p"}},
+    )
+    assert made.status_code == 200, made.text
+    assert made.json()["created"] is True
+    (run,) = await aio(client.list_runs)(conn, job="held")
+    # (Stored redacted, as every front door but SQL stores args.)
+    assert run.args == {"x": 1, "password": "[redacted]", "force": True}
+
+
 async def test_a_trigger_racing_another_callers_says_the_run_was_not_its_own(
     admin: Admin, conn: asyncpg.Connection, database: str
 ) -> None:
