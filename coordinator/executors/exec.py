@@ -39,7 +39,7 @@ import trio
 
 from ..clock import WallClock
 from ..events import EventBus
-from ..model import ENV_STRING_MAX, EXIT_TEMPFAIL, Outcome, params_env_size
+from ..model import ENV_STRING_MAX, EXIT_TEMPFAIL, Outcome, params_env, params_env_size
 from ..text import TRUNCATED, clip, storable
 from .base import AT_ONCE, ExecutorHooks, Turn
 from .ledger import CommandLedger
@@ -278,7 +278,7 @@ class ExecExecutor:
             COORDINATOR_SCHEDULED_FOR=(
                 claim.scheduled_for.isoformat() if claim.scheduled_for is not None else ""
             ),
-            COORDINATOR_PARAMS=json.dumps(job.params, default=str),
+            COORDINATOR_PARAMS=params_env(job.params),
         )
         return env
 

@@ -148,6 +148,9 @@ async def test_a_command_jobs_params_must_fit_one_environment_variable(
     assert "COORDINATOR_PARAMS" in str(caught.value)
     assert "128 KiB" in str(caught.value)
     assert await _define(conn, "fits", params={"blob": "y" * 130_000}) > 0
+    # Non-ASCII text counts as the UTF-8 the command gets, not as \\uXXXX escapes
+    # (50 KB of "é" was refused as 150,009 bytes).
+    assert await _define(conn, "accents", params={"blob": "é" * 25_000}) > 0
     assert (
         await _define(conn, "worker", params=big, target=Target(kind="worker", worker_type="t")) > 0
     )

@@ -180,7 +180,7 @@ async def test_env_params_and_stdin_args_arrive(tmp_path: Path) -> None:
         env={"FROM_TARGET": "t", "SHARED": "target wins"},
         cwd=str(tmp_path),
         args={"force": True, "day": "2024-03-01"},
-        params={"bucket": "b1", "depth": 3},
+        params={"bucket": "b1", "depth": 3, "city": "Zürich"},
     )
     ex = executor(base_env={"FROM_BASE": "b", "SHARED": "base"})
     outcome = await run(claim, ex)
@@ -199,7 +199,8 @@ async def test_env_params_and_stdin_args_arrive(tmp_path: Path) -> None:
         "COORDINATOR_SCHEDULED_FOR": "2024-03-01T12:00:00+00:00",
         "COORDINATOR_PARAMS": env["COORDINATOR_PARAMS"],
     }
-    assert json.loads(env["COORDINATOR_PARAMS"]) == {"bucket": "b1", "depth": 3}
+    assert json.loads(env["COORDINATOR_PARAMS"]) == {"bucket": "b1", "depth": 3, "city": "Zürich"}
+    assert "Zürich" in env["COORDINATOR_PARAMS"]  # (UTF-8, not \\u00fc: it counts against 128 KiB)
     assert json.loads(outcome.extra["stdin"]) == {"force": True, "day": "2024-03-01"}
     assert await trio.Path(outcome.extra["cwd"]).samefile(tmp_path)
 
