@@ -1855,13 +1855,27 @@ async def _jobs_resume(args: argparse.Namespace, ctx: CommandContext) -> int:
 async def _jobs_remove(args: argparse.Namespace, ctx: CommandContext) -> int:
     async with ctx.connection() as conn:
         running = []
-        if not args.keep_history:  # (then the job's row stays, and so does a result)
-            with contextlib.suppress(JobNotFound):  # (remove says so, in its words)
+        job: client.JobView | None = None
+        with contextlib.suppress(JobNotFound):  # (remove says so, in its words)
+            job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
+            if not args.keep_history:  # (then the job's row stays, and so does a result)
                 running = await db.aio(client.list_runs)(
                     conn, namespace=args.namespace, job=args.name, status="running", limit=10
                 )
         await db.aio(client.remove)(
             conn, args.name, namespace=args.namespace, keep_history=args.keep_history
+        )
+    if job is not None and job.outstanding_status in ("queued", "paused"):
+        # (A paused recoverable run went with no word: its place in the scan is lost.)
+        fate = "is cancelled" if args.keep_history else "is deleted with the job's history"
+        cursor = (
+            ", its saved cursor with it"
+            if job.outstanding_status == "paused" and job.recoverable
+            else ""
+        )
+        _note(
+            f"its {job.outstanding_status} run {job.outstanding_run} {fate}{cursor}: it will "
+            "not run"
         )
     for run in running:
         # (It was silent: the result was then dropped, said only in the daemon's log.)

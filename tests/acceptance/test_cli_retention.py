@@ -34,6 +34,31 @@ def test_define_with_alert_and_retention_options(database: str) -> None:
     )
 
 
+def test_remove_says_what_becomes_of_a_queued_or_paused_run(database: str) -> None:
+    """A paused recoverable run was cancelled with no word (its place in the scan lost)."""
+    cli("jobs", "define", "scan", "--manual", "--recoverable", "--worker", "scan", dsn=database)
+    run_id = int(cli("jobs", "trigger", "scan", dsn=database).out.split()[0])
+    sql(database, "UPDATE coordinator.runs SET status = 'paused' WHERE id = $1", run_id)
+    r = cli("jobs", "remove", "scan", "--keep-history", dsn=database)
+    assert r.code == 0, r.err
+    assert r.err_lines == [
+        f"coordinator: note: its paused run {run_id} is cancelled, its saved cursor with it: "
+        "it will not run"
+    ]
+    (run,) = cli("runs", "list", "--job", "scan", "--json", dsn=database).json
+    assert run["status"] == "cancelled"
+    cli("jobs", "define", "once", "--manual", "--", "true", dsn=database)
+    queued = int(cli("jobs", "trigger", "once", dsn=database).out.split()[0])
+    r = cli("jobs", "remove", "once", dsn=database)
+    assert r.err_lines == [
+        f"coordinator: note: its queued run {queued} is deleted with the job's history: it "
+        "will not run"
+    ]
+    # Nothing outstanding: nothing said.
+    cli("jobs", "define", "idle", "--manual", "--", "true", dsn=database)
+    assert cli("jobs", "remove", "idle", dsn=database).err == ""
+
+
 def test_remove_keep_history_then_prune(database: str) -> None:
     cli("jobs", "define", "gone", "--manual", "--", "true", dsn=database)
     (job,) = sql(database, "SELECT id FROM coordinator.jobs WHERE name = 'gone'")
