@@ -2018,7 +2018,7 @@ async def _runs_show(args: argparse.Namespace, ctx: CommandContext) -> int:
         run = await db.aio(client.get_run)(conn, args.run_id)
         chain = await db.aio(client.run_chain)(conn, args.run_id)
     if args.json:
-        _print_json({**run.to_json(), "attempts": [_attempt_json(r) for r in chain]})
+        _print_json(client.run_json(run, chain))
         return 0
     pairs = [
         ("run", str(run.id)),
@@ -2104,19 +2104,6 @@ def _describe_attempt(run: client.RunView, current: int) -> str:
     else:
         when = f"started {_when(run.started_at)}"
     return f"{run.attempt}: run {run.id}{mark} {what}, {when}"
-
-
-def _attempt_json(run: client.RunView) -> dict[str, Any]:
-    return {
-        "id": run.id,
-        "attempt": run.attempt,
-        "status": run.status,
-        "category": run.category,
-        "exhausted": run.exhausted,
-        "due_at": run.due_at.isoformat() if run.due_at else None,
-        "started_at": run.started_at.isoformat() if run.started_at else None,
-        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
-    }
 
 
 def _recoverable_fields(run: client.RunView) -> list[tuple[str, str]]:

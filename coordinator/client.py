@@ -109,6 +109,7 @@ __all__ = [
     "resume_run",
     "revoke",
     "run_chain",
+    "run_json",
     "run_stats",
     "sync",
     "sync_manifest",
@@ -255,11 +256,15 @@ class JobView:
         return "active"
 
     def to_json(self) -> dict[str, Any]:
-        """The ``jobs list --json`` / ``jobs show --json`` shape (timeout in seconds)."""
+        """The ``jobs list --json`` / ``jobs show --json`` and the admin API's shape
+        (timeout in seconds; ``key`` and ``state`` as the tables and the page say them:
+        the API had them, the CLI's ``--json`` did not)."""
         return {
             "id": self.id,
             "namespace": self.namespace,
             "name": self.name,
+            "key": self.key,
+            "state": self.state,
             "schedule_kind": self.schedule_kind,
             "schedule": self.schedule,
             "timezone": self.timezone,
@@ -1795,6 +1800,27 @@ async def run_chain(conn: Connection, run_id: int) -> list[RunView]:
     if not rows:
         raise RunNotFound(run_id)
     return [_run_view(row) for row in rows]
+
+
+def run_json(run: RunView, chain: Sequence[RunView]) -> dict[str, Any]:
+    """A run with its chain of attempts (:func:`run_chain`): ``runs show --json`` and
+    ``GET /api/runs/{id}`` alike (the API's lacked the chain)."""
+    return {
+        **run.to_json(),
+        "attempts": [
+            {
+                "id": r.id,
+                "attempt": r.attempt,
+                "status": r.status,
+                "category": r.category,
+                "exhausted": r.exhausted,
+                "due_at": _iso(r.due_at),
+                "started_at": _iso(r.started_at),
+                "finished_at": _iso(r.finished_at),
+            }
+            for r in chain
+        ],
+    }
 
 
 _LIST_FINDINGS: Final = """

@@ -417,10 +417,6 @@ def _json_type(value: Any) -> str:
     return "an array" if isinstance(value, list) else "an object"
 
 
-def _job_json(job: client.JobView) -> dict[str, Any]:
-    return {**job.to_json(), "key": job.key, "state": job.state}
-
-
 # --------------------------------------------------------------------------- endpoints
 
 
@@ -483,14 +479,14 @@ class _Api:
             jobs = await aio(client.list_jobs)(
                 conn, namespace=namespace, namespaces=access.namespaces(request)
             )
-        return JSONResponse({"jobs": [_job_json(j) for j in jobs]})
+        return JSONResponse({"jobs": [j.to_json() for j in jobs]})
 
     async def job(self, request: Request) -> Response:
         ns, name = job_key(request)
         access.require(request, ns)
         async with self.db() as conn:
             job = await aio(client.get_job)(conn, name, namespace=ns)
-        return JSONResponse(_job_json(job))
+        return JSONResponse(job.to_json())
 
     async def job_runs(self, request: Request) -> Response:
         ns, name = job_key(request)
@@ -538,8 +534,9 @@ class _Api:
         run_id = _run_id(request)
         async with self.db() as conn:
             run = await aio(client.get_run)(conn, run_id)
-        access.check_run(request, run_id, run.namespace, operate=False)
-        return JSONResponse(run.to_json())
+            access.check_run(request, run_id, run.namespace, operate=False)
+            chain = await aio(client.run_chain)(conn, run_id)
+        return JSONResponse(client.run_json(run, chain))
 
     async def findings(self, request: Request) -> Response:
         """A page of the run's findings, oldest first: ``?limit=`` (1 to 1000, default

@@ -95,6 +95,8 @@ def one_line_error(result: Result, *, code: int, contains: str) -> None:
 JOB_KEYS = {
     "name",
     "namespace",
+    "key",
+    "state",
     "schedule_kind",
     "schedule",
     "timezone",

@@ -282,8 +282,8 @@ async def test_reads(admin: Admin, conn: asyncpg.Connection) -> None:
 
     job = (await admin.get("/api/jobs/team/beta")).json()
     expected = (await aio(client.get_job)(conn, "beta", namespace="team")).to_json()
-    assert {k: v for k, v in job.items() if k not in ("key", "state")} == expected
-    assert job["state"] == "active"
+    assert job == expected  # (one shape for the API and the CLI's --json)
+    assert (job["key"], job["state"]) == ("team/beta", "active")
 
     assert (await admin.get("/api/jobs/team/beta/runs")).json() == {"runs": []}
     run_id = await aio(client.trigger)(conn, "beta", namespace="team")
@@ -291,9 +291,13 @@ async def test_reads(admin: Admin, conn: asyncpg.Connection) -> None:
     await admin.harness.wait_event("job.run", run=run_id)
     runs = (await admin.get("/api/jobs/team/beta/runs", params={"limit": "5"})).json()["runs"]
     assert [r["id"] for r in runs] == [run_id]
-    assert (await admin.get(f"/api/runs/{run_id}")).json() == (
-        await aio(client.get_run)(conn, run_id)
-    ).to_json()
+    shown = (await admin.get(f"/api/runs/{run_id}")).json()
+    assert shown == {
+        **(await aio(client.get_run)(conn, run_id)).to_json(),
+        "attempts": [shown["attempts"][0]],
+    }
+    assert shown["attempts"][0]["id"] == run_id
+    assert shown["attempts"][0]["status"] == "succeeded"
     succeeded = await admin.get("/api/jobs/team/beta/runs", params={"status": "succeeded"})
     assert [r["id"] for r in succeeded.json()["runs"]] == [run_id]
     # A job removed with its history kept, and defined again: the new job's runs are its
@@ -484,6 +488,9 @@ async def test_resolve(admin: Admin, conn: asyncpg.Connection) -> None:
     assert isinstance(retry, int)
     assert retry != lost
     assert (await aio(client.get_run)(conn, lost)).status == "failed"
+    # The run's chain of attempts, as `runs show --json` gives it.
+    chain = (await admin.get(f"/api/runs/{retry}")).json()["attempts"]
+    assert [(a["id"], a["attempt"]) for a in chain] == [(lost, 1), (retry, 2)]
     assert_error(
         await admin.post(f"/api/runs/{lost}/resolve", json={"as": "failed"}), 409, "conflict"
     )
