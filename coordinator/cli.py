@@ -285,6 +285,20 @@ def _note(message: str) -> None:
     print(f"{PROG}: note: {printable(message)}", file=sys.stderr, flush=True)
 
 
+def _note_paused_redefined(before: client.JobView, job: client.JobView) -> None:
+    """What a resume of the job's paused run will do under the new definition (a
+    redefinition said nothing; the run then started over, or in another handler)."""
+    run = before.outstanding_run
+    if before.recoverable and not job.recoverable:
+        _note(
+            f"run {run} is paused at a saved cursor; the job is no longer recoverable, so a "
+            "resume starts it over from the beginning (--recoverable keeps the cursor)"
+        )
+    elif before.target != job.target:
+        cursor = " with its saved cursor" if job.recoverable else ""
+        _note(f"run {run} is paused; a resume runs it under the new target{cursor}")
+
+
 def _note_redacted(values: dict[str, Any], flag: str) -> None:
     """Say which of the ``--param``/``--arg`` values were stored as ``[redacted]`` (the
     front doors keep no secret; the job then gets ``[redacted]``, which went unsaid)."""
@@ -1549,6 +1563,8 @@ async def _jobs_define(args: argparse.Namespace, ctx: CommandContext) -> int:
         facts = await probe.gather(conn, ctx.config(), api=target.kind == "worker" and not paused)
     _say(f"defined {args.namespace}/{args.name} (job {job_id})")
     _note_redacted(params, "--param")
+    if before is not None and before.outstanding_status == "paused":
+        _note_paused_redefined(before, job)
     if paused and args.paused is None:
         _note(f"{args.namespace}/{args.name} was paused and stays paused (--no-paused resumes it)")
     _say(

@@ -59,6 +59,27 @@ def test_remove_says_what_becomes_of_a_queued_or_paused_run(database: str) -> No
     assert cli("jobs", "remove", "idle", dsn=database).err == ""
 
 
+def test_redefining_a_job_whose_run_is_paused_says_what_a_resume_will_do(database: str) -> None:
+    cli("jobs", "define", "scan", "--manual", "--recoverable", "--worker", "scan", dsn=database)
+    run_id = int(cli("jobs", "trigger", "scan", dsn=database).out.split()[0])
+    sql(database, "UPDATE coordinator.runs SET status = 'paused' WHERE id = $1", run_id)
+    moved = cli(
+        "jobs", "define", "scan", "--manual", "--recoverable", "--worker", "scan2", dsn=database
+    )  # fmt: skip
+    assert moved.err_lines == [
+        f"coordinator: note: run {run_id} is paused; a resume runs it under the new target "
+        "with its saved cursor"
+    ]
+    plain = cli("jobs", "define", "scan", "--manual", "--worker", "scan2", dsn=database)
+    assert plain.err_lines == [
+        f"coordinator: note: run {run_id} is paused at a saved cursor; the job is no longer "
+        "recoverable, so a resume starts it over from the beginning (--recoverable keeps the "
+        "cursor)"
+    ]
+    same = cli("jobs", "define", "scan", "--manual", "--worker", "scan2", dsn=database)
+    assert same.err == ""
+
+
 def test_remove_keep_history_then_prune(database: str) -> None:
     cli("jobs", "define", "gone", "--manual", "--", "true", dsn=database)
     (job,) = sql(database, "SELECT id FROM coordinator.jobs WHERE name = 'gone'")
