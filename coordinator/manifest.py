@@ -225,7 +225,12 @@ def parse(text: str, *, source: str = "<manifest>") -> Manifest:
     lines = _Lines(text, len(jobs))
     for index, raw in enumerate(jobs):
         entry, entry_problems = _entry(index, raw)
-        entry_problems = [p._replace(line=lines.of(index, p.field)) for p in entry_problems]
+        entry_problems = sorted(
+            (p._replace(line=lines.of(index, p.field)) for p in entry_problems),
+            # (In the order of the file's lines, as one reads them: they came in the
+            # order the fields are checked, :52 before :49.)
+            key=lambda p: (p.line is None, p.line or 0),
+        )
         if entry is not None and entry["name"] in first_index:
             name = entry["name"]
             problem = Problem(

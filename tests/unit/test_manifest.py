@@ -210,6 +210,24 @@ def test_problems_carry_their_line() -> None:
     ]
 
 
+def test_an_entrys_problems_come_in_the_order_of_its_lines() -> None:
+    manifest = _parse(
+        """\
+        namespace = "svc"
+
+        [[jobs]]
+        name = "many"
+        timeout = "soon"
+        retries = -1
+        cron = "not cron"
+        worker = "w"
+        """
+    )
+    lines = [p.line for p in manifest.problems]
+    assert len(lines) >= 3
+    assert lines == sorted(lines), manifest.problems
+
+
 def test_inline_entries_point_at_the_jobs_line() -> None:
     manifest = parse('namespace = "svc"\n\njobs = [{ name = "a", worker = "w" }]\n')
     assert [p.line for p in manifest.problems] == [3]
@@ -287,7 +305,8 @@ def test_invalid_entry_is_kept_inert(body: str, field: str, reason: str) -> None
 
 def test_several_problems_in_one_entry() -> None:
     entry, problems = _one('name = "j"\ncron = "bad"\npriority = "x"\ncolour = "red"\n')
-    assert _fields(problems) == ["colour", "cron", "priority", "command"]
+    # (In the order of the lines: the missing command points at the entry's first line.)
+    assert _fields(problems) == ["command", "cron", "priority", "colour"]
     assert entry["invalid_reason"].count(": ") >= 4
     assert entry["priority"] == "background"  # the stored row must still pass the CHECKs
 
