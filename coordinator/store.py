@@ -1091,6 +1091,15 @@ class Store:
         waits)."""
         return await self.settlements.submit(held)
 
+    async def settle_alone(self, held: HeldResult) -> JobState:
+        """:meth:`settle`, sent at once in a statement of its own, and cut short if the
+        caller is cancelled: the stop's flush, bounded by its deadline (a batch is seen
+        through whatever happens to its caller, since it may carry others' items)."""
+        (state,) = await self._settle_batch([held])
+        if isinstance(state, BaseException):
+            raise state
+        return state
+
     def settle_soon(
         self, held: HeldResult, then: Callable[[JobState | BaseException], None]
     ) -> None:

@@ -182,9 +182,12 @@ class Settlement:
             "settle", exc, entry.attempts, event=event, run=entry.result.run_id
         )
 
-    async def _try_save(self, entry: _Held) -> JobState | None:
+    async def _try_save(self, entry: _Held, *, alone: bool = False) -> JobState | None:
+        """One attempt; ``alone``: in a statement of its own that a cancellation cuts
+        short (:meth:`Store.settle_alone`), not with the next batch."""
         try:
-            state = await self.store.settle(entry.result)
+            save = self.store.settle_alone if alone else self.store.settle
+            state = await save(entry.result)
         except Exception as exc:
             self._failed(entry, exc, event="settle.retry_failed")
             return None
@@ -229,21 +232,29 @@ class Settlement:
     async def flush(self, *, deadline: float) -> FlushReport:
         """At stop: save held results without calling anything again; spool what the
         database still refuses. Keeps trying until every result is saved or spooled, or
-        trio time ``deadline`` passes."""
+        trio time ``deadline`` passes.
+
+        The deadline bounds the tries themselves, not only the pauses between them: on a
+        database that takes connections but does not answer (a lock), each try waited
+        for the store's 30 s limit, two of them, and the service manager's SIGKILL
+        came before the spool write (a tester's stop took 91 s under a 3 s stop
+        timeout). A try cut short may still land; the spooled copy is then found
+        already saved at the next start."""
         if not self._held:
             return FlushReport()
         first = True
         while self._held:
-            for entry in list(self._held.values()):
-                try:
-                    await self._try_save(entry)
-                except Exception as exc:  # a bug: the result still goes to the spool
-                    self.events.log.error(
-                        "settle.flush_failed", run=entry.result.run_id, error=repr(exc)
-                    )
+            with trio.move_on_at(deadline):
+                for entry in list(self._held.values()):
+                    try:
+                        await self._try_save(entry, alone=True)
+                    except Exception as exc:  # a bug: the result still goes to the spool
+                        self.events.log.error(
+                            "settle.flush_failed", run=entry.result.run_id, error=repr(exc)
+                        )
             if not self._held:
                 break
-            if first:
+            if first and trio.current_time() < deadline:
                 # The database may just be back: one more round shortly, then the spool.
                 first = False
                 with trio.move_on_at(deadline):

@@ -987,6 +987,9 @@ class Daemon:
         if waited.cancelled_caught or self._abandon.is_set():
             self.log.warning("stop.abandon", running=len(self.dispatcher.running))
             self._abandon.set()
+            # (The wait below, then the flush: the service manager is told, not left to
+            # kill the process before the spool is written.)
+            self.notify(f"EXTEND_TIMEOUT_USEC={int((30 + 10) * 1e6)}")
             with trio.move_on_after(30):
                 while self.dispatcher.in_flight:
                     await self.dispatcher.idle.wait()
@@ -1004,9 +1007,10 @@ class Daemon:
 
     async def _flush(self) -> FlushReport:
         self._flushed = True
-        deadline = max(
-            self._stop_deadline or 0.0, trio.current_time() + min(5.0, self.settings.stop_timeout)
-        )
+        now = trio.current_time()
+        deadline = max(self._stop_deadline or 0.0, now + min(5.0, self.settings.stop_timeout))
+        if len(self.settlement):
+            self.notify(f"EXTEND_TIMEOUT_USEC={int((deadline - now + 5) * 1e6)}")
         self._flushed_report = await self.settlement.flush(deadline=deadline)
         return self._flushed_report
 

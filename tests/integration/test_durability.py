@@ -121,6 +121,40 @@ async def test_stop_while_server_down_spools_then_next_start_replays(
     assert "torn write" in aside[0].read_text()
 
 
+async def test_a_stop_on_a_database_that_does_not_answer_spools_by_its_deadline(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, database: str, tmp_path: Path
+) -> None:
+    """The database takes connections but does not answer (a lock): the flush's tries
+    each waited for the store's limit, two of them, past the stop's deadline, and the
+    service manager's SIGKILL came before the spool write (a tester's stop took 91 s
+    under a 3 s stop timeout). Now the deadline bounds the tries: the result is spooled
+    without one of them running out its time (with the lock held, a try can end only
+    so, or by being cut short)."""
+    started = tmp_path / "started"
+    spool_path = tmp_path / "spool.jsonl"
+    await define(
+        conn, "brief", target={"kind": "exec", "argv": ["sh", "-c", f"touch {started}; sleep 1"]}
+    )
+    harness = await start_daemon(stop_timeout=1.0, spool_path=spool_path, retry_cap=60.0)
+    harness.daemon.store.statement_timeout = 4.0
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'brief')")
+    with trio.fail_after(10):
+        while not started.exists():
+            await trio.sleep(0.02)
+    holder = await _connect(database)
+    try:
+        await aio(holder.execute)("BEGIN")
+        await aio(holder.execute)("LOCK TABLE coordinator.runs IN ACCESS EXCLUSIVE MODE")
+        assert await harness.stop(timeout=40) == 3
+    finally:
+        await aio(holder.close)()
+    names = [e["event"] for e in harness.events]
+    assert "settle.spooled" in names
+    before = names[: names.index("settle.spooled")]
+    assert "settle.retry_failed" not in before, harness.events[-20:]
+    assert [r.run_id for r in Spool(spool_path).read().records] == [run_id]
+
+
 async def test_listener_killed_reconnects_and_refreshes(
     start_daemon: StartDaemon, conn: asyncpg.Connection
 ) -> None:
