@@ -19,6 +19,7 @@ import ssl
 import stat
 import struct
 import tempfile
+import time
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -437,6 +438,35 @@ async def test_timeout_sends_cancel_and_records_timed_out(sock_path: Path) -> No
             assert seen == {"cancelled": True, "reason": "timeout"}
             # It acknowledged the cancel: still connected, slot free.
             assert h.executor.connections()[0].busy == 0
+            assert not h.named("worker.cancel_ignored")
+
+
+async def test_a_result_waiting_when_the_time_runs_out_is_the_outcome(sock_path: Path) -> None:
+    """The process did not run while the deadline passed (a tester stopped the daemon
+    with SIGSTOP) and the result was already in the socket: trio then wakes the call's
+    task and the reader in either order, and a result sent in time was recorded
+    ``timed_out`` (3 times of 3). Here the freeze is a blocking sleep, right after the
+    raw worker's result is written; four calls in a row (each order is a coin's toss)."""
+    with trio.fail_after(GUARD):
+        async with harness(sock_path) as h:
+            raw = await h.connect()
+            await raw.hello()
+            for run in range(1, 5):
+                outcomes: list[Outcome] = []
+
+                async def call(run: int = run, outcomes: list[Outcome] = outcomes) -> None:
+                    outcomes.append(await h.call(make_claim(run, timeout=0.2)))
+
+                h.nursery.start_soon(call)
+                assert (await raw.recv() or {}).get("run") == run
+                # Written and frozen in one step (no checkpoint between: the reader
+                # would read it first): the 0.2 s limit passes, the result waits unread.
+                line = {"v": 1, "type": "result", "run": run, "ok": True, "count": run}
+                os.write(raw.stream.socket.fileno(), json.dumps(line).encode() + b"\n")
+                time.sleep(0.4)  # noqa: ASYNC251
+                while not outcomes:
+                    await trio.sleep(0.01)
+                assert (outcomes[0].status, outcomes[0].count) == ("succeeded", run)
             assert not h.named("worker.cancel_ignored")
 
 
