@@ -62,6 +62,7 @@ import argparse
 import contextlib
 import difflib
 import json
+import math
 import os
 import re
 import shlex
@@ -1725,7 +1726,7 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
         run_args["force"] = True
     wait = args.wait or args.wait_timeout is not None
     wait_timeout = _duration_arg(args.wait_timeout, "--wait-timeout")
-    async with ctx.connection() as conn:
+    async with ctx.connection() as conn, contextlib.AsyncExitStack() as reconnected:
         try:
             job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
         except JobNotFound:
@@ -1808,7 +1809,7 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
             )
         timeout = wait_timeout.total_seconds() if wait_timeout is not None else None
         try:
-            run = await db.aio(client.wait_for_run)(conn, run_id, max_wait=timeout)
+            run, conn = await _wait_through_restarts(ctx, conn, run_id, timeout, reconnected)
             retry = await _retry_of(conn, run)
         except client.WaitTimeout as exc:
             if args.json:  # a script still gets the run as it stands (and exit 1)
@@ -1843,6 +1844,49 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
         blocked = f"; it was attempt {run.attempt}, the last its job allows"
     _error(f"run {run.id} {run.status}{detail}{message}{blocked}")
     return 1
+
+
+#: Longest pause between tries to connect again while ``--wait`` lost its connection.
+RECONNECT_PAUSE_MAX: Final = 5.0
+
+
+async def _wait_through_restarts(
+    ctx: CommandContext,
+    conn: Connection,
+    run_id: int,
+    max_wait: float | None,
+    later: contextlib.AsyncExitStack,
+) -> tuple[client.RunView, Connection]:
+    """``--wait``: the run's end, read on a new connection if PostgreSQL restarts or the
+    connection drops meanwhile (the run goes on: the daemon rides a restart out; a
+    tester's run succeeded while the command exited 1, "connection lost"). Returns the
+    connection in use at the end (a new one is closed by ``later``). ``max_wait`` still
+    bounds the whole wait."""
+    deadline = None if max_wait is None else trio.current_time() + max_wait
+    while True:
+        remaining = None if deadline is None else max(deadline - trio.current_time(), 0.0)
+        try:
+            run = await db.aio(client.wait_for_run)(conn, run_id, max_wait=remaining)
+            return run, conn
+        except DatabaseUnavailable as exc:
+            _note(
+                f"lost the connection while waiting for run {run_id} ({exc}); connecting "
+                "again (the run goes on meanwhile)"
+            )
+        pause = 0.5
+        while True:
+            if deadline is not None and trio.current_time() >= deadline:
+                raise DatabaseUnavailable(
+                    f"no connection to PostgreSQL again before --wait-timeout ran out; run "
+                    f"{run_id} may still be going on (`coordinator runs show {run_id}`)"
+                )
+            left = math.inf if deadline is None else deadline - trio.current_time()
+            await trio.sleep(min(pause, left))
+            try:
+                conn = await later.enter_async_context(ctx.connection())
+                break
+            except DatabaseUnavailable:
+                pause = min(pause * 2, RECONNECT_PAUSE_MAX)
 
 
 async def _retry_of(conn: Connection, run: client.RunView) -> client.RunView | None:

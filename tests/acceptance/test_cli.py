@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -397,11 +398,17 @@ def test_trigger_wait_on_a_paused_job_says_it_would_wait_forever(database: str) 
 
 
 def _wait_then_settle(
-    database: str, status: str, *extra: str, define: tuple[str, ...] = (), also: str = ""
+    database: str,
+    status: str,
+    *extra: str,
+    define: tuple[str, ...] = (),
+    also: str = "",
+    cut: bool = False,
 ) -> tuple[Result, int]:
     """``jobs trigger w --wait`` while the run is settled by hand (no daemon): its status
     set, and ``also`` (more of the statement's CTEs, after ``s``: the run's id and job_id)
-    in the same transaction."""
+    in the same transaction. ``cut``: the command's connection is ended first, once it
+    waits (its last statement the run's read), as a server restart ends it."""
     cli("jobs", "define", "w", "--manual", *define, "--", "true", dsn=database)
     proc = subprocess.Popen(
         [
@@ -423,6 +430,18 @@ def _wait_then_settle(
     )
     assert proc.stdout is not None
     run_id = int(proc.stdout.readline())
+    if cut:
+        waiting = (
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'coordinator-cli' "
+            "AND query LIKE '%WHERE r.id = $1%'"
+        )
+        for _ in range(200):
+            found = sql(database, waiting)
+            if found:
+                break
+            time.sleep(0.05)
+        assert found, "the command never waited"
+        sql(database, "SELECT pg_terminate_backend($1)", found[0]["pid"])
     sql(
         database,
         "WITH s AS (UPDATE coordinator.runs SET status = $2, started_at = now(), "
@@ -441,6 +460,14 @@ def test_trigger_wait_succeeded(database: str) -> None:
     result, _ = _wait_then_settle(database, "succeeded")
     assert (result.code, result.out) == (0, "succeeded\n")
     assert [line.split(":")[:2] for line in result.err.splitlines()] == [["coordinator", " note"]]
+
+
+def test_trigger_wait_connects_again_when_its_connection_is_lost(database: str) -> None:
+    """PostgreSQL restarted while --wait polled: the command exited 1, "connection lost",
+    for a run that succeeded (the daemon rides a restart out)."""
+    result, run_id = _wait_then_settle(database, "succeeded", "--wait-timeout", "60s", cut=True)
+    assert (result.code, result.out) == (0, "succeeded\n"), result
+    assert f"lost the connection while waiting for run {run_id}" in result.err
 
 
 def test_trigger_wait_failed_exits_1(database: str) -> None:
