@@ -458,6 +458,31 @@ def test_pause_and_resume_without_a_reload(page: Page, site: Site) -> None:
     assert rows[0]["paused"] is False
 
 
+def test_a_change_to_several_jobs_reads_the_table_once_not_each_row(page: Page, site: Site) -> None:
+    """The table and every row in it were fetched: 101 requests (and connections) per
+    open page for a change to two jobs, or a worker connecting."""
+    for name in ("bulk-a", "bulk-b"):
+        site.define(name, paused=True)  # (paused: the module's daemon stays idle)
+    page.go("/")
+    page.live()
+    assert len(page.all("table.jobs tbody tr[data-job]")) >= 2
+    page.requested()
+    sql(
+        site.dsn,
+        "UPDATE coordinator.jobs SET timeout = interval '5 min' WHERE name IN ('bulk-a', 'bulk-b')",
+    )
+    seen: list[str] = []
+
+    def table_read(_d: Any) -> bool:
+        seen.extend(page.requested())
+        return any("/ui/jobs-table" in url for url in seen)
+
+    page.wait(table_read, what="the table read again")
+    time.sleep(0.5)  # (rows would have been asked for in the same turn as the table)
+    seen.extend(page.requested())
+    assert [url for url in seen if "/ui/job-row/" in url] == []
+
+
 def test_a_long_name_wraps_and_leaves_every_rows_buttons_in_view(page: Page, site: Site) -> None:
     """A 200-character name took the whole width: every row's schedule, runs and buttons
     sat behind a horizontal scrollbar, and the header's "next:" ran off the page (a

@@ -148,7 +148,13 @@
   }
 
   function everything(selector) {
-    all(selector).forEach(want);
+    // A fragment inside another one read again comes with it: a jobs table's rows are
+    // not fetched one by one besides the table (a change to two jobs, or a worker
+    // connecting, was 101 requests and 101 database connections per open page).
+    var els = all(selector);
+    els.filter(function (el) {
+      return !els.some(function (other) { return other !== el && other.contains(el); });
+    }).forEach(want);
   }
 
   // ---------------------------------------------------------------- events
