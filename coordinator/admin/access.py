@@ -12,7 +12,7 @@ for itself:
   reads other namespaces' rows);
 * :func:`check_run` for a run named by id: a run of a namespace the token does not
   reach is answered like a run that does not exist (404), so ids reveal nothing;
-* :func:`status_for`, :func:`event_visible` and :func:`event_vague` for the daemon's
+* :func:`status_seen`, :func:`event_visible` and :func:`event_vague` for the daemon's
   snapshot and its live events (running calls, held results, the next deadline, runs
   finishing: only those of the token's namespaces; a change a NOTIFY names by id only is
   "jobs changed" to a scoped token; aggregate counts and the worker list are the
@@ -32,6 +32,8 @@ from ..events import NotificationWake
 from ..tokens import TokenScope
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from starlette.requests import Request
 
     from ..events import Event
@@ -40,10 +42,12 @@ if TYPE_CHECKING:
 __all__ = [
     "TOKEN_KEY",
     "check_run",
+    "event_vague",
     "event_visible",
     "namespaces",
     "require",
     "status_for",
+    "status_seen",
     "token_of",
 ]
 
@@ -110,8 +114,20 @@ def _key_visible(token: TokenScope, key: str | None) -> bool:
     return key.split("/", 1)[0] in token.namespaces
 
 
+def status_seen(
+    status_of: Callable[..., DaemonStatus], request: Request | TokenScope
+) -> DaemonStatus:
+    """The daemon's snapshot as the token may see it, its next deadline the earliest of
+    the token's namespaces (``status_of``: the daemon's ``status``)."""
+    token = request if isinstance(request, TokenScope) else token_of(request)
+    if token.namespaces is None:
+        return status_of()
+    return status_for(status_of(visible=lambda key: _key_visible(token, key)), token)
+
+
 def status_for(status: DaemonStatus, request: Request | TokenScope) -> DaemonStatus:
-    """The snapshot as the token may see it."""
+    """The snapshot as the token may see it (a next deadline of another namespace is
+    left out: :func:`status_seen` asks for the token's own)."""
     token = request if isinstance(request, TokenScope) else token_of(request)
     if token.namespaces is None:
         return status

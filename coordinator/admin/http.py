@@ -424,7 +424,7 @@ def _json_type(value: Any) -> str:
 class _Api:
     dsn: str
     #: The daemon's typed snapshot (no SQL).
-    status_of: Callable[[], DaemonStatus]
+    status_of: Callable[..., DaemonStatus]
     metrics: Metrics
     clock: WallClock
     #: The daemon's events, for ``/api/events`` (``None``: no stream here).
@@ -446,7 +446,7 @@ class _Api:
         return JSONResponse({"state": status.role}, status_code=200 if status.healthy else 503)
 
     async def status(self, request: Request) -> Response:
-        return JSONResponse(access.status_for(self.status_of(), request).to_json())
+        return JSONResponse(access.status_seen(self.status_of, request).to_json())
 
     async def metrics_text(self, request: Request) -> Response:
         # A scoped token sees the per-job series of its namespaces only; a public scrape

@@ -192,7 +192,7 @@ class Web:
 
     #: The admin tokens one may sign in with.
     tokens: TokenSet
-    status_of: Callable[[], DaemonStatus]
+    status_of: Callable[..., DaemonStatus]
     #: One short database connection per request (shared limiter with the API).
     db: Callable[[], AbstractAsyncContextManager[Connection]]
     clock: WallClock
@@ -240,7 +240,7 @@ class Web:
     ) -> Response:
         now = self._now()
         nonce = request.scope.get(SESSION_KEY)
-        status = context.setdefault("status", access.status_for(self.status_of(), request))
+        status = context.setdefault("status", access.status_seen(self.status_of, request))
         fragment = request.url.path.startswith("/ui/")
         response = self.templates.TemplateResponse(
             request,
@@ -293,7 +293,7 @@ class Web:
             raise InvalidInput("q", f"longer than {MAX_NAME_FILTER} characters")
         page = _optional_int(request, "page") or 1
         span_key, chosen = self._buckets(request)
-        status = access.status_for(self.status_of(), request)
+        status = access.status_seen(self.status_of, request)
         wanted = name.casefold()
         async with self.db() as conn:
             every = await aio(client.list_jobs)(conn, namespaces=access.namespaces(request))
@@ -338,7 +338,7 @@ class Web:
         job_id = _int_param(request, "job_id")
         state = request.query_params.get("state") or ""
         span_key, chosen = self._buckets(request)
-        status = access.status_for(self.status_of(), request)
+        status = access.status_seen(self.status_of, request)
         async with self.db() as conn:
             job = _visible(request, await aio(client.get_job_by_id)(conn, job_id))
             if not present.matches(job, state, status):

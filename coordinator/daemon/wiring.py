@@ -334,11 +334,18 @@ class Daemon:
         """``starting``, ``standby``, ``ready``, ``degraded``, ``stopping`` or ``stopped``."""
         return self._state
 
-    def status(self, *, deadlines: int = 0) -> DaemonStatus:
+    def status(
+        self, *, deadlines: int = 0, visible: Callable[[str], bool] | None = None
+    ) -> DaemonStatus:
         """The typed snapshot the admin face, the metrics and systemd read. No SQL.
-        ``deadlines``: list the armed deadlines of at most that many jobs too."""
+        ``deadlines``: list the armed deadlines of at most that many jobs too.
+        ``visible``: the next deadline is that of the earliest job whose key passes (a
+        scoped admin token's; the daemon's own, in another namespace, was shown as
+        "none armed")."""
         now = trio.current_time()
         earliest = self.deadlines.earliest()
+        if earliest is not None and visible is not None:
+            earliest = self._earliest_of(visible, earliest)
         next_deadline = next_job = None
         if earliest is not None:
             next_deadline = datetime.fromtimestamp(earliest[0], UTC)
@@ -382,6 +389,24 @@ class Daemon:
             next_prune=self.pruner.next_at,
             deadlines=self._deadlines(deadlines) if deadlines > 0 else (),
         )
+
+    def _earliest_of(
+        self, visible: Callable[[str], bool], earliest: tuple[float, int]
+    ) -> tuple[float, int] | None:
+        """The earliest armed deadline of a job whose key passes ``visible`` (a scan of
+        the armed deadlines, unless the earliest of all passes: asked by scoped tokens
+        only)."""
+        if visible(self.inventory.key(earliest[1])):
+            return earliest
+        best: tuple[float, int] | None = None
+        jobs = self.inventory.jobs
+        for job_id, at in self.deadlines.items():
+            if best is not None and (at, job_id) >= best:
+                continue
+            entry = jobs.get(job_id)
+            if entry is not None and visible(entry.key):
+                best = (at, job_id)
+        return best
 
     def _deadlines(self, limit: int) -> tuple[ArmedDeadline, ...]:
         out: list[ArmedDeadline] = []

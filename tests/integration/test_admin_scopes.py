@@ -223,6 +223,30 @@ def test_the_status_shows_only_the_tokens_namespaces() -> None:
     assert status_for(status, everything) is status
 
 
+async def test_a_scoped_tokens_status_gives_the_next_deadline_of_its_namespaces(
+    api: tuple[Api, Any], conn: asyncpg.Connection
+) -> None:
+    """Another namespace's job was due first: the scoped status said "none armed"
+    beside the daemon's count of armed deadlines (a tester's billing token)."""
+    http, harness = api
+    await define(conn, "soon", namespace="ops", schedule_kind="interval", schedule="1h")
+    await define(conn, "later", namespace="billing", schedule_kind="interval", schedule="3h")
+    await harness.wait_event("refresh", count=2)
+    await aio(conn.execute)(
+        "UPDATE coordinator.jobs SET next_run_at = now() + CASE namespace"
+        " WHEN 'ops' THEN interval '1 hour' ELSE interval '2 hours' END"
+    )
+    with trio.fail_after(10):
+        while harness.daemon.status().next_job != "ops/soon":
+            await trio.sleep(0.05)
+    everything = (await http.get(ADMIN, "/api/status")).json()["next_deadline"]
+    assert everything["job"] == "ops/soon"
+    scoped = (await http.get(BILLING_OPS, "/api/status")).json()["next_deadline"]
+    assert scoped is not None
+    assert scoped["job"] == "billing/later"
+    assert scoped["at"] > everything["at"]
+
+
 def test_tokens_are_found_by_hash_and_misconfigurations_named() -> None:
     assert TOKENS.find(BILLING_OPS) == TOKENS.named("billing-ops")
     assert TOKENS.find(BILLING_OPS + "x") is None
