@@ -14,6 +14,8 @@ constraint violation there.
 
 Control characters are C0 (U+0000-U+001F), DEL (U+007F), C1 (U+0080-U+009F) and the
 line and paragraph separators U+2028/U+2029: each can end a line or drive a terminal.
+Bidirectional formatting characters (:data:`BIDI`) are allowed, but every display (the
+CLI, ``top``, the web page) shows them escaped: they reorder the text around them.
 
 Layering: stdlib and :mod:`coordinator.errors` only (the worker SDK imports it).
 """
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "BIDI",
     "CONTROL",
     "ERROR_MESSAGE_LIMIT",
     "NAMESPACE_MAX",
@@ -42,10 +45,16 @@ __all__ = [
     "printable",
     "seconds_text",
     "storable",
+    "unbidi",
 ]
 
 #: One control character (see the module docstring).
 CONTROL: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: One bidirectional formatting character (LRM/RLM, the embeddings and overrides
+#: U+202A-U+202E, the isolates U+2066-U+2069): allowed in names, but shown escaped, since
+#: they reorder the text around them ("abc" + U+202E + "evil" reads "abclive").
+BIDI: Final = re.compile("[\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SHOWN_ESCAPED: Final = re.compile(f"{CONTROL.pattern}|{BIDI.pattern}")
 NAMESPACE_MAX: Final = 63
 NAME_MAX: Final = 200
 _NAMESPACE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -64,8 +73,16 @@ def _escape(match: re.Match[str]) -> str:
 
 def printable(text: str) -> str:
     """``text`` with every control character written as an escape (``\\n``, ``\\x1b``,
-    ``\\u2028``): one line, nothing a terminal acts on. Other text is unchanged."""
-    return CONTROL.sub(_escape, text)
+    ``\\u2028``), and every bidirectional formatting character (:data:`BIDI`): one line,
+    nothing a terminal acts on, nothing that reorders what is shown. Other text is
+    unchanged."""
+    return _SHOWN_ESCAPED.sub(_escape, text)
+
+
+def unbidi(text: str) -> str:
+    """``text`` with its bidirectional formatting characters (:data:`BIDI`) written as
+    escapes: what the web page shows of any text (its own escaping is HTML's)."""
+    return BIDI.sub(_escape, text) if BIDI.search(text) else text
 
 
 def width(text: str) -> int:

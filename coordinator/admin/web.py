@@ -36,6 +36,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 import attrs
 from asyncpg import Connection
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.responses import (
     HTMLResponse,
     JSONResponse,
@@ -62,6 +63,7 @@ from ..errors import (
 from ..events import EventBus
 from ..model import Target
 from ..status import DaemonStatus
+from ..text import unbidi
 from ..tokens import TokenSet
 from . import access, present
 from .live import EventSourceResponse
@@ -127,6 +129,9 @@ def _environment() -> Environment:
         autoescape=select_autoescape(default=True, default_for_string=True),
         trim_blocks=True,
         lstrip_blocks=True,
+        # Every text shown has its bidirectional formatting characters escaped (a job
+        # named "abc" + U+202E + "evil" was shown as "abclive"); markup made here is left.
+        finalize=_unbidi,
     )
     env.globals.update(
         cadence=present.cadence,
@@ -159,6 +164,12 @@ def _environment() -> Environment:
         run_sections=RUN_SECTIONS,
     )
     return env
+
+
+def _unbidi(value: Any) -> Any:
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return unbidi(value)
+    return value
 
 
 def _describe_target(target: dict[str, Any]) -> str:

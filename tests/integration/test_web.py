@@ -350,6 +350,27 @@ async def test_every_name_argument_output_and_error_is_escaped(
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text, path
 
 
+async def test_bidirectional_formatting_in_a_name_or_an_error_is_shown_escaped(
+    site: Site, conn: asyncpg.Connection
+) -> None:
+    """A job named "abc" + U+202E + "evil" was shown as "abclive" (a tester)."""
+    spoof = "invoice\u202eexe.pdf"
+    job_id = await define(conn, spoof)
+    run_id = await aio(conn.fetchval)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, error_message, error_cause,"
+        " finished_at) VALUES ($1, 'manual', 'failed', $2, 'handler', now()) RETURNING id",
+        job_id,
+        f"no such file {spoof}",
+    )
+    await site.harness.wait_event("refresh", count=2)
+    await site.sign_in()
+    for path in ("/", f"/jobs/default/{spoof}", f"/runs/{run_id}", f"/ui/job-row/{job_id}"):
+        page = await site.get(path)
+        assert page.status_code == 200, (path, page.text[:300])
+        assert "\u202e" not in page.text, path
+        assert "invoice\\u202eexe.pdf" in page.text, path
+
+
 async def test_the_jobs_view_says_cadence_state_and_next_run_in_words(
     site: Site, conn: asyncpg.Connection
 ) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from coordinator.errors import InvalidInput
 from coordinator.log import EventLog
-from coordinator.text import CONTROL, check_job_name, check_namespace, printable
+from coordinator.text import BIDI, CONTROL, check_job_name, check_namespace, printable, unbidi
 
 #: Every control character the rules name, one by one (PostgreSQL text has no U+0000).
 CONTROLS = [chr(c) for c in (*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029)]
@@ -119,6 +119,20 @@ def test_printable_escapes_each_control_character_and_nothing_else() -> None:
     assert printable(plain) == plain
     for char in CONTROLS:
         assert CONTROL.search(printable(f"x{char}y")) is None
+
+
+def test_bidirectional_formatting_is_allowed_in_names_and_shown_escaped() -> None:
+    """A name with U+202E (right-to-left override) was shown reordered: "abc" + RLO +
+    "evil" read "abclive" on the page, in ``jobs list`` and in ``top``."""
+    spoof = "مرحبا\u202eevil"
+    assert check_job_name(spoof) == spoof  # (stored as given: a name may be RTL)
+    assert printable(spoof) == "مرحبا\\u202eevil"
+    assert unbidi(spoof) == "مرحبا\\u202eevil"
+    assert unbidi("a\nb") == "a\nb"  # (unbidi: the page's; newlines are HTML's to show)
+    for code in (0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)):
+        assert BIDI.fullmatch(chr(code)), hex(code)
+        assert printable(chr(code)) == f"\\u{code:04x}"
+    assert BIDI.search("مرحبا שלום café") is None  # RTL letters themselves are not
 
 
 # --------------------------------------------------------------------------- log lines
