@@ -7,6 +7,8 @@ mistake of theirs. asyncpg errors are wrapped once, where the SQL is sent.
 
 from __future__ import annotations
 
+from typing import Final
+
 import trio
 
 
@@ -36,13 +38,22 @@ class InvalidSchedule(InvalidInput):
     """A schedule expression, timezone or timestamp cannot be used."""
 
 
+#: Most characters of an unknown job's name an error quotes (a name is at most 200).
+_SHOWN_NAME: Final = 200
+
+
 class JobNotFound(CoordinatorError, LookupError):
     """No job has this namespace and name."""
 
     exit_code = 2
 
     def __init__(self, namespace: str, name: str) -> None:
-        super().__init__(f"unknown job {namespace}/{name}")
+        # (A name as asked, quoted whole, was 5,000 characters of a 404; a job asked for
+        # by id alone is "#id", not "?/#id".)
+        shown = name if len(name) <= _SHOWN_NAME else name[:_SHOWN_NAME] + "..."
+        super().__init__(
+            f"unknown job {shown}" if namespace == "?" else f"unknown job {namespace}/{shown}"
+        )
         self.namespace = namespace
         self.name = name
 

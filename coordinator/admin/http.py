@@ -617,14 +617,16 @@ class _Api:
     async def resolve(self, request: Request) -> Response:
         run_id = _run_id(request)
         _note(request, run=run_id)
-        body = await _json_body(request)
-        outcome = body.get("as")
-        if outcome not in client.RESOLUTIONS:
-            raise InvalidInput("as", f"must be one of {', '.join(client.RESOLUTIONS)}")
-        _note(request, resolved_as=outcome)
         async with self.db() as conn:
+            # Who may, before what: a read token's resolve with a missing body was told
+            # "400 as: must be one of ...", not that it may only read.
             run = await aio(client.get_run)(conn, run_id)
             access.check_run(request, run_id, run.namespace, operate=True)
+            body = await _json_body(request)
+            outcome = body.get("as")
+            if outcome not in client.RESOLUTIONS:
+                raise InvalidInput("as", f"must be one of {', '.join(client.RESOLUTIONS)}")
+            _note(request, resolved_as=outcome)
             current = await aio(client.resolve)(conn, run_id, outcome)
         retry_run = current if current != run_id else None
         _note(request, retry_run=retry_run)

@@ -89,8 +89,8 @@ FINDINGS_PAGE: Final = 25
 #: Jobs per page of the jobs view (all of them on one page was 1.5 MB of HTML at 456
 #: jobs, most of it sparklines, each one a statistics read).
 JOBS_PAGE: Final = 100
-#: Longest name filter taken (a job's namespace and name together are at most 127).
-MAX_NAME_FILTER: Final = 200
+#: Longest name filter taken: a namespace, ``/`` and a name (63 + 1 + 200).
+MAX_NAME_FILTER: Final = 264
 
 #: The sections of a run's detail, in order (templates/run_*.html). A new kind of
 #: information about a run is one template and one name here.
@@ -302,7 +302,7 @@ class Web:
         name = (request.query_params.get("q") or "").strip()
         if len(name) > MAX_NAME_FILTER:
             raise InvalidInput("q", f"longer than {MAX_NAME_FILTER} characters")
-        page = _optional_int(request, "page") or 1
+        page = _page(request)
         span_key, chosen = self._buckets(request)
         status = access.status_seen(self.status_of, request)
         wanted = name.casefold()
@@ -761,6 +761,17 @@ def _int_param(request: Request, key: str) -> int:
     if not text.isascii() or not text.isdigit() or not 1 <= int(text) < 2**63:
         raise InvalidInput(key, f"must be a positive whole number, not {text!r}")
     return int(text)
+
+
+def _page(request: Request) -> int:
+    """``?page=``: a whole number from 1; one past the last page (however large) shows
+    the last, as the view says (a huge one was a 400)."""
+    text = request.query_params.get("page")
+    if not text:
+        return 1
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise InvalidInput("page", f"must be a positive whole number, not {text!r}")
+    return min(int(text), 2**63)
 
 
 def _optional_int(request: Request, key: str) -> int | None:

@@ -172,6 +172,10 @@ async def test_trigger_cancel_and_resolve_outside_the_scope_are_refused(
         REPORTS_READ, f"/api/runs/{reports_run}/resolve", json={"as": "failed"}
     )
     denied(response, "reports")
+    # With no body, or a wrong one, still refused as a reader (it was 400 "as: ...").
+    for body in ({}, {"as": "maybe"}):
+        response = await http.post(REPORTS_READ, f"/api/runs/{reports_run}/resolve", json=body)
+        denied(response, "reports")
     # Nothing refused happened; what was allowed did.
     runs = {r.id: r.status for r in await aio(client.list_runs)(conn, limit=10)}
     assert runs == {billing_run: "queued", reports_run: "queued"}

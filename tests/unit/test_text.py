@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from coordinator.errors import InvalidInput
+from coordinator.errors import InvalidInput, JobNotFound
 from coordinator.log import EventLog
 from coordinator.text import BIDI, CONTROL, check_job_name, check_namespace, printable, unbidi
 
@@ -133,6 +133,14 @@ def test_bidirectional_formatting_is_allowed_in_names_and_shown_escaped() -> Non
         assert BIDI.fullmatch(chr(code)), hex(code)
         assert printable(chr(code)) == f"\\u{code:04x}"
     assert BIDI.search("مرحبا שלום café") is None  # RTL letters themselves are not
+
+
+def test_an_unknown_job_is_named_briefly() -> None:
+    assert str(JobNotFound("billing", "nightly")) == "unknown job billing/nightly"
+    assert str(JobNotFound("?", "#999999")) == "unknown job #999999"  # (was "?/#999999")
+    long = JobNotFound("billing", "x" * 5000)  # (quoted whole in a 404)
+    assert str(long) == "unknown job billing/" + "x" * 200 + "..."
+    assert long.name == "x" * 5000
 
 
 # --------------------------------------------------------------------------- log lines
