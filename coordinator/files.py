@@ -20,6 +20,26 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
+#: The mode of a state directory made here: others may pass through it (the embedded
+#: PostgreSQL's user reaches its data below it), not list or write it.
+STATE_DIR_MODE = 0o711
+
+
+def make_state_dir(path: Path) -> None:
+    """Create ``path`` and its missing parents 0711 (an existing directory is kept as it
+    is: the operator may have chosen its mode). ``mkdir(parents=True)`` gave the parents
+    the umask's 0755: a state directory removed while the daemon ran came back so."""
+    if path.is_dir():
+        return
+    missing = [path]
+    while not missing[-1].parent.exists() and missing[-1].parent != missing[-1]:
+        missing.append(missing[-1].parent)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=STATE_DIR_MODE)
+            os.chmod(directory, STATE_DIR_MODE)  # (mkdir's mode is narrowed by the umask)
+
+
 def write_private(path: Path, text: str) -> None:
     """Replace ``path`` with ``text``, readable by its owner only (``OSError`` if the
     directory will not do; nothing is left behind then)."""

@@ -26,11 +26,12 @@ import tempfile
 import zlib
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from .errors import CoordinatorError
+from .files import STATE_DIR_MODE, make_state_dir
 from .model import Cursor, Finding, Outcome
 
 if TYPE_CHECKING:
@@ -45,7 +46,10 @@ FILE_MODE = 0o600
 #: ``<state dir>/postgres``. At 0700, `coordinator run` as root on a fresh machine made
 #: /var/lib/coordinator, then refused it as unreachable (a tester's finding). What is in
 #: it is private by its own mode (the spool's files 0600, the cluster's 0700).
-DIR_MODE = 0o711
+DIR_MODE = STATE_DIR_MODE
+#: What the start's probe writes in the spool's directory: room for a stop's spool of a
+#: few hundred results.
+PROBE_BYTES: Final = 1024 * 1024
 
 
 class SpoolError(CoordinatorError):
@@ -307,23 +311,28 @@ def _unwritable(directory: Path, *, probe: bool) -> str | None:
         while not existing.exists() and existing.parent != existing:
             existing = existing.parent  # (made on the first write: its parent must allow it)
         return None if os.access(existing, os.W_OK | os.X_OK) else "permission denied"
+    name = None
     try:
         _make_private_dir(directory)
         fd, name = tempfile.mkstemp(prefix=".probe-", dir=directory)
-        os.close(fd)
-        os.unlink(name)
+        # Some bytes, synced: an empty file is made even on a full disk, which then
+        # passed, and a stop found the disk full with results to keep (a tester's).
+        with os.fdopen(fd, "wb") as file:
+            file.write(bytes(PROBE_BYTES))
+            file.flush()
+            os.fsync(file.fileno())
     except OSError as exc:
         return exc.strerror or str(exc)
+    finally:
+        if name is not None:
+            _unlink_quietly(Path(name))
     return None
 
 
 def _make_private_dir(path: Path) -> None:
     """Create ``path`` (and parents) 0711 if missing; an existing directory is kept as it is
     (the operator may have chosen its mode)."""
-    if path.is_dir():
-        return
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    os.chmod(path, DIR_MODE)  # mkdir's mode is narrowed by the umask
+    make_state_dir(path)
 
 
 def _unlink_quietly(path: Path) -> None:

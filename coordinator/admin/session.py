@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 
-from ..files import private_text, write_private
+from ..files import make_state_dir, private_text, write_private
 
 if TYPE_CHECKING:
     from ..tokens import TokenSet
@@ -256,7 +256,7 @@ def _kept_secret(path: Path) -> str:
     if len(secret) >= 32:
         return secret
     secret = secrets.token_urlsafe(32)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_state_dir(path.parent)
     write_private(path, secret + "\n")
     return secret
 

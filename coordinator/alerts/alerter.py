@@ -53,7 +53,7 @@ from ..events import (
     RunFinished,
     RunLost,
 )
-from ..files import private_text, write_private
+from ..files import make_state_dir, private_text, write_private
 from .message import Alert, Message, render
 from .sinks import DeliveryFailed, Sink
 
@@ -595,7 +595,7 @@ class Alerter:
             text = "".join(
                 json.dumps(d.to_json(), separators=(",", ":")) + "\n" for d in deliveries
             )
-            self.outbox.parent.mkdir(parents=True, exist_ok=True)
+            make_state_dir(self.outbox.parent)
             write_private(self.outbox, text)
         except OSError as exc:
             return exc.strerror or repr(exc)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 import trio
 
-from ..files import private_text
+from ..files import make_state_dir, private_text
 
 if TYPE_CHECKING:
     from ..events import EventBus
@@ -114,7 +114,8 @@ class CommandLedger:
         }
         path = self.directory / str(pgid)
         try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_state_dir(self.directory.parent)  # (the state directory: 0711, not 0755)
+            self.directory.mkdir(mode=0o700, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as file:
                 file.write(json.dumps(entry))

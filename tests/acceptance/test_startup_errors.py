@@ -125,6 +125,36 @@ def test_a_state_directory_that_cannot_be_written(database: str, tmp_path: Path)
     assert_one_line_refusal(result, "spool: cannot write in /proc/coordinator-")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_state_directory_on_a_full_disk(database: str, tmp_path: Path) -> None:
+    """An empty probe file is made even on a full disk: the start passed, and a stop
+    found the disk full with results to keep (a tester's). Since a state directory made
+    by the daemon is 0711, its parents too: one removed while it ran came back 0755."""
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(state)], check=True)
+    try:
+        with (state / "filler").open("wb") as f, pytest.raises(OSError, match="No space"):
+            f.write(b"x" * 512 * 1024)
+        result = run(database, tmp_path)
+        assert_one_line_refusal(result, "spool: cannot write in", "No space left on device")
+        assert list(state.glob(".probe-*")) == []
+    finally:
+        subprocess.run(["umount", str(state)], check=False)
+
+
+def test_the_state_directory_and_its_parents_are_made_0711(tmp_path: Path) -> None:
+    from coordinator.files import make_state_dir
+
+    old = os.umask(0o022)
+    try:
+        make_state_dir(tmp_path / "a" / "b" / "state")
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "state"):
+        assert path.stat().st_mode & 0o777 == 0o711, path
+
+
 def test_a_worker_listener_without_a_token(database: str, tmp_path: Path) -> None:
     result = run(database, tmp_path, {"COORDINATOR_WORKER_LISTEN": "127.0.0.1:0"})
     assert_one_line_refusal(result, "worker_token")
