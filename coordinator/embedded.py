@@ -59,6 +59,16 @@ class UnreachableDirectory(ClusterError):
     exit_code = 2
 
 
+class SocketPathTooLong(ClusterError):
+    """The server's Unix socket would not fit a socket address (a deep state dir)."""
+
+    exit_code = 2
+
+
+#: Longest Unix socket path (``sun_path`` holds 108 bytes with its NUL).
+SOCKET_PATH_MAX: Final = 107
+
+
 def find_bin_dir(configured: Path | None = None) -> Path:
     """The directory holding ``initdb`` and ``pg_ctl``: the configured one, else PATH,
     else the newest ``/usr/lib/postgresql/*/bin``."""
@@ -214,9 +224,23 @@ class Cluster:
     def initialized(self) -> bool:
         return (self.data_dir / "PG_VERSION").exists()
 
+    def check_socket_path(self) -> None:
+        """Refuse a state directory so deep that the server's socket cannot be made
+        there: found only by the server, after a whole initdb, it said "pg_ctl: could
+        not start server | Examine the log output." (exit 1)."""
+        path = self.socket_dir / f".s.PGSQL.{self.socket_port}"
+        size = len(os.fsencode(path))
+        if size > SOCKET_PATH_MAX:
+            raise SocketPathTooLong(
+                f"the embedded PostgreSQL's socket would be {path} ({size} bytes), over the "
+                f"{SOCKET_PATH_MAX} a Unix socket path may have: choose a shorter state "
+                "directory (--state-dir)"
+            )
+
     def init(self) -> None:
         """Create the cluster (superuser ``postgres``, trust auth: reachable only by
         whoever can reach its socket or its loopback port)."""
+        self.check_socket_path()
         self.root.mkdir(parents=True, exist_ok=True)
         self.socket_dir.mkdir(exist_ok=True)
         for path in (self.root, self.socket_dir):
@@ -255,6 +279,7 @@ class Cluster:
     def start(self, *, timeout: float = 60) -> None:
         if self.is_running():
             return
+        self.check_socket_path()
         if not self.log_path.exists():
             self.log_path.touch()
             self._own(self.log_path)

@@ -155,6 +155,26 @@ def test_the_state_directory_and_its_parents_are_made_0711(tmp_path: Path) -> No
         assert path.stat().st_mode & 0o777 == 0o711, path
 
 
+def test_an_embedded_state_directory_too_deep_for_its_socket(tmp_path: Path) -> None:
+    """It was found by the server, after a whole initdb: "pg_ctl: could not start server
+    | Examine the log output." and exit 1."""
+    deep = Path(tempfile.mkdtemp(prefix="cw-")) / ("d" * 100)
+    env = {k: v for k, v in os.environ.items() if k != "COORDINATOR_DSN"}
+    env.pop("COORDINATOR_TEST_DSN", None)
+    env["COORDINATOR_WORKER_SOCKET"] = str(Path(tempfile.mkdtemp(prefix="cw-")) / "w.sock")
+    env["COORDINATOR_CONFIG"] = str(tmp_path / "none.toml")
+    (tmp_path / "none.toml").write_text("")
+    result = subprocess.run(
+        [*COORDINATOR, "run", "--state-dir", str(deep)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert_one_line_refusal(result, "socket would be", "choose a shorter state directory")
+    assert not (deep / "postgres" / "data").exists()  # (no initdb first)
+
+
 def test_a_worker_listener_without_a_token(database: str, tmp_path: Path) -> None:
     result = run(database, tmp_path, {"COORDINATOR_WORKER_LISTEN": "127.0.0.1:0"})
     assert_one_line_refusal(result, "worker_token")
