@@ -73,6 +73,11 @@ _CONFLICT_STATES: Final = frozenset({"40001", "40P01"})
 #: SQLSTATE classes that mean the session or the server went away (08: connection
 #: exception; 57: operator intervention — admin/crash shutdown, cannot connect now).
 _UNAVAILABLE_CLASSES: Final = frozenset({"08", "57"})
+#: SQLSTATEs that mean the server takes no writes now: read_only_sql_transaction (a
+#: standby, or ``default_transaction_read_only``): waited out like a server away, not a
+#: refusal of what was sent (a tester's spooled result was set aside as rejected, and
+#: again at every start's attempt while the database stayed read-only).
+_UNAVAILABLE_STATES: Final = frozenset({"25006"})
 
 
 _TRANSIENT = (
@@ -468,7 +473,12 @@ def _broken_session(exc: BaseException) -> bool:
 
 def _wrap(exc: BaseException, what: str) -> Exception:
     state = str(getattr(exc, "sqlstate", "") or "")
-    if isinstance(exc, _TRANSIENT) or state[:2] in _UNAVAILABLE_CLASSES or _broken_session(exc):
+    if (
+        isinstance(exc, _TRANSIENT)
+        or state[:2] in _UNAVAILABLE_CLASSES
+        or state in _UNAVAILABLE_STATES
+        or _broken_session(exc)
+    ):
         return StoreUnavailable(f"{what}: database unavailable ({type(exc).__name__}: {exc})")
     if state in _CONFLICT_STATES:
         return StoreConflict(f"{what}: {type(exc).__name__}: {one_line(exc)}")
@@ -716,7 +726,7 @@ class Batcher(Generic[ItemT, ResultT]):
 
 def _item_error(what: str, state: str, message: str) -> Exception:
     """The exception an item of a batch failed with, classified like any other."""
-    if state[:2] in _UNAVAILABLE_CLASSES:
+    if state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_STATES:
         return StoreUnavailable(f"{what}: database unavailable ({state}: {message})")
     if state in _CONFLICT_STATES:
         return StoreConflict(f"{what}: {message}")

@@ -308,7 +308,6 @@ class Settlement:
         started = trio.current_time()
         for line in contents.corrupt:
             log.error("spool.corrupt", reason=line.reason, line=line.raw[:200])
-        aside = self.spool.set_aside(contents.corrupt, self.clock, "corrupt")
         saved = already = 0
         refused: list[tuple[HeldResult, str]] = []
         for record in contents.records:
@@ -341,20 +340,27 @@ class Settlement:
                 already += 1
         rejected = None
         if refused:
+            # Marked first, then set aside: a mark that fails (the database went away)
+            # leaves the spool whole for the next attempt, instead of a new rejected file
+            # at each attempt and no line saying so.
+            for record, why in refused:
+                await self.store.mark_unresolved(
+                    record.run_id, f"its result could not be saved from the spool: {why}"
+                )
             rejected = self.spool.set_aside(
                 [Unreadable(raw=r.line().rstrip(b"\n"), reason=why) for r, why in refused],
                 self.clock,
                 "rejected",
             )
             for record, why in refused:
-                await self.store.mark_unresolved(
-                    record.run_id, f"its result could not be saved from the spool: {why}"
-                )
                 log.error("spool.rejected", run=record.run_id, job=record.job_key, error=why)
                 if record.job_id is not None:  # left for an operator: alerted like a lost run
                     self.events.emit(
                         RunLost(run=record.run_id, job_id=record.job_id, action="unresolved")
                     )
+        # (Set aside only now: a replay the database cut short reads the spool whole
+        # again, and each attempt left a copy of its corrupt lines.)
+        aside = self.spool.set_aside(contents.corrupt, self.clock, "corrupt")
         self.spool.clear()
         log.info(
             "spool.replayed",

@@ -107,7 +107,9 @@ async def test_a_read_only_database_degrades_and_recovers(
             schedule="1s",
             target={"kind": "exec", "argv": argv},
         )
-        failed = await harness.wait_event("refresh.failed", kind="refused", timeout=30)
+        # (Waited out like a server away: a database that takes no writes is a state of
+        # the server, not a refusal of what was sent.)
+        failed = await harness.wait_event("refresh.failed", kind="unavailable", timeout=30)
         assert "read-only" in failed[0]["error"]
         await trio.sleep(1.0)
         status = harness.daemon.status()
@@ -178,6 +180,48 @@ async def test_a_spooled_record_the_database_refuses_is_set_aside_once(
     await harness.stop()
     second = await start_daemon(spool_path=spool_path)
     assert second.named("startup.spool", records=0)
+
+
+async def test_a_read_only_database_at_start_keeps_the_spool_whole_until_it_takes_writes(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """A database that takes no writes (a standby, default_transaction_read_only) made the
+    replay set the record aside as rejected, fail to mark its run, and start over: a new
+    rejected file at each attempt, no line saying so, while the result was good."""
+    job = await define(conn, "spooled")
+    run_id = await aio(conn.fetchval)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, claimed_at, started_at) "
+        "VALUES ($1, 'manual', 'running', now(), now()) RETURNING id",
+        job,
+    )
+    now = datetime.now(UTC)
+    record = HeldResult(
+        run_id=run_id,
+        job_id=job,
+        job_key="default/spooled",
+        schedule_version=1,
+        next_run_at=None,
+        outcome=Outcome(status="succeeded", started_at=now, finished_at=now),
+    )
+    state = tmp_path / "state"
+    spool_path = state / "spool.jsonl"
+    Spool(spool_path).append([record])
+    name = await aio(conn.fetchval)("SELECT current_database()")
+    await aio(conn.execute)(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    try:
+        harness = await start_daemon(spool_path=spool_path, retry_cap=0.2, wait_ready=False)
+        await harness.wait_event("startup.database_unavailable", count=2)
+        assert not harness.named("spool.rejected")
+        assert sorted(p.name for p in state.iterdir()) == ["spool.jsonl"]
+    finally:
+        await aio(conn.execute)(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+    with trio.fail_after(30):
+        await harness.daemon.ready.wait()
+    assert harness.named("spool.replayed")[-1]["saved"] == 1
+    status = await aio(conn.fetchval)("SELECT status FROM coordinator.runs WHERE id = $1", run_id)
+    assert status == "succeeded"
+    assert not spool_path.exists()
+    assert [p.name for p in state.iterdir() if "rejected" in p.name] == []
 
 
 # -- 2. huge durations -------------------------------------------------------------------------
