@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import http.client
 import json
+import re
 import shutil
 import signal
 import sys
@@ -306,14 +307,43 @@ def _cell(text: str, columns: int) -> str:
     return pad(text, columns)
 
 
-def _fit(line: str, width: int) -> str:
-    # Colour codes take no room: measure without them.
-    plain = line
-    for code in {*_COLOURS.values(), "0"}:
-        plain = plain.replace(f"\x1b[{code}m", "")
-    if len(plain) <= width or plain != line:
+#: A colour code in a rendered line (it takes no room on the screen).
+_SGR: Final = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _fit(line: str, columns: int) -> str:
+    """``line`` cut to ``columns`` columns, with "…" where it was cut. Colour codes take no
+    room and are kept (a coloured line was left whole: it wrapped on an 80-column
+    terminal, and the redraw in place scrolled); wide characters take two."""
+    if width(_SGR.sub("", line)) <= columns:
         return line
-    return line[: max(width - 1, 1)] + "…"
+    room = max(columns - 1, 1)
+    out: list[str] = []
+    used = 0
+    position = 0
+    for match in [*_SGR.finditer(line), None]:
+        end = match.start() if match is not None else len(line)
+        for char in line[position:end]:
+            size = width(char)
+            if used + size > room:
+                codes = [piece for piece in out if _SGR.fullmatch(piece)]
+                open_colour = bool(codes) and codes[-1] != "\x1b[0m"
+                return "".join(out) + "…" + ("\x1b[0m" if open_colour else "")
+            out.append(char)
+            used += size
+        if match is not None:
+            out.append(match.group())
+            position = match.end()
+    return "".join(out)
+
+
+def _fit_height(lines: list[str], rows: int) -> list[str]:
+    """``lines`` cut to ``rows`` terminal lines, the last saying how many are left out
+    (a 24-row terminal got 29 lines, and the redraw in place scrolled the title off)."""
+    if len(lines) <= rows or rows < 2:
+        return lines
+    kept = lines[: rows - 1]
+    return [*kept, f"… {len(lines) - len(kept)} more line(s): a taller terminal shows them"]
 
 
 # --------------------------------------------------------------------------- the API
@@ -421,9 +451,11 @@ class Top:
             self.screen.runs_read(list(answer.get("runs") or []))
 
     def draw(self, *, force: bool = False) -> None:
-        width = shutil.get_terminal_size((100, 40)).columns if self.tty else 120
+        size = shutil.get_terminal_size((100, 40))
+        width = size.columns if self.tty else 120
         lines = self.screen.render(_now(), width=width, colour=self.tty)
         if self.tty:
+            lines = _fit_height(lines, size.lines - 1)  # (the cursor's line stays free)
             self.out.write("\x1b[H" + "".join(f"{line}\x1b[K\n" for line in lines) + "\x1b[J")
         else:
             # The clock (the header's last part) changes every second: compare the rest.

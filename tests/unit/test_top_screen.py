@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from coordinator.top import Screen, _relative
+from coordinator.text import width
+from coordinator.top import _SGR, Screen, _fit, _fit_height, _relative
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
@@ -137,3 +138,22 @@ def test_a_long_name_is_cut_to_its_column_and_the_outcome_stays_in_line() -> Non
     assert len(columns) == 1, outcomes  # the same column on every line
     assert "default/LLL" in outcomes[0] or "default/LLL" in outcomes[-1]
     assert any("…" in line for line in outcomes)
+
+
+def test_coloured_lines_are_cut_to_the_terminal_and_the_screen_to_its_height() -> None:
+    """A coloured line was left whole (it wrapped at 80 columns) and the screen had more
+    lines than the terminal: the redraw in place scrolled the title off (a tester)."""
+    s = screen()
+    for columns in (50, 80):
+        lines = s.render(NOW, width=columns, colour=True)
+        assert any("\x1b[" in line for line in lines)
+        for line in lines:
+            assert width(_SGR.sub("", line)) <= columns, line
+            if "\x1b[" in line and line.endswith("…\x1b[0m"):
+                assert line.count("\x1b[") >= 2  # (a cut inside a colour is closed)
+    assert _fit("\x1b[32mleader\x1b[0m " + "界" * 30, 20) == "\x1b[32mleader\x1b[0m 界界界界界界…"
+    assert _fit("\x1b[32m" + "x" * 30 + "\x1b[0m", 10) == "\x1b[32m" + "x" * 9 + "…\x1b[0m"
+    assert _fit("short", 20) == "short"
+    many = [f"line {i}" for i in range(29)]
+    assert _fit_height(many, 12) == [*many[:11], "… 18 more line(s): a taller terminal shows them"]
+    assert _fit_height(many, 40) == many
