@@ -88,6 +88,7 @@ __all__ = [
     "check_retention",
     "daemon_leader",
     "define_job",
+    "due_jobs",
     "get_job",
     "get_job_by_id",
     "get_run",
@@ -1532,6 +1533,17 @@ SELECT {_JOB_COLUMNS}
  ORDER BY j.namespace, j.name
 """
 
+#: The jobs due soonest: a saved deadline, neither paused nor invalid, earliest first
+#: (``GET /api/jobs?due=N``: ``coordinator top`` read every job for its eight lines).
+_DUE_JOBS: Final = f"""
+SELECT {_JOB_COLUMNS}
+ WHERE j.removed_at IS NULL AND j.next_run_at IS NOT NULL
+   AND NOT j.paused AND j.invalid_reason IS NULL
+   AND ($1::text[] IS NULL OR j.namespace = ANY ($1::text[]))
+ ORDER BY j.next_run_at, j.id
+ LIMIT $2
+"""
+
 _GET_JOB: Final = f"""
 SELECT {_JOB_COLUMNS}
  WHERE j.namespace = $1 AND j.name = $2 AND j.removed_at IS NULL
@@ -1581,6 +1593,17 @@ async def list_jobs(
     scope = sorted(namespaces) if namespaces is not None else None
     with translate_errors(namespace=namespace):
         rows = await conn.fetch(_LIST_JOBS, namespace, scope)
+    return [_job_view(row) for row in rows]
+
+
+async def due_jobs(
+    conn: Connection, limit: int, *, namespaces: Collection[str] | None = None
+) -> list[JobView]:
+    """The ``limit`` jobs due soonest (a saved deadline, not paused, not invalid), earliest
+    first; only those of ``namespaces`` when given (an admin token's scope)."""
+    scope = sorted(namespaces) if namespaces is not None else None
+    with translate_errors():
+        rows = await conn.fetch(_DUE_JOBS, scope, limit)
     return [_job_view(row) for row in rows]
 
 

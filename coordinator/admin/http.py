@@ -384,6 +384,16 @@ def _after(request: Request) -> int | None:
     return int(text)
 
 
+def _due(request: Request) -> int | None:
+    """``?due=N``: 1 to 1000."""
+    text = request.query_params.get("due")
+    if text is None or text == "":
+        return None
+    if not _DIGITS.fullmatch(text) or not 1 <= int(text) <= 1000:
+        raise InvalidInput("due", f"must be a whole number from 1 to 1000, not {text!r}")
+    return int(text)
+
+
 async def _json_body(request: Request) -> dict[str, Any]:
     too_large = HTTPException(413, f"the body is larger than {MAX_BODY} bytes")
     declared = request.headers.get("content-length", "")
@@ -472,9 +482,20 @@ class _Api:
     # -- reads --------------------------------------------------------------------------
 
     async def jobs(self, request: Request) -> Response:
+        """Every job (``?namespace=``), or with ``?due=N`` the N due soonest (at most
+        1000), earliest first."""
         namespace = request.query_params.get("namespace") or None
         if namespace is not None:
             access.require(request, namespace)
+        due = _due(request)
+        if due is not None:
+            if namespace is not None:
+                raise InvalidInput("due", "takes no namespace: it lists the soonest of all")
+            async with self.db() as conn:
+                soonest = await aio(client.due_jobs)(
+                    conn, due, namespaces=access.namespaces(request)
+                )
+            return JSONResponse({"jobs": [j.to_json() for j in soonest]})
         async with self.db() as conn:
             jobs = await aio(client.list_jobs)(
                 conn, namespace=namespace, namespaces=access.namespaces(request)

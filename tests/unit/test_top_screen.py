@@ -120,7 +120,7 @@ def test_once_shows_the_daemons_side_when_the_database_is_down() -> None:
     assert trio.run(top.run) == 1
     frame = out.getvalue()
     assert "default/copy" in frame  # the running call, from the daemon's memory
-    assert "! the admin API answered 503 to /api/jobs: database unavailable" in frame
+    assert "! the admin API answered 503 to /api/jobs?due=8: database unavailable" in frame
 
 
 def test_a_long_name_is_cut_to_its_column_and_the_outcome_stays_in_line() -> None:
