@@ -299,11 +299,28 @@ def json_text(value: Any, limit: int, *, indent: int | None = 1) -> tuple[str, i
 SEVERITY_ORDER: Final = SEVERITIES
 
 
-def output_text(text: object) -> str:
+#: Most characters of an output tail, or of an error, a run's page shows: the daemon
+#: keeps 16 KiB tails and 2,000-character errors, but a row written otherwise may hold
+#: megabytes (a tester's run page was 2.76 MB and took 1.1 s).
+OUTPUT_SHOWN: Final = 16 * 1024
+ERROR_SHOWN: Final = 4000
+
+
+def output_text(text: object, *, limit: int = OUTPUT_SHOWN, keep: str = "end") -> str:
     """A run's output or error for a ``<pre>``: its lines kept, every other control
     character written as an escape (``\x1b``), as the CLI prints it, so that nothing the
-    page shows hides what a terminal would have acted on."""
-    return "\n".join(printable(line) for line in str(text or "").split("\n"))
+    page shows hides what a terminal would have acted on. At most ``limit`` characters,
+    the last (``keep="end"``: an output's tail) or the first (an error), saying how many
+    are left out."""
+    raw = str(text or "")
+    before = after = ""
+    if len(raw) > limit:
+        left_out = f"{len(raw) - limit:,}"
+        if keep == "end":
+            raw, before = raw[-limit:], f"[... the first {left_out} characters are not shown]\n"
+        else:
+            raw, after = raw[:limit], f"\n[... {left_out} more characters are not shown]"
+    return before + "\n".join(printable(line) for line in raw.split("\n")) + after
 
 
 def severity_word(severity: str) -> str:

@@ -371,6 +371,29 @@ async def test_bidirectional_formatting_in_a_name_or_an_error_is_shown_escaped(
         assert "invoice\\u202eexe.pdf" in page.text, path
 
 
+async def test_a_runs_page_shows_the_end_of_a_huge_output_and_the_start_of_a_huge_error(
+    site: Site, conn: asyncpg.Connection
+) -> None:
+    """Written by plain SQL, a row may hold megabytes the daemon would have cut: a
+    tester's run page was 2.76 MB and took 1.1 s."""
+    job_id = await define(conn, "loud")
+    run_id = await aio(conn.fetchval)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, extra, error_message,"
+        " error_cause, finished_at) VALUES ($1, 'manual', 'failed', $2::jsonb, $3, 'handler',"
+        " now()) RETURNING id",
+        job_id,
+        json.dumps({"stdout_tail": "o" * 1_700_000 + "LAST-LINE"}),
+        "FIRST-WORDS" + "e" * 1_000_000,
+    )
+    await site.sign_in()
+    page = (await site.get(f"/runs/{run_id}")).text
+    assert len(page) < 100_000
+    assert "LAST-LINE" in page
+    assert "FIRST-WORDS" in page
+    assert "the first 1,683,625 characters are not shown" in page
+    assert "996,011 more characters are not shown" in page
+
+
 async def test_the_jobs_view_says_cadence_state_and_next_run_in_words(
     site: Site, conn: asyncpg.Connection
 ) -> None:
