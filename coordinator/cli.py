@@ -1215,7 +1215,7 @@ async def _run(args: argparse.Namespace, ctx: CommandContext) -> int:
     config = ctx.config()
     preflight(config)  # (refused before an embedded database is started or waited for)
     dsn = await ctx.database()
-    return await _serve(config, dsn, migrate=args.migrate)
+    return await _serve(config, dsn, migrate=args.migrate, cluster=ctx.used_cluster)
 
 
 async def _check_schema(dsn: str, *, apply: bool) -> None:
@@ -1233,17 +1233,26 @@ async def _check_schema(dsn: str, *, apply: bool) -> None:
 
 
 async def _serve(
-    config: config_mod.Config, dsn: str, *, migrate: bool = False, log: EventLog | None = None
+    config: config_mod.Config,
+    dsn: str,
+    *,
+    migrate: bool = False,
+    log: EventLog | None = None,
+    cluster: embedded.Cluster | None = None,
 ) -> int:
-    """The daemon in the foreground, reporting to systemd when it runs under it."""
-    from .service import serve
+    """The daemon in the foreground, reporting to systemd when it runs under it;
+    ``cluster``: the embedded server it runs on, started again should it exit."""
+    from .service import event_log, serve
     from .systemd import Notifier, watchdog, watchdog_interval
 
     notifier = Notifier.from_environment()
+    log = log if log is not None else event_log(config)
     try:
         async with trio.open_nursery() as nursery:
             # The daemon's only periodic wake-up, and only when systemd asks for it.
             nursery.start_soon(watchdog, notifier, watchdog_interval())
+            if cluster is not None:
+                nursery.start_soon(embedded.keep_running, cluster, log)
             status = await serve(config, dsn=dsn, notify=notifier, migrate=migrate, log=log)
             nursery.cancel_scope.cancel()
         return status

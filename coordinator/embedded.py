@@ -24,11 +24,15 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
+import trio
 
 from .errors import CoordinatorError
+
+if TYPE_CHECKING:
+    from .log import EventLog
 
 INSTALL_HINT = (
     "no PostgreSQL server binaries found (initdb, pg_ctl); install them, e.g. "
@@ -315,17 +319,22 @@ class Cluster:
         )
 
     def is_running(self) -> bool:
+        return self.postmaster_pid() is not None
+
+    def postmaster_pid(self) -> int | None:
+        """The running server's pid (from ``postmaster.pid``), ``None`` if none runs."""
         pidfile = self.data_dir / "postmaster.pid"
-        if not pidfile.exists():
-            return False
         try:
             pid = int(pidfile.read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            return None
+        try:
             os.kill(pid, 0)
-        except (ValueError, ProcessLookupError):
-            return False
         except PermissionError:
-            return True
-        return True
+            pass  # (alive, as another user: the server's)
+        except OSError:
+            return None
+        return None if _zombie(pid) else pid
 
     def statement_log(self) -> StatementLog:
         return StatementLog(self.log_path)
@@ -591,6 +600,60 @@ def _wait_for_start(cluster: Cluster, holder: int | None) -> None:
                 f"has not started it within {OWNER_START_WAIT:.0f}s"
             )
         time.sleep(0.1)
+
+
+def _zombie(pid: int) -> bool:
+    """The process has exited and waits to be reaped (a killed server whose parent, where
+    no service manager adopts it, never reaps it: signals still reach its pid)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return any(
+        line.startswith("State:") and "Z" in line.split()[1:2] for line in status.splitlines()
+    )
+
+
+#: Longest pause between tries to start the embedded server again.
+RESTART_PAUSE_MAX: Final = 30.0
+
+
+async def keep_running(cluster: Cluster, log: EventLog) -> None:
+    """While a daemon runs on ``cluster``: start the server again when it exits (killed,
+    crashed), said in the log (``embedded.exited``, ``embedded.restarted``). A tester's
+    kill -9 of the postmaster left the daemon logging "Connection refused" for good,
+    and commands then waited 60 s for an owner that would never start it.
+
+    It waits on a pidfd (Linux 5.3): no timer, no wake-up while the server runs. Where
+    one cannot be had, it does nothing (as before). Cancelled when the daemon ends,
+    before the command stops the server."""
+    pause = 1.0
+    while True:
+        pid = cluster.postmaster_pid()
+        if pid is not None:
+            try:
+                fd = os.pidfd_open(pid)
+            except (AttributeError, OSError):
+                return
+            try:
+                await trio.lowlevel.wait_readable(fd)
+            finally:
+                os.close(fd)
+            log.warning(
+                "embedded.exited",
+                pid=pid,
+                root=str(cluster.root),
+                action="starting it again",
+            )
+        try:
+            await trio.to_thread.run_sync(cluster.start)
+        except ClusterError as exc:
+            log.error("embedded.restart_failed", root=str(cluster.root), error=str(exc))
+            await trio.sleep(pause)
+            pause = min(pause * 2, RESTART_PAUSE_MAX)
+            continue
+        pause = 1.0
+        log.info("embedded.restarted", pid=cluster.postmaster_pid(), root=str(cluster.root))
 
 
 def leave(cluster: Cluster) -> None:

@@ -870,6 +870,40 @@ def test_an_orphaned_embedded_cluster_is_adopted_and_stopped(
         stop_leftover(root)
 
 
+def test_a_daemon_starts_its_embedded_server_again_when_it_dies(
+    tmp_path: Path, cluster_home: Path
+) -> None:
+    """A tester's kill -9 of the postmaster left the daemon logging "Connection refused"
+    for good, and commands waited 60 s for an owner that would never start it."""
+    bin_dir = server_binaries()
+    state = cluster_home / "state"
+    config = _embedded_config(tmp_path, state)
+    root = state / "postgres"
+    log = tmp_path / "run.log"
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        proc = _run_embedded(config, log, bin_dir, "--migrate")
+        wait_until(lambda: '"event":"ready"' in log.read_text(), 60, "the daemon's ready")
+        server = postmaster_pid(root)
+        assert server is not None
+        os.kill(server, signal.SIGKILL)
+        wait_until(lambda: '"event":"embedded.restarted"' in log.read_text(), 60, "a restart")
+        again = postmaster_pid(root)
+        assert again is not None
+        assert again != server
+        assert '"event":"embedded.exited"' in log.read_text()
+        listed = run_cli("jobs", "list", config=config, COORDINATOR_PG_BIN=bin_dir, timeout=60)
+        assert (listed.code, listed.out) == (0, "no jobs\n"), listed
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert postmaster_pid(root) is None  # and stopped with the daemon, as before
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        stop_leftover(root)
+
+
 def test_the_embedded_cluster_stays_up_while_a_daemon_uses_it_and_stops_with_the_last_user(
     tmp_path: Path, cluster_home: Path
 ) -> None:
