@@ -47,9 +47,9 @@ FILE_MODE = 0o600
 #: /var/lib/coordinator, then refused it as unreachable (a tester's finding). What is in
 #: it is private by its own mode (the spool's files 0600, the cluster's 0700).
 DIR_MODE = STATE_DIR_MODE
-#: What the start's probe writes in the spool's directory: room for a stop's spool of a
-#: few hundred results.
-PROBE_BYTES: Final = 1024 * 1024
+#: What the start's probe writes in the spool's directory: a page, so that a full disk
+#: is found (an empty file is made even there), not a small one that still has room.
+PROBE_BYTES: Final = 4096
 
 
 class SpoolError(CoordinatorError):

@@ -587,14 +587,22 @@ class _Api:
         # A body, if any, is {"args": {...}} (a body was read by nobody: a tester's args
         # were dropped with a 200).
         body = await _json_body(request)
-        unknown = sorted(set(body) - {"args"})
+        unknown = sorted(set(body) - {"args", "force"})
         if unknown:
             raise InvalidInput(
-                "body", f'unknown key {unknown[0]!r}: a trigger takes {{"args": {{...}}}}'
+                "body",
+                f'unknown key {unknown[0]!r}: a trigger takes {{"args": {{...}}, "force": true}}',
             )
         args = body.get("args", {})
         if not isinstance(args, dict):
             raise InvalidInput("args", f"must be a JSON object, not {_json_type(args)}")
+        if "force" in body:
+            if not isinstance(body["force"], bool):
+                raise InvalidInput(
+                    "force", f"must be true or false, not {_json_type(body['force'])}"
+                )
+            force = force or body["force"]
+            _note(request, force=force or None)
         if force:
             args = {**args, "force": True}
         async with self.db() as conn:

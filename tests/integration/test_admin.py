@@ -370,6 +370,7 @@ async def test_a_trigger_takes_args_in_its_body_and_refuses_a_body_it_cannot_use
         ('{"arg": {"x": 1}}', "body"),
         ('{"args": [1]}', "args"),
         ("[1]", "body"),
+        ('{"force": "yes"}', "force"),
     ):
         refused = await admin.post(
             "/api/jobs/default/held/trigger",
@@ -380,9 +381,7 @@ async def test_a_trigger_takes_args_in_its_body_and_refuses_a_body_it_cannot_use
         assert refused.json()["message"].startswith(f"{field}:"), refused.json()
     assert await aio(client.list_runs)(conn, job="held") == []
     made = await admin.post(
-        "/api/jobs/default/held/trigger",
-        params={"force": "1"},
-        json={"args": {"x": 1, "password": "p"}},
+        "/api/jobs/default/held/trigger", json={"args": {"x": 1, "password": "p"}, "force": True}
     )
     assert made.status_code == 200, made.text
     assert made.json()["created"] is True
