@@ -1894,7 +1894,9 @@ async def _wait_through_restarts(
             try:
                 conn = await later.enter_async_context(ctx.connection())
                 break
-            except DatabaseUnavailable:
+            except (DatabaseUnavailable, embedded.ClusterError):
+                # (An embedded server being started again by its daemon meanwhile: a
+                # second pg_ctl start fails. Tried again, as a server still away.)
                 pause = min(pause * 2, RECONNECT_PAUSE_MAX)
 
 

@@ -948,19 +948,26 @@ async def trigger(
 
 #: The run :func:`trigger_answer` triggered: its status, whether it was inserted by this
 #: transaction (``created_at`` is its ``now()``) and whether its row version is this
-#: transaction's. ``xmin`` is 32 bits and ``txid_status`` wants the epoch too: that of
-#: this transaction's id (or, with none assigned, of the snapshot's ``xmax``), less one
-#: when that puts ``xmin`` above it by more than a subtransaction's id could be (written
-#: before the counter wrapped). (txid_*, not PostgreSQL 13's xid8 functions: the schema
-#: runs on 12.)
+#: transaction's. ``xmin`` is 32 bits and ``txid_status`` wants the epoch too: ``xmin`` is
+#: read as the 64-bit id nearest to ``b``, the newest id known here (this transaction's,
+#: or the snapshot's ``xmax`` if that is newer: a savepoint's id comes after both, by the
+#: ids assigned meanwhile and still running, however many the cluster used since the
+#: transaction began -- a reviewer's 1M ids between them made the earlier base, the
+#: transaction's own id, answer "transaction ID ... is in the future"). An id more than
+#: 2^20 past ``b`` is an old one, of before the counter wrapped; one below 0 is asked
+#: about as ``NULL`` (no answer, not an error). (txid_*, not PostgreSQL 13's xid8
+#: functions: the schema runs on 12.)
 _TRIGGERED_RUN: Final = """
 SELECT r.status, r.created_at = now() AS new,
-       txid_status(CASE WHEN w.x64 > w.b + 1048576 THEN w.x64 - 4294967296 ELSE w.x64 END)
-           = 'in progress' AS mine
+       txid_status(
+           CASE WHEN w.x64 > w.b + 1048576 THEN nullif(greatest(w.x64 - 4294967296, -1), -1)
+                WHEN w.x64 < w.b - 4294967296 + 1048576 THEN w.x64 + 4294967296
+                ELSE w.x64 END
+       ) = 'in progress' AS mine
   FROM coordinator.runs r
  CROSS JOIN LATERAL (
        SELECT q.b, ((q.b >> 32) << 32) | r.xmin::text::bigint AS x64
-         FROM (SELECT coalesce(txid_current_if_assigned(),
+         FROM (SELECT greatest(txid_current_if_assigned(),
                                txid_snapshot_xmax(txid_current_snapshot())) AS b) q
        ) w
  WHERE r.id = $1

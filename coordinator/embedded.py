@@ -646,7 +646,8 @@ async def keep_running(cluster: Cluster, log: EventLog) -> None:
                 action="starting it again",
             )
         try:
-            await trio.to_thread.run_sync(cluster.start)
+            # (Abandoned if the daemon stops meanwhile: a stop does not wait for pg_ctl.)
+            await trio.to_thread.run_sync(cluster.start, abandon_on_cancel=True)
         except ClusterError as exc:
             log.error("embedded.restart_failed", root=str(cluster.root), error=str(exc))
             await trio.sleep(pause)

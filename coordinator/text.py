@@ -50,10 +50,10 @@ __all__ = [
 
 #: One control character (see the module docstring).
 CONTROL: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-#: One bidirectional formatting character (LRM/RLM, the embeddings and overrides
+#: One bidirectional formatting character (ALM, LRM/RLM, the embeddings and overrides
 #: U+202A-U+202E, the isolates U+2066-U+2069): allowed in names, but shown escaped, since
 #: they reorder the text around them ("abc" + U+202E + "evil" reads "abclive").
-BIDI: Final = re.compile("[\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+BIDI: Final = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _SHOWN_ESCAPED: Final = re.compile(f"{CONTROL.pattern}|{BIDI.pattern}")
 NAMESPACE_MAX: Final = 63
 NAME_MAX: Final = 200

@@ -646,16 +646,18 @@ class _Api:
     async def resolve(self, request: Request) -> Response:
         run_id = _run_id(request)
         _note(request, run=run_id)
+        # Who may, before what: a read token's resolve with a missing body was told
+        # "400 as: must be one of ...", not that it may only read. (The body is read with
+        # no connection held: a slow sender does not keep one from the page and the API.)
         async with self.db() as conn:
-            # Who may, before what: a read token's resolve with a missing body was told
-            # "400 as: must be one of ...", not that it may only read.
             run = await aio(client.get_run)(conn, run_id)
-            access.check_run(request, run_id, run.namespace, operate=True)
-            body = await _json_body(request)
-            outcome = body.get("as")
-            if outcome not in client.RESOLUTIONS:
-                raise InvalidInput("as", f"must be one of {', '.join(client.RESOLUTIONS)}")
-            _note(request, resolved_as=outcome)
+        access.check_run(request, run_id, run.namespace, operate=True)
+        body = await _json_body(request)
+        outcome = body.get("as")
+        if outcome not in client.RESOLUTIONS:
+            raise InvalidInput("as", f"must be one of {', '.join(client.RESOLUTIONS)}")
+        _note(request, resolved_as=outcome)
+        async with self.db() as conn:
             current = await aio(client.resolve)(conn, run_id, outcome)
         retry_run = current if current != run_id else None
         _note(request, retry_run=retry_run)

@@ -708,7 +708,10 @@ def _job_of(request: Request) -> str | None:
 def _here(request: Request) -> str:
     """This page's path and query, without a note shown after an action."""
     query = [(k, v) for k, v in request.query_params.multi_items() if k not in ("note", "mark")]
-    return request.url.path + (f"?{urlencode(query)}" if query else "")
+    # Percent-encoded (what is encoded already stays so): an attribute value goes back to
+    # the server as given, and a name's bidirectional characters would otherwise be
+    # shown escaped there (the page's finalize), which a redirect then followed.
+    return quote(request.url.path, safe="/%") + (f"?{urlencode(query)}" if query else "")
 
 
 def _local(target: str | None) -> str | None:
@@ -769,9 +772,12 @@ def _page(request: Request) -> int:
     text = request.query_params.get("page")
     if not text:
         return 1
-    if not text.isascii() or not text.isdigit() or int(text) < 1:
-        raise InvalidInput("page", f"must be a positive whole number, not {text!r}")
-    return min(int(text), 2**63)
+    digits = text.lstrip("0") if text.isascii() and text.isdigit() else ""
+    if not digits:
+        raise InvalidInput("page", f"must be a positive whole number, not {text[:40]!r}")
+    # (Past 19 digits: the last page, without int() of a huge string, which Python
+    # refuses past 4,300 digits: a 500.)
+    return int(digits) if len(digits) <= 19 else 2**63
 
 
 def _optional_int(request: Request, key: str) -> int | None:

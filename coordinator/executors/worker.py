@@ -167,9 +167,9 @@ FINDINGS_PER_WRITE: Final = 1000
 #: are written (backpressure while the database is slow or away).
 FINDINGS_BACKLOG: Final = 10_000
 #: When a call's time runs out, scheduler rounds the connection's reader gets first, and
-#: seconds it then gets to read bytes still unread (``WorkerExecutor._came_in_time``).
+#: at most how many more while bytes wait unread (``WorkerExecutor._came_in_time``).
 LATE_LOOK_ROUNDS: Final = 3
-LATE_LOOK_S: Final = 0.25
+LATE_LOOK_MORE: Final = 64
 #: Seconds a closing connection gets to flush its last lines (an ``error``).
 _FLUSH_LIMIT: Final = 1.0
 _READ_SIZE: Final = 64 * 1024
@@ -1497,15 +1497,23 @@ class WorkerExecutor:
         in the socket; trio then wakes this task and the reader in either order, and a
         result sent 2 s into a 4 s limit was recorded ``timed_out`` (a tester's SIGSTOP
         of the daemon, 3 times of 3). So the reader gets a few rounds first, and, on a
-        plain socket with bytes still unread, a moment to read them."""
+        plain socket, more while bytes wait unread. (Over TLS, bytes the TLS layer holds
+        already are not seen: those few rounds only.)"""
         for _ in range(LATE_LOOK_ROUNDS):
             if call.done.is_set():
-                return True
+                break
             await trio.lowlevel.checkpoint()
-        if not call.done.is_set() and conn.fd is not None and _unread(conn.fd):
-            with trio.move_on_after(LATE_LOOK_S):
-                await call.done.wait()
-        return call.done.is_set()
+        # Bytes already in a plain socket: the reader gets rounds while they last (what
+        # is there now, not a wait for what the worker may still send).
+        rounds = 0
+        while not call.done.is_set() and conn.fd is not None and rounds < LATE_LOOK_MORE:
+            if not _unread(conn.fd):
+                break
+            await trio.lowlevel.checkpoint()
+            rounds += 1
+        # A result, not the connection's loss (an EOF is readable too): a worker lost as
+        # the time ran out is still timed out.
+        return call.done.is_set() and call.lost is None
 
     async def _wait(
         self, call: _Call, abandon: trio.Event, time_limit: timedelta | None
@@ -1843,12 +1851,14 @@ def _no_step() -> None:
 
 
 def _unread(fd: int) -> bool:
-    """Bytes wait in the socket ``fd`` (a poll that does not wait)."""
+    """Bytes wait in the socket ``fd`` (a poll that does not wait; ``poll``, not
+    ``select``, which refuses a descriptor past 1023)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
     try:
-        ready, _, _ = select.select([fd], [], [], 0)
-    except (OSError, ValueError):
+        return bool(poller.poll(0))
+    except OSError:
         return False
-    return bool(ready)
 
 
 def _deadline(started_at: datetime, timeout: timedelta | None) -> datetime | None:

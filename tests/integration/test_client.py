@@ -253,6 +253,27 @@ async def test_trigger_answer_says_whose_run_it_is_inside_a_callers_transaction_
     assert resumed.resumed
 
 
+async def test_trigger_answer_in_a_long_transaction_on_a_busy_cluster(
+    conn: asyncpg.Connection, database: str
+) -> None:
+    """The savepoint's id comes after the transaction's own by every id the cluster used
+    meanwhile: with 1M between them the answer was "transaction ID ... is in the future"
+    (a reviewer's). Here 1.1M ids are used by another session between the two."""
+    await _define(conn, "busy")
+    other = await aio(asyncpg.connect)(database)
+    try:
+        async with transaction(conn):
+            await aio(conn.fetchval)("SELECT txid_current()")  # (this transaction's id)
+            await aio(other.execute)(
+                "DO $$ BEGIN FOR i IN 1..1100000 LOOP PERFORM txid_current(); COMMIT;"
+                " END LOOP; END $$"
+            )
+            made = await aio(client.trigger_answer)(conn, "busy")
+            assert (made.changed, made.created) == (True, True)
+    finally:
+        await aio(other.close)()
+
+
 @pytest.mark.parametrize("action", ["trigger", "pause", "resume", "remove", "get_job"])
 async def test_unknown_job(conn: asyncpg.Connection, action: str) -> None:
     with pytest.raises(JobNotFound) as caught:

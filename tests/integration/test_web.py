@@ -369,6 +369,13 @@ async def test_bidirectional_formatting_in_a_name_or_an_error_is_shown_escaped(
         assert page.status_code == 200, (path, page.text[:300])
         assert "\u202e" not in page.text, path
         assert "invoice\\u202eexe.pdf" in page.text, path
+    # What goes back to the server is not shown text: the way back after an action is
+    # the page's path percent-encoded (escaped, it led to a job that does not exist),
+    # and a name filter is sent back as typed.
+    job_page = (await site.get(f"/jobs/default/{spoof}")).text
+    assert 'name="next" value="/jobs/default/invoice%E2%80%AEexe.pdf"' in job_page
+    searched = (await site.get("/", params={"q": "invoice\u202e"})).text
+    assert 'name="q" value="invoice\u202e"' in searched
 
 
 async def test_a_runs_page_shows_the_end_of_a_huge_output_and_the_start_of_a_huge_error(
@@ -455,7 +462,7 @@ async def test_the_jobs_view_pages_and_filters_by_name(
     assert 'rel="prev"' in second
     assert 'rel="next"' in second
     # The last page, and one past it (jobs removed since the link was made).
-    for asked in ("3", "99", "9" * 40):
+    for asked in ("3", "99", "9" * 40, "9" * 5000):
         last = (await site.get(f"/?page={asked}")).text
         assert names(last) == [f"job-{i:03}" for i in range(201, 231)] + ["Nightly-Report"]
         assert "201&ndash;231 of 231" in last

@@ -129,7 +129,7 @@ def test_bidirectional_formatting_is_allowed_in_names_and_shown_escaped() -> Non
     assert printable(spoof) == "مرحبا\\u202eevil"
     assert unbidi(spoof) == "مرحبا\\u202eevil"
     assert unbidi("a\nb") == "a\nb"  # (unbidi: the page's; newlines are HTML's to show)
-    for code in (0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)):
+    for code in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)):
         assert BIDI.fullmatch(chr(code)), hex(code)
         assert printable(chr(code)) == f"\\u{code:04x}"
     assert BIDI.search("مرحبا שלום café") is None  # RTL letters themselves are not

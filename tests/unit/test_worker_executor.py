@@ -470,6 +470,23 @@ async def test_a_result_waiting_when_the_time_runs_out_is_the_outcome(sock_path:
             assert not h.named("worker.cancel_ignored")
 
 
+def test_unread_bytes_are_seen_on_a_descriptor_past_1023() -> None:
+    """``select`` refuses a descriptor past 1023 (a busy daemon's): the late look at a
+    socket was then silently skipped (a reviewer's)."""
+    from coordinator.executors.worker import _unread
+
+    left, right = socket.socketpair()
+    high = os.dup2(left.fileno(), 2000)
+    try:
+        assert not _unread(high)
+        right.send(b"x")
+        assert _unread(high)
+    finally:
+        os.close(high)
+        left.close()
+        right.close()
+
+
 # -- the batch's order ----------------------------------------------------------------------
 
 
