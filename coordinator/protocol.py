@@ -31,7 +31,7 @@ import attrs
 import trio
 
 from .errors import CoordinatorError, InvalidInput
-from .text import check_job_name, check_namespace, storable
+from .text import check_job_name, check_namespace, json_kind, storable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -950,7 +950,7 @@ def _load(line: bytes | str) -> dict[str, Any]:
     except ValueError as exc:
         raise ProtocolError(f"malformed JSON: {exc}") from None
     if not isinstance(obj, dict):
-        raise ProtocolError(f"a message must be a JSON object, not {_json_kind(obj)}")
+        raise ProtocolError(f"a message must be a JSON object, not {json_kind(obj)}")
     if "\\u" in text:  # only escapes can smuggle in NUL or an unpaired surrogate
         obj = storable(obj)
     version = obj.get("v")
@@ -1210,19 +1210,6 @@ def _shown(value: object) -> str:
         return json.dumps(value)
     text = repr(value)
     return text if len(text) <= 60 else text[:60] + "…"
-
-
-def _json_kind(value: object) -> str:
-    """What a decoded JSON value is, in JSON's words."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
 
 
 # -- framing ------------------------------------------------------------------------------

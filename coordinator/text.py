@@ -42,6 +42,7 @@ __all__ = [
     "check_job_name",
     "check_namespace",
     "clip",
+    "json_kind",
     "printable",
     "seconds_text",
     "storable",
@@ -173,3 +174,17 @@ def seconds_text(delta: timedelta) -> str:
     if seconds.is_integer():
         return str(int(seconds))
     return f"{seconds:.3f}".rstrip("0").rstrip(".")
+
+
+def json_kind(value: object) -> str:
+    """What a decoded JSON value is, in JSON's words (``an array``, not ``list``), for a
+    refusal: the worker protocol's and the admin API's alike."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"

@@ -85,6 +85,7 @@ from ..errors import (
 from ..events import EventBus
 from ..schedule import parse_duration
 from ..status import DaemonStatus
+from ..text import json_kind
 from ..tokens import MIN_TOKEN_LENGTH as _MIN_TOKEN_LENGTH
 from ..tokens import TokenSet, check_token, single
 from . import access
@@ -414,19 +415,6 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return value
 
 
-def _json_type(value: Any) -> str:
-    """A JSON value's type in JSON's words (``array``, not ``list``)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
-
-
 # --------------------------------------------------------------------------- endpoints
 
 
@@ -595,11 +583,11 @@ class _Api:
             )
         args = body.get("args", {})
         if not isinstance(args, dict):
-            raise InvalidInput("args", f"must be a JSON object, not {_json_type(args)}")
+            raise InvalidInput("args", f"must be a JSON object, not {json_kind(args)}")
         if "force" in body:
             if not isinstance(body["force"], bool):
                 raise InvalidInput(
-                    "force", f"must be true or false, not {_json_type(body['force'])}"
+                    "force", f"must be true or false, not {json_kind(body['force'])}"
                 )
             force = force or body["force"]
             _note(request, force=force or None)
