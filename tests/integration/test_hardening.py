@@ -135,24 +135,31 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def test_a_spooled_record_the_database_refuses_is_set_aside_once(
-    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
-) -> None:
-    job = await define(conn, "poisoned")
+async def _running_result(conn: asyncpg.Connection, name: str) -> HeldResult:
+    """A manual job with a run left ``running``, and that run's success as the spool
+    would hold it."""
+    job = await define(conn, name)
     run_id = await aio(conn.fetchval)(
         "INSERT INTO coordinator.runs (job_id, trigger, status, claimed_at, started_at) "
         "VALUES ($1, 'manual', 'running', now(), now()) RETURNING id",
         job,
     )
     now = datetime.now(UTC)
-    poisoned = HeldResult(
+    return HeldResult(
         run_id=run_id,
         job_id=job,
-        job_key="default/poisoned",
+        job_key=f"default/{name}",
         schedule_version=1,
         next_run_at=None,
         outcome=Outcome(status="succeeded", started_at=now, finished_at=now),
     )
+
+
+async def test_a_spooled_record_the_database_refuses_is_set_aside_once(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    poisoned = await _running_result(conn, "poisoned")
+    run_id = poisoned.run_id
     spool_path = tmp_path / "state" / "spool.jsonl"
     # A record with a valid checksum whose status PostgreSQL rejects (a check violation).
     line = json.dumps({**poisoned.to_json(), "outcome": {
@@ -188,21 +195,8 @@ async def test_a_read_only_database_at_start_keeps_the_spool_whole_until_it_take
     """A database that takes no writes (a standby, default_transaction_read_only) made the
     replay set the record aside as rejected, fail to mark its run, and start over: a new
     rejected file at each attempt, no line saying so, while the result was good."""
-    job = await define(conn, "spooled")
-    run_id = await aio(conn.fetchval)(
-        "INSERT INTO coordinator.runs (job_id, trigger, status, claimed_at, started_at) "
-        "VALUES ($1, 'manual', 'running', now(), now()) RETURNING id",
-        job,
-    )
-    now = datetime.now(UTC)
-    record = HeldResult(
-        run_id=run_id,
-        job_id=job,
-        job_key="default/spooled",
-        schedule_version=1,
-        next_run_at=None,
-        outcome=Outcome(status="succeeded", started_at=now, finished_at=now),
-    )
+    record = await _running_result(conn, "spooled")
+    run_id = record.run_id
     state = tmp_path / "state"
     spool_path = state / "spool.jsonl"
     Spool(spool_path).append([record])
