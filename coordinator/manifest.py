@@ -77,7 +77,7 @@ from .model import (
     Target,
 )
 from .policies import check_retention
-from .text import check_job_name, check_namespace
+from .text import check_job_name, check_namespace, json_kind
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -332,19 +332,12 @@ class _Entry:
 
 
 def _describe(value: object) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
+    """A TOML value's kind in TOML's words (a table, a date/time; the rest as JSON's)."""
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, datetime | date | time):
         return "a date/time"
-    return type(value).__name__
+    return json_kind(value)
 
 
 def _entry(index: int, raw: object) -> tuple[dict[str, Any] | None, list[Problem]]:
