@@ -1817,21 +1817,22 @@ async def _jobs_trigger(args: argparse.Namespace, ctx: CommandContext) -> int:
                 f"(the note above says what lets it); --wait-timeout DURATION waits anyway"
             )
         timeout = wait_timeout.total_seconds() if wait_timeout is not None else None
-        try:
-            run, conn = await _wait_through_restarts(ctx, conn, run_id, timeout, reconnected)
-            retry = await _retry_of(conn, run)
-        except client.WaitTimeout as exc:
+        # (The connection in use at the end: a new one if the first was lost meanwhile.)
+        waited, conn = await _wait_through_restarts(ctx, conn, run_id, timeout, reconnected)
+        if isinstance(waited, client.WaitTimeout):
             if args.json:  # a script still gets the run as it stands (and exit 1)
-                _print_json(exc.run.to_json())
+                _print_json(waited.run.to_json())
             job = await db.aio(client.get_job)(conn, args.name, namespace=args.namespace)
             facts = await probe.gather(
                 conn, ctx.config(), api=why.worker_type(job.target) is not None
             )
             raise client.WaitTimeout(
-                exc.run,
+                waited.run,
                 timeout or 0.0,
-                why=why.still_waiting(job, exc.run, facts, now=datetime.now(UTC)),
-            ) from None
+                why=why.still_waiting(job, waited.run, facts, now=datetime.now(UTC)),
+            )
+        run = waited
+        retry = await _retry_of(conn, run)
     if args.json:
         _print_json(run.to_json())
     else:
@@ -1865,18 +1866,21 @@ async def _wait_through_restarts(
     run_id: int,
     max_wait: float | None,
     later: contextlib.AsyncExitStack,
-) -> tuple[client.RunView, Connection]:
+) -> tuple[client.RunView | client.WaitTimeout, Connection]:
     """``--wait``: the run's end, read on a new connection if PostgreSQL restarts or the
     connection drops meanwhile (the run goes on: the daemon rides a restart out; a
     tester's run succeeded while the command exited 1, "connection lost"). Returns the
-    connection in use at the end (a new one is closed by ``later``). ``max_wait`` still
-    bounds the whole wait."""
+    run's end (or the :class:`~coordinator.client.WaitTimeout` that ``max_wait``, still
+    the bound of the whole wait, ended it with) and the connection in use at the end (a
+    new one is closed by ``later``)."""
     deadline = None if max_wait is None else trio.current_time() + max_wait
     while True:
         remaining = None if deadline is None else max(deadline - trio.current_time(), 0.0)
         try:
             run = await db.aio(client.wait_for_run)(conn, run_id, max_wait=remaining)
             return run, conn
+        except client.WaitTimeout as timed_out:
+            return timed_out, conn
         except DatabaseUnavailable as exc:
             _note(
                 f"lost the connection while waiting for run {run_id} ({exc}); connecting "
