@@ -90,6 +90,9 @@ FIRST_LOOKBACK_SLACK: Final = 60.0
 SUPERSEDED_POLL: Final = 0.5
 #: Seconds the stop gives the statement that queues abandoned idempotent runs again.
 REQUEUE_WITHIN: Final = 5.0
+#: Seconds a stop waits for abandoned calls to end (their executors record them
+#: ``cancelled``); the service manager is told this much more, and a flush's margin.
+ABANDON_WAIT: Final = 30.0
 
 #: Exit statuses of ``coordinator run`` (README, "Exit status").
 EXIT_OK: Final = 0
@@ -1014,8 +1017,8 @@ class Daemon:
             self._abandon.set()
             # (The wait below, then the flush: the service manager is told, not left to
             # kill the process before the spool is written.)
-            self.notify(f"EXTEND_TIMEOUT_USEC={int((30 + 10) * 1e6)}")
-            with trio.move_on_after(30):
+            self.notify(f"EXTEND_TIMEOUT_USEC={int((ABANDON_WAIT + 10) * 1e6)}")
+            with trio.move_on_after(ABANDON_WAIT):
                 while self.dispatcher.in_flight:
                     await self.dispatcher.idle.wait()
         calls.cancel_scope.cancel()
