@@ -75,11 +75,13 @@ class ErrorPolicy:
 
     def failed(
         self, purpose: str, exc: BaseException, attempt: int, *, event: str | None = None,
-        **fields: Any,
+        log: bool = True, pause: float | None = None, **fields: Any,
     ) -> float:  # fmt: skip
         """Log that ``purpose`` failed on its ``attempt``-th try (1-based) and return the
         seconds to wait before the next. Re-raises ``exc`` when it is not a database
-        failure: a bug must stop the daemon (cleanly), not be retried forever."""
+        failure: a bug must stop the daemon (cleanly), not be retried forever. Not
+        ``log``: the caller said this failure already (a repeat of the same error).
+        ``pause``: the caller tries again after this instead (logged as ``retry_s``)."""
         kind = classify(exc)
         if kind is None:
             raise exc
@@ -88,9 +90,14 @@ class ErrorPolicy:
         else:
             delay = backoff(attempt, cap=self.retry_cap)
         message = one_line(exc)
-        self.log.warning(
-            event or f"{purpose}.failed", error=message, kind=kind.value, retry_s=delay, **fields
-        )
+        if log:
+            self.log.warning(
+                event or f"{purpose}.failed",
+                error=message,
+                kind=kind.value,
+                retry_s=delay if pause is None else pause,
+                **fields,
+            )
         if kind is not Failure.CONFLICT or delay > 0:
             previous = self._problems.get(purpose)
             self._problems[purpose] = (

@@ -46,6 +46,9 @@ class _Held:
     error: str | None = None
     #: Seconds to wait before the next attempt (the error policy's pacing).
     delay: float = 0.0
+    #: The error the stop's flush last logged for it: a flush tries every
+    #: :data:`FLUSH_PAUSE`, and says a failure again only when it changes.
+    flush_said: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -112,6 +115,9 @@ class Settlement:
     _held_jobs: dict[int, int] = attrs.field(factory=dict)
     #: Run ids the last flush wrote to the spool.
     _spooled: tuple[int, ...] = ()
+    #: The stop's flush has begun: it owns every held result (background retries stop,
+    #: and a retry's statement cut short by the stop is not logged as a failure).
+    _flushing: bool = False
     _nursery: trio.Nursery | None = None
 
     def start(self, nursery: trio.Nursery) -> None:
@@ -166,30 +172,54 @@ class Settlement:
         """Re-send a held result until it is saved (or the stop sequence takes over)."""
         while (entry := self._held.get(run_id)) is not None:
             await trio.sleep(entry.delay)
-            if run_id not in self._held:
-                return  # flushed meanwhile
+            if run_id not in self._held or self._flushing:
+                return  # saved, or the stop's flush has it now
             state = await self._try_save(entry)
             if state is not None:
                 self.on_saved(entry.result, state)
                 return
 
-    def _failed(self, entry: _Held, exc: BaseException, *, event: str) -> None:
+    def _failed(
+        self,
+        entry: _Held,
+        exc: BaseException,
+        *,
+        event: str,
+        say: bool = True,
+        pause: float | None = None,
+    ) -> None:
         """Count the failed attempt and pace the next; a bug is re-raised by the policy
-        (the result stays held: the stop sequence saves or spools it)."""
+        (the result stays held: the stop sequence saves or spools it). ``say``: log it;
+        ``pause``: the next try comes after this, not the policy's pacing."""
         entry.attempts += 1
         entry.error = one_line(exc)
         entry.delay = self.policy.failed(
-            "settle", exc, entry.attempts, event=event, run=entry.result.run_id
+            "settle",
+            exc,
+            entry.attempts,
+            event=event,
+            log=say,
+            pause=pause,
+            run=entry.result.run_id,
         )
 
-    async def _try_save(self, entry: _Held, *, alone: bool = False) -> JobState | None:
-        """One attempt; ``alone``: in a statement of its own that a cancellation cuts
-        short (:meth:`Store.settle_alone`), not with the next batch."""
+    async def _try_save(self, entry: _Held, *, flush: bool = False) -> JobState | None:
+        """One attempt; ``flush``: one of the stop's, in a statement of its own that the
+        stop's deadline cuts short (:meth:`Store.settle_alone`), not with the next batch,
+        and logged only when its error differs from the flush's last for this result (it
+        tries every :data:`FLUSH_PAUSE`)."""
         try:
-            save = self.store.settle_alone if alone else self.store.settle
+            save = self.store.settle_alone if flush else self.store.settle
             state = await save(entry.result)
         except Exception as exc:
-            self._failed(entry, exc, event="settle.retry_failed")
+            if flush:
+                say = one_line(exc) != entry.flush_said
+                self._failed(entry, exc, event="settle.retry_failed", say=say, pause=FLUSH_PAUSE)
+                entry.flush_said = entry.error
+            else:
+                # A background retry's failure once the flush has begun is the stop
+                # cutting it short (the flush tries and says for itself).
+                self._failed(entry, exc, event="settle.retry_failed", say=not self._flushing)
             return None
         self._release(entry.result)
         result = entry.result
@@ -240,14 +270,16 @@ class Settlement:
         came before the spool write (a tester's stop took 91 s under a 3 s stop
         timeout). A try cut short may still land; the spooled copy is then found
         already saved at the next start."""
+        self._flushing = True
         if not self._held:
             return FlushReport()
         first = True
+        spool_said: str | None = None
         while self._held:
             with trio.move_on_at(deadline):
                 for entry in list(self._held.values()):
                     try:
-                        await self._try_save(entry, alone=True)
+                        await self._try_save(entry, flush=True)
                     except Exception as exc:  # a bug: the result still goes to the spool
                         self.events.log.error(
                             "settle.flush_failed", run=entry.result.run_id, error=repr(exc)
@@ -260,7 +292,8 @@ class Settlement:
                 with trio.move_on_at(deadline):
                     await trio.sleep(FLUSH_PAUSE)
                 continue
-            if self._write_spool():
+            spooled, spool_said = self._write_spool(said=spool_said)
+            if spooled:
                 break
             if trio.current_time() >= deadline:
                 break
@@ -268,16 +301,17 @@ class Settlement:
                 await trio.sleep(FLUSH_PAUSE)
         return self._report()
 
-    def _write_spool(self) -> bool:
-        """Spool every held result at once; ``True`` when they are all durable."""
+    def _write_spool(self, *, said: str | None = None) -> tuple[bool, str | None]:
+        """Spool every held result at once: whether they are all durable, and the error
+        logged (``said``: the one logged last time, not repeated)."""
         results = [h.result for h in self._held.values()]
         try:
             self.spool.append(results)
         except SpoolError as exc:
-            self.events.log.error(
-                "spool.write_failed", error=str(exc), runs=",".join(str(r.run_id) for r in results)
-            )
-            return False
+            if str(exc) != said:
+                runs = ",".join(str(r.run_id) for r in results)
+                self.events.log.error("spool.write_failed", error=str(exc), runs=runs)
+            return False, str(exc)
         for result in results:
             self.events.emit(
                 ResultSpooled(job=result.job_key, run=result.run_id, spool=str(self.spool.path))
@@ -285,7 +319,7 @@ class Settlement:
         self._spooled += tuple(r.run_id for r in results)
         for result in results:  # durable now: the next start replays them
             self._release(result)
-        return True
+        return True, None
 
     def _report(self) -> FlushReport:
         return FlushReport(spooled=tuple(sorted(self._spooled)), lost=tuple(sorted(self._held)))

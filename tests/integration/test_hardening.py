@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from coordinator.daemon import EXIT_LOST
+from coordinator.daemon.settlement import FLUSH_PAUSE
 from coordinator.db import aio
 from coordinator.model import Outcome
 from coordinator.spool import HeldResult, Spool
@@ -343,10 +344,23 @@ async def test_a_full_disk_at_stop_names_the_runs_it_could_not_keep(
         await harness.wait_event("settle.retained", run=run_id)
         assert await harness.stop(timeout=30) == EXIT_LOST
         failed = harness.named("spool.write_failed")
-        assert failed
+        # Said once: the flush tries every 0.5 s until its deadline (2 s here), and a
+        # tester's log had both lines every half second ("40 lines in 10 s").
+        assert len(failed) == 1, failed
         assert "No space left" in failed[0]["error"]
+        since_stop = harness.events[harness.events.index(harness.named("stopping")[0]) :]
+        flush_tries = [
+            e
+            for e in since_stop
+            if e.get("event") == "settle.retry_failed" and e["retry_s"] == FLUSH_PAUSE
+        ]
+        assert len(flush_tries) == 1, since_stop
         stopped = harness.named("stopped")
         assert len(stopped) == 1, harness.events[-5:]
+        # Nothing after the last line (a background retry cut short by the stop was
+        # logged as failing after it).
+        said = [e for e in harness.events if e["level"] != "debug"]
+        assert said[-1]["event"] == "stopped", said[-5:]
         assert (stopped[0]["lost"], stopped[0]["exit_code"]) == (str(run_id), EXIT_LOST)
         assert not (state / "spool.jsonl").exists()
         assert list(state.glob(".spool.jsonl.tmp")) == []  # no half-written leftovers
