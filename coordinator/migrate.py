@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import asyncpg
 import attrs
 
-from .db import aio
-from .errors import DatabaseError
+from .db import aio, one_line
+from .errors import DatabaseError, DatabaseUnavailable
 
 if TYPE_CHECKING:
     from asyncpg import Connection
@@ -71,10 +71,14 @@ async def migrate(conn: Connection, migrations: list[Migration] | None = None) -
     """Apply pending migrations; return the names applied (empty when up to date)."""
     migrations = migrations if migrations is not None else load_migrations()
     applied_now: list[str] = []
+    #: What the migrate was doing, for the words of a connection lost mid-way.
+    doing = "waiting for another migrate to finish"
 
     async def run() -> None:
+        nonlocal doing
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATE_LOCK_KEY)
+            doing = "reading which migrations are applied"
             if await _up_to_date(conn, migrations):
                 # Nothing to do, said as such to a role that may read the record but not
                 # create in the database (the bootstrap's CREATE ... IF NOT EXISTS needs
@@ -95,6 +99,7 @@ async def migrate(conn: Connection, migrations: list[Migration] | None = None) -
                             "migrated it, or restore the database from before that migrate"
                         )
                     continue
+                doing = f"applying {m.name}"
                 await conn.execute(m.sql)
                 await conn.execute(
                     "INSERT INTO coordinator.schema_migrations (name, checksum) VALUES ($1, $2)",
@@ -102,13 +107,39 @@ async def migrate(conn: Connection, migrations: list[Migration] | None = None) -
                     m.checksum,
                 )
                 applied_now.append(m.name)
+            doing = "committing"
 
     try:
         await aio(run)()
     except asyncpg.InsufficientPrivilegeError as exc:
         # (Asked once the failed transaction has rolled back.)
         raise DatabaseError(await aio(_not_owner)(conn, exc)) from None
+    except Exception as exc:
+        if not _lost(conn, exc):
+            raise
+        # (asyncpg's own words were "cannot call Transaction.__aexit__(): the underlying
+        # connection is closed", a tester's finding: not which file, nor what to do.)
+        kept = (
+            "whether it committed is unknown: run it again (it applies only what is missing)"
+            if doing == "committing"
+            else "nothing of this migrate was kept (the pending files go in one "
+            "transaction): run it again"
+        )
+        raise DatabaseUnavailable(
+            f"connection lost while {doing} ({one_line(exc)}); {kept}"
+        ) from exc
     return applied_now
+
+
+def _lost(conn: Connection, exc: BaseException) -> bool:
+    """``exc`` is the connection going away (not a statement's error): the server or the
+    session gone (SQLSTATE classes 08 and 57, e.g. ``pg_terminate_backend``), the socket
+    broken, or asyncpg's refusal to go on with a closed connection."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return str(exc.sqlstate or "")[:2] in ("08", "57")
+    if isinstance(exc, (OSError, asyncpg.ConnectionDoesNotExistError)):
+        return True
+    return isinstance(exc, asyncpg.InterfaceError) and conn.is_closed()
 
 
 async def _up_to_date(conn: Connection, migrations: list[Migration]) -> bool:

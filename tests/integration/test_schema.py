@@ -391,3 +391,53 @@ async def test_migrate_by_a_role_that_may_not_change_the_schema(
         await aio(other.close)()
         await aio(conn.execute)(f'DROP OWNED BY "{role}"')
         await aio(conn.execute)(f'DROP ROLE "{role}"')
+
+
+async def test_a_migrate_whose_connection_is_lost_says_which_file_and_what_to_do(
+    pg_server: Any, aio_loop: Any
+) -> None:
+    """A tester's migrate cut off mid-way said only "connection lost: cannot call
+    Transaction.__aexit__(): the underlying connection is closed": not which file was
+    being applied, nor that running it again is safe."""
+    from coordinator.errors import DatabaseUnavailable
+
+    name = pg_server.new_database_name()
+    admin = await _connect(pg_server.admin_dsn)
+    await aio(admin.execute)(f"CREATE DATABASE {name}")
+    try:
+        files = [
+            migrate_mod.Migration(name="0001_quick.sql", sql="CREATE TABLE quick (a int)"),
+            migrate_mod.Migration(name="0002_slow.sql", sql="SELECT pg_sleep(60)"),
+        ]
+        c = await _connect(pg_server.dsn(name), app="tests-migrate")
+        failure: list[BaseException] = []
+
+        async def migrate() -> None:
+            try:
+                await migrate_mod.migrate(c, files)
+            except DatabaseUnavailable as exc:
+                failure.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(migrate)
+            with trio.fail_after(30):
+                while not await aio(admin.fetchval)(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = 'tests-migrate' AND query LIKE '%pg_sleep%'"
+                ):
+                    await trio.sleep(0.05)
+        assert len(failure) == 1
+        message = str(failure[0])
+        assert message.startswith("connection lost while applying 0002_slow.sql ("), message
+        assert message.endswith(
+            "nothing of this migrate was kept (the pending files go in one transaction): "
+            "run it again"
+        ), message
+        assert "\n" not in message
+        # And so it was: the quick file's table went with the transaction.
+        again = await _connect(pg_server.dsn(name))
+        assert await aio(again.fetchval)("SELECT to_regclass('public.quick')") is None
+        await aio(again.close)()
+    finally:
+        await aio(admin.execute)(f"DROP DATABASE {name} WITH (FORCE)")
+        await aio(admin.close)()
