@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 #: Below this many heap entries, stale ones are never worth a rebuild.
 _COMPACT_FLOOR = 64
@@ -136,6 +136,27 @@ class DeadlineSet:
         """Forget every deadline (the daemon rebuilds them on a full refresh)."""
         self._live.clear()
         self._heap.clear()
+
+    def first_where(self, accept: Callable[[int], bool]) -> tuple[float, int] | None:
+        """``(at, job_id)`` of the earliest deadline whose job ``accept`` takes, or
+        ``None``. The heap is walked best-first (a second, small heap of the nodes
+        reached), so the cost grows with the deadlines ahead of the answer, not with
+        all of them: a scoped token's status asks for its namespaces' next deadline
+        among a million armed (it scanned them all, one request at a time)."""
+        heap = self._heap
+        live = self._live
+        if not heap:
+            return None
+        frontier: list[tuple[tuple[float, int], int]] = [(heap[0], 0)]
+        size = len(heap)
+        while frontier:
+            entry, index = heapq.heappop(frontier)
+            if live.get(entry[1]) is entry and accept(entry[1]):
+                return entry
+            for child in (2 * index + 1, 2 * index + 2):
+                if child < size:
+                    heapq.heappush(frontier, (heap[child], child))
+        return None
 
     def items(self) -> Iterator[tuple[int, float]]:
         """``(job_id, at)`` pairs in no particular order; do not mutate while iterating."""

@@ -396,20 +396,18 @@ class Daemon:
     def _earliest_of(
         self, visible: Callable[[str], bool], earliest: tuple[float, int]
     ) -> tuple[float, int] | None:
-        """The earliest armed deadline of a job whose key passes ``visible`` (a scan of
-        the armed deadlines, unless the earliest of all passes: asked by scoped tokens
-        only)."""
+        """The earliest armed deadline of a job whose key passes ``visible`` (asked by
+        scoped tokens only; :meth:`DeadlineSet.first_where` reads only the deadlines
+        ahead of it)."""
         if visible(self.inventory.key(earliest[1])):
             return earliest
-        best: tuple[float, int] | None = None
         jobs = self.inventory.jobs
-        for job_id, at in self.deadlines.items():
-            if best is not None and (at, job_id) >= best:
-                continue
+
+        def seen(job_id: int) -> bool:
             entry = jobs.get(job_id)
-            if entry is not None and visible(entry.key):
-                best = (at, job_id)
-        return best
+            return entry is not None and visible(entry.key)
+
+        return self.deadlines.first_where(seen)
 
     def _deadlines(self, limit: int) -> tuple[ArmedDeadline, ...]:
         out: list[ArmedDeadline] = []

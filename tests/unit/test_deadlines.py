@@ -307,3 +307,38 @@ async def test_moving_a_deadline_re_arms_the_one_timer(
         nursery.cancel_scope.cancel()
     assert [(at, job) for at, job, _ in loop.fired] == [(20.0, 2), (40.0, 1)]
     assert [when for _, _, when in loop.fired] == [pytest.approx(20.0), pytest.approx(40.0)]
+
+
+@given(_ops, st.integers(min_value=1, max_value=5))
+def test_first_where_is_the_earliest_accepted(
+    ops: list[tuple[str, int, float]], modulus: int
+) -> None:
+    deadlines = DeadlineSet()
+    model: dict[int, float] = {}
+    for op, job_id, at in ops:
+        if op == "set":
+            deadlines.set(job_id, at)
+            model[job_id] = at
+        elif op == "discard":
+            deadlines.discard(job_id)
+            model.pop(job_id, None)
+        elif op == "pop_due":
+            for _, j in deadlines.pop_due(at):
+                del model[j]
+        # Stale copies in the heap are never the answer (only live entries count).
+        expected = min(((t, j) for j, t in model.items() if j % modulus == 0), default=None)
+        assert deadlines.first_where(lambda j: j % modulus == 0) == expected
+
+
+def test_first_where_reads_only_the_deadlines_ahead_of_its_answer() -> None:
+    deadlines = DeadlineSet()
+    deadlines.set_many([(float(i), i) for i in range(100_000)])
+    asked: list[int] = []
+
+    def accept(job_id: int) -> bool:
+        asked.append(job_id)
+        return job_id >= 10
+
+    assert deadlines.first_where(accept) == (10.0, 10)
+    assert asked == list(range(11))  # best-first: not the 100,000
+    assert deadlines.first_where(lambda _j: False) is None
