@@ -4,7 +4,12 @@ One bounded stream (:meth:`~coordinator.events.EventBus.open_stream`) per open p
 ``coordinator top``, closed when the client goes. Events become small JSON messages that
 say *what changed* — a run of job 12 started, run 345 reported 40 %, the jobs in general
 changed — so that a view reads the database only for that (or, for progress, not at
-all). With nothing happening nothing is sent: no keep-alive, no timer, no SQL.
+all). With nothing happening no event is sent and no SQL; only a comment line
+(``: keep-alive``) after :data:`KEEP_ALIVE` seconds of silence, so that a proxy's idle
+timeout (nginx's ``proxy_read_timeout``: 60 s) does not drop the stream, after which the
+page would read everything it shows again. A browser's ``EventSource`` and ``top`` skip
+comments: the keep-alive costs the view nothing, and the one timer exists only while a
+client holds a stream open.
 
 =====================  =========  =========================================================
 event                  message    data
@@ -70,6 +75,11 @@ if TYPE_CHECKING:
 VIEW_BUFFER: Final = 256
 #: How long a browser waits before reconnecting a dropped stream (milliseconds).
 RETRY_MS: Final = 3000
+#: Seconds a stream may stay silent before it sends a comment line (below common proxy
+#: idle timeouts: nginx's and AWS ALB's 60 s).
+KEEP_ALIVE: Final = 25.0
+#: What it sends then: an SSE comment, which clients ignore.
+KEEP_ALIVE_LINE: Final = b": keep-alive\n\n"
 #: Longest error text carried in a ``run`` message.
 MAX_ERROR: Final = 300
 
@@ -199,15 +209,20 @@ class EventSourceResponse(Response):
             gone = trio.Event()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope, gone)
-                async for event in stream:
-                    if self.visible is not None and not self.visible(event):
-                        continue
-                    found = message(event)
-                    if found is not None and self.vague is not None and self.vague(event):
-                        found = ("jobs", {})
-                    if found is not None:
-                        chunk = encode(*found)
+                quiet_until = trio.current_time() + KEEP_ALIVE
+                while True:
+                    event: Event | None = None
+                    with trio.move_on_at(quiet_until):
+                        try:
+                            event = await stream.receive.receive()
+                        except (trio.EndOfChannel, trio.ClosedResourceError):
+                            break
+                    # (None: nothing came in time. A receive cancelled loses no event.)
+                    chunk = KEEP_ALIVE_LINE if event is None else self._chunk(event)
+                    if chunk is not None:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        # (Silence is counted from the last thing sent.)
+                        quiet_until = trio.current_time() + KEEP_ALIVE
                     if isinstance(event, StateChanged) and event.state in _ENDING:
                         break
                 nursery.cancel_scope.cancel()
@@ -217,6 +232,15 @@ class EventSourceResponse(Response):
             pass  # the client went while we wrote
         finally:
             self.bus.close_stream(stream)
+
+    def _chunk(self, event: Event) -> bytes | None:
+        """What this client is sent for ``event``, if anything."""
+        if self.visible is not None and not self.visible(event):
+            return None
+        found = message(event)
+        if found is not None and self.vague is not None and self.vague(event):
+            found = ("jobs", {})
+        return None if found is None else encode(*found)
 
 
 async def _until_disconnect(receive: Receive, scope: trio.CancelScope, gone: trio.Event) -> None:

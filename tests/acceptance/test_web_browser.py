@@ -30,6 +30,7 @@ import attrs
 import pytest
 
 from coordinator import buckets
+from coordinator.admin.live import KEEP_ALIVE
 from coordinator.admin.present import CURSOR_SHOWN
 from coordinator.embedded import free_port
 from coordinator.text import TRUNCATED
@@ -257,14 +258,21 @@ class Page:
     site: Site
     shots: Path
     urls: list[str] = attrs.field(factory=list)
+    #: Each request's URL by its id, and the URL of each chunk of a body received.
+    ids: dict[str, str] = attrs.field(factory=dict)
+    chunks: list[str] = attrs.field(factory=list)
 
     def requested(self) -> list[str]:
         """URLs requested since the last call (from Chromium's network log)."""
         found = []
         for entry in self.driver.get_log("performance"):
             message = json.loads(entry["message"])["message"]
+            params = message.get("params", {})
             if message.get("method") == "Network.requestWillBeSent":
-                found.append(message["params"]["request"]["url"])
+                found.append(params["request"]["url"])
+                self.ids[params["requestId"]] = params["request"]["url"]
+            elif message.get("method") == "Network.dataReceived":
+                self.chunks.append(self.ids.get(params["requestId"], ""))
         self.urls += found
         return found
 
@@ -930,12 +938,17 @@ def test_an_open_page_sends_no_sql_for_a_minute(
         assert page.all("section.findings tr[data-finding]")
         time.sleep(1.0)  # let the refresh the definitions asked for land
         page.requested()
+        page.chunks.clear()
         sql_log.mark()
         time.sleep(IDLE_WINDOW)
         statements = sql_log.statements(db=site.dbname)
         assert statements == [], [s.sql[:200] for s in statements]
         # The pages stayed connected all along: no new request, no reconnect of a stream.
         assert page.requested() == []
+        # Yet the streams were not silent: keep-alive comments (a proxy's idle timeout
+        # dropped a silent one), which cost no SQL and no read.
+        keep_alives = [url for url in page.chunks if url.endswith("/ui/events")]
+        assert len(keep_alives) >= IDLE_WINDOW // KEEP_ALIVE, page.chunks
         assert "on" in page.css("#live").get_attribute("class")
         # The count means something: one event later, the run's page reads what it names.
         sql(site.dsn, "SELECT coordinator.cancel($1)", run_id)

@@ -3,12 +3,15 @@ CSRF tokens, and what the live stream says for each daemon event."""
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
+import trio
+import trio.testing
 
 from coordinator import buckets
 from coordinator.admin import live, present
@@ -22,6 +25,7 @@ from coordinator.admin.session import (
 from coordinator.client import JobView, RunStats
 from coordinator.events import (
     DispatchWake,
+    EventBus,
     LifecycleWake,
     Missed,
     NotificationWake,
@@ -32,6 +36,7 @@ from coordinator.events import (
     StateChanged,
     WorkerConnected,
 )
+from coordinator.log import EventLog
 from coordinator.status import DaemonStatus, WorkerView
 from coordinator.tokens import TokenScope, TokenSet, hash_token
 
@@ -414,6 +419,43 @@ def test_a_paused_or_retried_run_says_so_in_its_message() -> None:
         "retry_at": "2026-03-02T12:00:00+00:00",
     }
     json.loads(live.encode(*failed).decode().split("data: ", 1)[1])  # JSON all through
+
+
+async def test_a_silent_stream_sends_a_keep_alive_comment(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An idle stream carried no byte for minutes: a proxy's 60 s idle timeout dropped
+    it, and the page then read everything it shows again (a tester's finding). Now a
+    comment every KEEP_ALIVE seconds of silence, counted from the last thing sent."""
+    bus = EventBus(log=EventLog(stream=io.StringIO()))
+    sent: list[tuple[float, bytes]] = []
+    leave = trio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            sent.append((trio.current_time(), message["body"]))
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(live.EventSourceResponse(bus), {"type": "http"}, receive, send)
+        await trio.sleep(live.KEEP_ALIVE * 2 + 10)
+        bus.emit(StateChanged(state="degraded", reasons=("x",)))
+        await trio.sleep(live.KEEP_ALIVE + 5)
+        leave.set()
+    moments = [(round(t - start, 3), body) for t, body in sent]
+    event = live.encode("status", {"state": "degraded", "reasons": ["x"]})
+    assert moments == [
+        (0, b"retry: 3000\n: live\n\n"),
+        (live.KEEP_ALIVE, b": keep-alive\n\n"),
+        (live.KEEP_ALIVE * 2, b": keep-alive\n\n"),
+        (live.KEEP_ALIVE * 2 + 10, event),
+        (live.KEEP_ALIVE * 3 + 10, b": keep-alive\n\n"),
+    ]
+    assert not bus._streams  # closed when the client went
 
 
 def test_policies_and_waiting_retries_in_words() -> None:
