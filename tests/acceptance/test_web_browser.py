@@ -25,6 +25,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 import attrs
 import pytest
@@ -913,6 +914,46 @@ def test_the_page_weight(page: Page, request: pytest.FixtureRequest) -> None:
     (page.shots / "page-weight.txt").write_text(line + "\n")
     say(request, line)
     assert 0 < script + style < 40_000
+
+
+def test_choosing_the_span_keeps_the_page_and_a_filter_does_not(page: Page, site: Site) -> None:
+    """The "Runs over" span on page 2 went back to page 1 (a tester's finding): the span lists
+    the same jobs, only their sparklines change. A filter still starts at page 1."""
+    sql(
+        site.dsn,
+        "SELECT coordinator.define_job(name => 'paged-' || lpad(i::text, 3, '0'),"
+        " namespace => 'paging', schedule_kind => 'manual',"
+        ' target => \'{"kind": "exec", "argv": ["true"]}\')'
+        " FROM generate_series(1, 105) i",
+    )
+    page.go("/?namespace=paging&q=paged-&page=2")
+    assert "page 2 of 2" in page.css("nav.pages").text
+    page.mark()
+
+    def choose(name: str, value: str) -> None:
+        select = page.css(f'form.filters select[name="{name}"]')
+        page.driver.execute_script(
+            "arguments[0].value = arguments[1];"
+            " arguments[0].dispatchEvent(new Event('change', {bubbles: true}));",
+            select,
+            value,
+        )
+        page.wait(lambda _d: not page.same_document(), what="the page chosen")
+        page.wait(lambda d: d.execute_script("return document.readyState") == "complete")
+        page.mark()
+
+    choose("span", "30d")
+    asked = parse_qs(urlsplit(page.driver.current_url).query, keep_blank_values=True)
+    assert (asked["page"], asked["q"], asked["namespace"], asked["span"]) == (
+        ["2"], ["paged-"], ["paging"], ["30d"],
+    )  # fmt: skip
+    assert "page 2 of 2" in page.css("nav.pages").text
+    assert page.css("table.jobs tbody tr[data-job] td.name").text == "paged-101"
+    choose("namespace", "")
+    asked = parse_qs(urlsplit(page.driver.current_url).query, keep_blank_values=True)
+    assert "page" not in asked
+    assert (asked["namespace"], asked["q"], asked["span"]) == ([""], ["paged-"], ["30d"])
+    assert "page 1 of 2" in page.css("nav.pages").text
 
 
 @pytest.mark.slow

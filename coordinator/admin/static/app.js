@@ -282,9 +282,16 @@
   });
 
   // Filters apply as soon as one is chosen (the Apply button stays for JS-less use).
+  // A filter goes back to the first page; a choice that lists the same rows (the
+  // sparklines' span) keeps the page it was made on: its hidden field, disabled for
+  // every other change (and without this script), is sent.
   document.addEventListener("change", function (ev) {
     var form = ev.target.form;
-    if (form && form.hasAttribute("data-autosubmit")) form.submit();
+    if (!form || !form.hasAttribute("data-autosubmit")) return;
+    all("input[data-kept-by]", form).forEach(function (input) {
+      input.disabled = input.dataset.keptBy !== ev.target.name;
+    });
+    form.submit();
   });
 
   // ---------------------------------------------------------------- ages
