@@ -183,6 +183,22 @@ def test_a_sparkline_has_one_bar_per_bucket_stacked_by_outcome() -> None:
     assert 'y="0.0" width="6" height="5.5"' in svg
 
 
+def test_a_sparkline_with_no_runs_is_small() -> None:
+    """A job with no runs had 29 empty bars: 2 KB of each row of the jobs view (a
+    tester's finding). Now one dashed line, whatever the number of buckets."""
+    few, many = (str(present.sparkline(stats_for([{}] * n))) for n in (8, 30))
+    assert len(many) < 500, len(many)
+    assert len(many) - len(few) < 10  # (only the numbers' digits differ)
+    assert "bucket" not in many
+    assert 'aria-label="runs per hour since' in many
+    assert ': no runs" data-unit="hour"' in many
+    line = '<line class="empty" x1="0" y1="21.5" x2="238" y2="21.5" stroke-dasharray="6 2"/>'
+    assert line in many
+    assert "style=" not in many
+    big = str(present.sparkline(stats_for([{}] * 8), bar=10, height=48))
+    assert 'x2="94" y2="47.5" stroke-dasharray="10 2"' in big
+
+
 def test_a_sparkline_escapes_unknown_outcomes() -> None:
     svg = str(present.sparkline(stats_for([{'<b x="1">': 1}] * 8)))
     assert "<b" not in svg
