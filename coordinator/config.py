@@ -13,8 +13,10 @@ reads, and the systemd unit hands the same secrets to the service as credentials
 Every setting is declared once, in :data:`SETTINGS`, with its type, default, unit and
 meaning; README's table lists the same settings (``tests/unit/test_config.py`` keeps
 the two in step). An unknown key or a bad value
-stops startup with a message naming it. :func:`load` records which layer set each value
-(``coordinator config`` shows it).
+stops startup with a message naming it. The file's values are typed (TOML): a number
+or a boolean written as text is refused there; the environment's values are text, read
+as their setting's type first (:attr:`Setting.from_text`). :func:`load` records which
+layer set each value (``coordinator config`` shows it).
 
 :func:`service_database` reads what the *service's* files say about its database, for
 the CLI's refusal to create an embedded cluster beside a service that uses another one.
@@ -111,15 +113,34 @@ def _seconds(value: Any, name: str) -> float:
 
 
 def _whole_number(value: Any, name: str, least: int) -> int:
-    try:
-        if isinstance(value, bool | float):  # (1.9 is not 1: refused, not truncated)
-            raise ValueError
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: expected a whole number, got {value!r}") from None
-    if number < least:
+    """A whole number as the file gives it: a TOML integer. Text is refused
+    (``concurrency = "16"``); the environment's is read by :func:`_number_text` first."""
+    if isinstance(value, str):
+        raise ConfigError(
+            f"{name}: expected a whole number, not the text {value!r}{_unquote(value)}"
+        )
+    if isinstance(value, bool) or not isinstance(value, int):  # (1.9 is not 1: refused)
+        raise ConfigError(f"{name}: expected a whole number, got {_toml(value)}")
+    if value < least:
         raise ConfigError(f"{name}: must be at least {least}")
-    return number
+    return value
+
+
+def _number_text(text: str, name: str) -> int:
+    """A whole number written as text (the environment, a flag): ``16``."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a whole number, got {text!r}") from None
+
+
+def _unquote(text: str) -> str:
+    """The hint for a file's number or boolean written in quotes: TOML has them bare."""
+    try:
+        bare: Any = int(text)
+    except ValueError:
+        bare = {"true": "true", "false": "false"}.get(text.strip().lower())
+    return "" if bare is None else f" (in TOML without quotes: {bare})"
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -152,14 +173,26 @@ def _toml(value: Any) -> str:
 
 
 def _bool(value: Any, name: str) -> bool:
+    """A boolean as the file gives it: TOML's ``true`` or ``false``, not text
+    (``metrics_public = "true"``); the environment's is read by :func:`_bool_text` first."""
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
+    if isinstance(value, str):
+        raise ConfigError(
+            f"{name}: expected true or false, not the text {value!r}{_unquote(value)}"
+        )
+    raise ConfigError(f"{name}: expected true or false, got {_toml(value)}")
+
+
+def _bool_text(text: str, name: str) -> bool:
+    """A boolean written as text (the environment, a flag): ``true``/``false``,
+    ``yes``/``no``, ``on``/``off``, ``1``/``0``, any case; empty is false."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
         return True
-    if text in ("0", "false", "no", "off", ""):
+    if word in ("0", "false", "no", "off", ""):
         return False
-    raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    raise ConfigError(f"{name}: expected true or false, got {text!r}")
 
 
 def _text(value: Any, name: str) -> str:
@@ -366,7 +399,8 @@ class Setting:
 
     #: The key in the TOML file (``COORDINATOR_<NAME>`` in the environment).
     name: str
-    #: Checks and converts a value; raises :class:`ConfigError` naming the key.
+    #: Checks and converts a value as the TOML file gives it (a number is a TOML integer,
+    #: not text); raises :class:`ConfigError` naming the key.
     convert: Callable[[Any, str], Any]
     #: The value when no layer sets it (``None``: unset, or computed at load).
     default: Any
@@ -378,6 +412,17 @@ class Setting:
     unset: str = ""
     #: Shown redacted.
     secret: bool = False
+    #: Reads text (an environment variable's, a flag's) as the type ``convert`` takes:
+    #: numbers and booleans. ``None``: ``convert`` takes the text itself (a duration, a
+    #: path, a list written with commas). The file's values are not read so: TOML has
+    #: types, and ``concurrency = "16"`` is refused, naming the key and the file.
+    from_text: Callable[[str, str], Any] | None = None
+
+    def read(self, value: Any, name: str) -> Any:
+        """``value`` from the environment or a flag (as text, or as code gives it)."""
+        if self.from_text is not None and isinstance(value, str):
+            value = self.from_text(value, name)
+        return self.convert(value, name)
 
     @property
     def env(self) -> str:
@@ -414,6 +459,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         name="concurrency",
         convert=_positive_int,
+        from_text=_number_text,
         default=16,
         unit="calls",
         help="calls running at once, all jobs together (runs claimed ahead count too)",
@@ -421,6 +467,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         name="claim_ahead",
         convert=_count,
+        from_text=_number_text,
         default=0,
         unit="runs",
         help="runs of a worker type claimed beyond its workers' free slots, each started "
@@ -457,6 +504,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         name="pool_size",
         convert=_positive_int,
+        from_text=_number_text,
         default=4,
         unit="connections",
         help="database connections for claims and settlements",
@@ -535,6 +583,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         name="admin_allow_remote",
         convert=_bool,
+        from_text=_bool_text,
         default=False,
         help="allow admin_listen on a non-loopback address",
     ),
@@ -563,12 +612,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         name="metrics_public",
         convert=_bool,
+        from_text=_bool_text,
         default=False,
         help="serve /metrics without the token",
     ),
     Setting(
         name="metrics_max_jobs",
         convert=_positive_int,
+        from_text=_number_text,
         default=500,
         unit="jobs",
         help="jobs with per-job metric series; beyond, new jobs get none (one warning)",
@@ -605,6 +656,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         name="alert_smtp_port",
         convert=_port,
+        from_text=_number_text,
         default=None,
         help="SMTP port (default: 465 with alert_smtp_tls, 587 with alert_smtp_starttls, else 25)",
         unset="465 with TLS, 587 with STARTTLS, else 25",
@@ -612,12 +664,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         name="alert_smtp_starttls",
         convert=_bool,
+        from_text=_bool_text,
         default=False,
         help="upgrade the SMTP connection with STARTTLS",
     ),
     Setting(
         name="alert_smtp_tls",
         convert=_bool,
+        from_text=_bool_text,
         default=False,
         help="connect to the SMTP server over TLS (SMTPS)",
     ),
@@ -1100,7 +1154,7 @@ def load(
             raise ConfigError(f"environment: unknown setting {key}")
     for s in SETTINGS:
         if s.env in environ:
-            values[s.name] = s.convert(environ[s.env], s.env)
+            values[s.name] = s.read(environ[s.env], s.env)
             sources[s.name] = Source(layer="env", origin=s.env)
     for key, value in (flags or {}).items():
         if value is None:
@@ -1108,7 +1162,7 @@ def load(
         if key not in _BY_NAME:
             raise ConfigError(f"unknown setting {key!r}")
         setting = _BY_NAME[key]
-        values[key] = setting.convert(value, setting.flag)
+        values[key] = setting.read(value, setting.flag)
         sources[key] = Source(layer="flag", origin=setting.flag)
     if values.get("state_dir") is None:
         values["state_dir"] = default_state_dir(environ)

@@ -122,6 +122,55 @@ def test_a_fraction_is_not_a_whole_number(tmp_path: Path) -> None:
             load(file=file, environ={}, flags={})
 
 
+@pytest.mark.parametrize(
+    ("text", "refusal"),
+    [
+        (
+            'concurrency = "16"\n',
+            "concurrency: expected a whole number, not the text '16' (in TOML without quotes: 16)",
+        ),
+        ('alert_smtp_port = "x"\n', "alert_smtp_port: expected a whole number, not the text 'x'"),
+        (
+            'metrics_public = "true"\n',
+            "metrics_public: expected true or false, not the text 'true'"
+            " (in TOML without quotes: true)",
+        ),
+        ("admin_allow_remote = 1\n", "admin_allow_remote: expected true or false, got 1"),
+        ("pool_size = true\n", "pool_size: expected a whole number, got true"),
+    ],
+)
+def test_a_file_number_or_boolean_written_as_text_is_refused(
+    tmp_path: Path, text: str, refusal: str
+) -> None:
+    """``concurrency = "16"`` was read as 16: the converter took any text, not knowing
+    it came from a typed file. The environment's values are text and stay read."""
+    file = tmp_path / "c.toml"
+    file.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(file=file, environ={}, flags={})
+    assert str(info.value) == f"config file {file}: {refusal}"
+    assert "\n" not in str(info.value)
+    environ = {
+        "COORDINATOR_CONCURRENCY": "16",
+        "COORDINATOR_ALERT_SMTP_PORT": "2525",
+        "COORDINATOR_METRICS_PUBLIC": "yes",
+        "COORDINATOR_ADMIN_ALLOW_REMOTE": "1",
+        "COORDINATOR_POOL_SIZE": " 3 ",
+        "COORDINATOR_METRICS_MAX_JOBS": "10",
+        "COORDINATOR_CLAIM_AHEAD": "0",
+        "COORDINATOR_ALERT_SMTP_TLS": "off",
+        "COORDINATOR_ALERT_SMTP_STARTTLS": "TRUE",
+    }
+    config = load(file=None, environ=environ, flags={"concurrency": "4"})
+    assert (config.concurrency, config.alert_smtp_port, config.pool_size) == (4, 2525, 3)
+    assert (config.metrics_max_jobs, config.claim_ahead) == (10, 0)
+    assert (config.metrics_public, config.admin_allow_remote) == (True, True)
+    assert (config.alert_smtp_tls, config.alert_smtp_starttls) == (False, True)
+    file.write_text("concurrency = 16\nmetrics_public = true\n")
+    config = load(file=file, environ={}, flags={})
+    assert (config.concurrency, config.metrics_public) == (16, True)
+
+
 def test_a_relative_state_dir_is_made_absolute_where_it_is_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
