@@ -486,7 +486,7 @@ async def test_trigger_names_its_args_when_it_refuses_them(conn: asyncpg.Connect
     assert (error.sqlstate, error.column_name, error.message) == (
         "22023",
         "args",
-        "args must be a JSON object",
+        "args: must be a JSON object, not array",
     )
     error = await refused(conn, "SELECT coordinator.trigger('default', 'a', NULL)")
     assert (error.sqlstate, error.column_name, error.message) == (
