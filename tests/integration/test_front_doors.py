@@ -17,7 +17,7 @@ from coordinator import client
 from coordinator import migrate as migrate_mod
 from coordinator.db import aio
 from coordinator.errors import InvalidInput
-from coordinator.model import Schedule, Target
+from coordinator.model import ENV_STRING_MAX, Schedule, Target, params_env_size
 from coordinator.schedule import MAX_DURATION, parse_duration
 from coordinator.text import check_job_name, check_namespace
 
@@ -480,7 +480,8 @@ async def test_sql_api_refuses_null(conn: asyncpg.Connection) -> None:
 
 async def test_trigger_names_its_args_when_it_refuses_them(conn: asyncpg.Connection) -> None:
     """(0029) args that are not an object are refused with the argument in COLUMN, and
-    NULL args as every NULL argument is (22004)."""
+    NULL args as every NULL argument is (22004); (0036) in define_job's words for params
+    (it said `args must be a JSON object`)."""
     await _define(conn, name="a")
     error = await refused(conn, "SELECT coordinator.trigger('default', 'a', '[1, 2]')")
     assert (error.sqlstate, error.column_name, error.message) == (
@@ -488,6 +489,11 @@ async def test_trigger_names_its_args_when_it_refuses_them(conn: asyncpg.Connect
         "args",
         "args: must be a JSON object, not array",
     )
+    error = await refused(conn, "SELECT coordinator.trigger('default', 'a', '\"x\"')")
+    assert error.message == "args: must be a JSON object, not string"
+    with pytest.raises(InvalidInput) as translated, client.translate_errors():
+        await aio(conn.execute)("SELECT coordinator.trigger('default', 'a', '[1]')")
+    assert str(translated.value) == "args: must be a JSON object, not array"
     error = await refused(conn, "SELECT coordinator.trigger('default', 'a', NULL)")
     assert (error.sqlstate, error.column_name, error.message) == (
         "22004",
@@ -495,6 +501,95 @@ async def test_trigger_names_its_args_when_it_refuses_them(conn: asyncpg.Connect
         "args: must not be NULL",
     )
     assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.runs") == 0
+
+
+async def test_resolve_names_the_outcome_it_refuses(conn: asyncpg.Connection) -> None:
+    """(0036) An unknown outcome is refused as every other argument is: the argument
+    first, the value quoted, the argument in COLUMN (it said `outcome must be failed,
+    succeeded or retry, not maybe`)."""
+    await _define(conn, name="a")
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'a')")
+    await aio(conn.execute)(
+        "UPDATE coordinator.runs SET status = 'unresolved' WHERE id = $1", run_id
+    )
+    error = await refused(conn, "SELECT coordinator.resolve($1, 'maybe')", run_id)
+    assert (error.sqlstate, error.column_name, error.message) == (
+        "22023",
+        "outcome",
+        "outcome: must be failed, succeeded or retry, not 'maybe'",
+    )
+    with pytest.raises(InvalidInput) as translated, client.translate_errors():
+        await aio(conn.execute)("SELECT coordinator.resolve($1, 'maybe')", run_id)
+    assert translated.value.field == "outcome"
+    assert str(translated.value).count("outcome:") == 1
+    status = await aio(conn.fetchval)("SELECT status FROM coordinator.runs WHERE id = $1", run_id)
+    assert status == "unresolved"
+
+
+async def test_define_job_refuses_a_commands_params_no_environment_variable_holds(
+    conn: asyncpg.Connection,
+) -> None:
+    """(0036) A command gets its params in COORDINATOR_PARAMS, one environment string of
+    at most 128 KiB: SQL's define_job (and sync, through it) stored more, and every run
+    then failed. Refused now in the client's words, measured as the client measures
+    (model.params_env_size: JSON with non-ASCII text as UTF-8)."""
+    big = json.dumps({"x": "a" * 200_000})
+    error = await refused(
+        conn,
+        "SELECT coordinator.define_job('big', 'manual', $1::jsonb, params => $2::jsonb)",
+        EXEC,
+        big,
+    )
+    assert (error.sqlstate, error.column_name) == ("22023", "params")
+    assert error.message.startswith(
+        "params: 200,009 bytes as JSON; a command gets its params in one environment "
+        "variable (COORDINATOR_PARAMS), which may hold 128 KiB at most"
+    ), error.message
+    assert "\n" not in error.message
+    # The same words as the client's refusal (client._prepare), field said once.
+    with pytest.raises(InvalidInput) as from_sql, client.translate_errors():
+        await _define(conn, name="big", params=big)
+    with pytest.raises(InvalidInput) as from_client:
+        await aio(client.define_job)(
+            conn,
+            name="big",
+            schedule=Schedule(kind="manual"),
+            target=Target(kind="exec", argv=["true"]),
+            params=json.loads(big),
+        )
+    assert str(from_sql.value) == str(from_client.value)
+    # sync defines through define_job: the entry is named.
+    error = await refused(
+        conn,
+        "SELECT * FROM coordinator.sync('default', $1::jsonb)",
+        json.dumps([{"name": "big", "schedule_kind": "manual",
+                     "target": {"kind": "exec", "argv": ["true"]}, "params": json.loads(big)}]),
+    )  # fmt: skip
+    assert error.message.startswith("jobs[0].params: 200,009 bytes as JSON"), error.message
+    assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.jobs") == 0
+
+    # The boundary, measured as the command gets it: non-ASCII as UTF-8, escapes as sent.
+    for filler in ("a", "é", "日", "\n"):
+        fitting = {"k": "", "n": [1, 2.5, None, True]}
+        overhead = params_env_size(fitting)
+        per_char = params_env_size({"k": filler}) - params_env_size({"k": ""})
+        fitting["k"] = filler * ((ENV_STRING_MAX - overhead) // per_char)
+        assert params_env_size(fitting) <= ENV_STRING_MAX < params_env_size(
+            {**fitting, "k": fitting["k"] + filler}
+        )
+        await _define(conn, name="fits", params=json.dumps(fitting))
+        error = await refused(
+            conn,
+            "SELECT coordinator.define_job('over', 'manual', $1::jsonb, params => $2::jsonb)",
+            EXEC,
+            json.dumps({**fitting, "k": fitting["k"] + filler}),
+        )
+        size = params_env_size({**fitting, "k": fitting["k"] + filler}) - 20
+        assert error.message.startswith(f"params: {size:,} bytes as JSON"), filler
+    # A worker's params travel on its socket; an inert entry runs nothing.
+    await _define(conn, name="worker", params=big, target='{"kind": "worker", "type": "t"}')
+    await _define(conn, name="inert", params=big, invalid_reason="kept as given")
+    assert await aio(conn.fetchval)("SELECT count(*) FROM coordinator.jobs") == 3
 
 
 async def test_resolve_with_null_outcome_leaves_the_run_unresolved(
