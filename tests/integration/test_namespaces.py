@@ -330,6 +330,81 @@ async def test_every_sql_api_function_keeps_to_the_grants(
         await aio(bob.fetch)("SELECT * FROM coordinator._claim_many('[]', 'x', '{}', NULL, 0, 0)")
 
 
+async def test_a_namespace_no_grant_can_name_is_said_to_be_invalid(
+    as_role: dict[str, asyncpg.Connection], conn: asyncpg.Connection, jobs: dict[str, int]
+) -> None:
+    """(0036) A confined role naming a namespace no job can have was told `permission
+    denied`, with DETAIL suggesting `coordinator grant ROLE Bad NS!`, which grant
+    refuses. It is told what is wrong with the name, as define_job and sync say it."""
+    bob = as_role["bob"]
+    for sql in (
+        "SELECT coordinator.trigger('Bad NS!', 'x')",
+        "SELECT coordinator.pause('Bad NS!', 'x')",
+        "SELECT coordinator.remove('Bad NS!', 'x')",
+    ):
+        with pytest.raises(asyncpg.InvalidParameterValueError) as info:
+            await aio(bob.execute)(sql)
+        assert info.value.message.startswith("namespace: use letters, digits"), sql
+        assert info.value.column_name == "namespace", sql
+        assert "grant" not in (info.value.detail or ""), sql
+    with pytest.raises(InvalidInput, match=r"^namespace: use letters"):
+        await aio(client.trigger)(bob, "x", namespace="Bad NS!")
+    # A valid name without a grant is still a refusal with the grant to ask for.
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_BILLING) as denied:
+        await aio(bob.execute)("SELECT coordinator.trigger('billing', 'a')")
+    assert "coordinator grant" in (denied.value.detail or "")
+
+
+async def test_a_read_only_role_is_refused_before_the_runs_state_is_asked(
+    as_role: dict[str, asyncpg.Connection], conn: asyncpg.Connection, jobs: dict[str, int]
+) -> None:
+    """(0036) alice may only read reports: cancel of a finished run there answered with
+    the run's state (`run N is failed, only queued or paused runs can be cancelled`), as
+    resolve of a run not unresolved and pause_run of a paused one (answered 'paused').
+    Each is refused on permission first, as a write to a queued run was."""
+    alice = as_role["alice"]
+    failed = await aio(conn.fetchval)(
+        "SELECT id FROM coordinator.runs WHERE job_id = $1 AND status = 'failed'",
+        jobs["reports/a"],
+    )
+    rec = await define(
+        conn, "scan", namespace="reports", target={"kind": "worker", "type": "t"},
+        recoverable=True,
+    )  # fmt: skip
+    paused = await aio(conn.fetchval)(
+        "INSERT INTO coordinator.runs (job_id, trigger, status, started_at, paused_at) "
+        "VALUES ($1, 'manual', 'paused', now(), now()) RETURNING id",
+        rec,
+    )
+    before = await aio(conn.fetch)("SELECT id, status FROM coordinator.runs ORDER BY id")
+    for sql, run_id in (
+        ("SELECT coordinator.cancel($1)", failed),
+        ("SELECT coordinator.resolve($1, 'failed')", failed),
+        ("SELECT coordinator.pause_run($1)", paused),
+        ("SELECT coordinator.cancel($1)", paused),
+    ):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match=DENIED_REPORTS) as info:
+            await aio(alice.execute)(sql, run_id)
+        assert "may only read" in (info.value.detail or ""), sql
+    with pytest.raises(PermissionDenied):
+        await aio(client.cancel_run)(alice, failed)
+    assert await aio(conn.fetch)("SELECT id, status FROM coordinator.runs ORDER BY id") == before
+    # Where alice may write, the run's state still decides.
+    billing_failed = await aio(conn.fetchval)(
+        "SELECT id FROM coordinator.runs WHERE job_id = $1 AND status = 'failed'",
+        jobs["billing/a"],
+    )
+    with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError, match="only queued or paused"):
+        await aio(alice.execute)("SELECT coordinator.cancel($1)", billing_failed)
+    # And a run alice cannot read is unknown, not refused.
+    ops_failed = await aio(conn.fetchval)(
+        "SELECT id FROM coordinator.runs WHERE job_id = $1 AND status = 'failed'",
+        jobs["ops/a"],
+    )
+    with pytest.raises(asyncpg.NoDataFoundError, match=f"unknown run {ops_failed}"):
+        await aio(alice.execute)("SELECT coordinator.cancel($1)", ops_failed)
+
+
 async def test_the_python_client_says_permission_denied(
     as_role: dict[str, asyncpg.Connection], jobs: dict[str, int]
 ) -> None:
