@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import pytest
 import trio
 
 from coordinator.db import aio
@@ -541,15 +542,25 @@ async def test_batches_read_their_own_rows_while_many_runs_are_outstanding(
         await aio(observer.close)()
 
 
+@pytest.mark.parametrize("recoverable", [True, False])
 async def test_a_paused_run_changed_while_the_batch_waits_for_it_gives_way_to_a_new_run(
-    conn: asyncpg.Connection, database: str, nursery: Any
+    conn: asyncpg.Connection, database: str, nursery: Any, recoverable: bool
 ) -> None:
     # _claim finds the paused run under its row lock; if another session changed it
     # meanwhile (here: cancelled it), there is no paused run and the deadline inserts a
     # new one. The set-based path decides "resume" before it locks that run, so it must
-    # notice the change and insert too.
-    j = await job(conn, "paused-run", target=WORKER, recoverable=True)
-    paused = await run(conn, j, "paused", trigger="schedule", scheduled_for=DUE, started_at=DUE)
+    # notice the change and insert too. (Not recoverable: the run the batch meant to
+    # restart from scratch, 0036, keeps what it had, findings included.)
+    j = await job(conn, "paused-run", target=WORKER, recoverable=recoverable)
+    paused = await run(
+        conn, j, "paused", trigger="schedule", scheduled_for=DUE, started_at=DUE,
+        cursor={"i": 1}, resumes=1,
+    )  # fmt: skip
+    await aio(conn.execute)(
+        "INSERT INTO coordinator.findings (run_id, kind, resource_id, severity) "
+        "VALUES ($1, 'old', 'r1', 'warning')",
+        paused,
+    )
     other = await job(conn, "due")
     blocker = await aio(asyncpg.connect)(database)
     daemon = await aio(asyncpg.connect)(
@@ -591,3 +602,121 @@ async def test_a_paused_run_changed_while_the_batch_waits_for_it_gives_way_to_a_
         await aio(conn.fetch)("SELECT id, status FROM coordinator.runs WHERE job_id = $1", j)
     )
     assert statuses == {paused: "cancelled", rows[0]["run_id"]: "running"}
+    kept = await aio(conn.fetchrow)(
+        "SELECT cursor, resumes, started_at, (SELECT count(*) FROM coordinator.findings f "
+        "WHERE f.run_id = r.id) AS findings FROM coordinator.runs r WHERE id = $1",
+        paused,
+    )
+    assert tuple(kept) == ('{"i": 1}', 1, DUE, 1)
+
+
+async def test_a_run_whose_job_is_no_longer_recoverable_is_claimed_from_scratch(
+    conn: asyncpg.Connection,
+) -> None:
+    """(0036) A paused run of a job redefined without `recoverable` runs from the start:
+    the worker executor hands it no cursor. The claim still counted a resume and kept
+    the old cursor, counter, progress and findings, so `runs show` read as a resume from
+    that cursor. Now such a run is claimed as one never started, by both paths alike; a
+    recoverable job's resume and a plain run are claimed as before."""
+    old = {
+        "started_at": DUE - timedelta(hours=1),
+        "cursor": {"i": 9},
+        "count": 9,
+        "resumes": 1,
+        "progress": json.dumps({"percent": 40}),
+        "last_progress_at": DUE,
+        "finding_counts": json.dumps({"warning": 1}),
+    }
+    manual = {"schedule_kind": "manual", "schedule": None, "next_run_at": None}
+    runs: dict[str, int] = {}
+    j = await job(conn, "triggered", target=WORKER, **manual)
+    runs["triggered"] = await run(conn, j, "queued", **old)
+    items = [claim_item(j, runs["triggered"])]
+    j = await job(conn, "ticked", target=WORKER)
+    runs["ticked"] = await run(
+        conn, j, "paused", trigger="schedule", scheduled_for=DUE - timedelta(minutes=1),
+        paused_at=DUE, error_message="paused by operator", **old,
+    )  # fmt: skip
+    items.append(claim_item(j))
+    # A recoverable job's retry carries the failed attempt's cursor and counter; the
+    # job is no longer recoverable: from scratch too.
+    j = await job(conn, "retried", target=WORKER, retries=2, **manual)
+    runs["retried"] = await run(
+        conn, j, "queued", trigger="retry", attempt=2, cursor={"i": 3}, count=3
+    )
+    items.append(claim_item(j, runs["retried"]))
+    # Unchanged: a recoverable job's resume, and a plain run.
+    j = await job(conn, "recoverable", target=WORKER, recoverable=True, **manual)
+    runs["recoverable"] = await run(conn, j, "queued", **old)
+    items.append(claim_item(j, runs["recoverable"]))
+    j = await job(conn, "plain", target=WORKER, **manual)
+    runs["plain"] = await run(conn, j, "queued")
+    items.append(claim_item(j, runs["plain"]))
+    for name in ("triggered", "ticked", "recoverable"):
+        await aio(conn.execute)(
+            "INSERT INTO coordinator.findings (run_id, kind, resource_id, severity) "
+            "VALUES ($1, 'old', 'r1', 'warning')",
+            runs[name],
+        )
+    for n, item in enumerate(items):
+        item["i"] = n
+    payload = (json.dumps(items), "test", WORKERS)
+
+    # The same rows by both paths (the set-based one taken: no _claim call).
+    rows, each_state, many_state, calls = await both_paths(
+        conn, CLAIM_EACH, CLAIM_MANY, payload, "_claim"
+    )
+    assert calls == 0
+    assert many_state == each_state
+    assert [r["reason"] for r in rows] == [None] * 5
+
+    for sql in (CLAIM_EACH, CLAIM_MANY):
+        tx = conn.transaction()
+        await aio(tx.start)()
+        try:
+            answer = {r["run_id"]: r for r in await aio(conn.fetch)(sql, *payload)}
+            now = await aio(conn.fetchval)("SELECT now()")
+            after = {
+                r["id"]: r
+                for r in await aio(conn.fetch)(
+                    "SELECT id, status, started_at, cursor, count, resumes, progress, "
+                    "last_progress_at, finding_counts, paused_at FROM coordinator.runs"
+                )
+            }
+            findings = set(
+                await aio(conn.fetchval)(
+                    "SELECT coalesce(array_agg(run_id), '{}') FROM coordinator.findings"
+                )
+            )
+        finally:
+            await aio(tx.rollback)()
+        fresh = {
+            "status": "running",
+            "started_at": now,
+            "cursor": None,
+            "count": None,
+            "resumes": 0,
+            "progress": None,
+            "last_progress_at": None,
+            "finding_counts": None,
+            "paused_at": None,
+        }
+        for name in ("triggered", "ticked", "retried"):
+            row = after[runs[name]]
+            assert {k: row[k] for k in fresh} == fresh, (sql, name)
+            # What the daemon is handed says the same: nothing to resume from.
+            claimed = answer[runs[name]]
+            assert (claimed["cursor"], claimed["count"], claimed["resumes"]) == (None, None, 0)
+        row = after[runs["recoverable"]]
+        assert (row["started_at"], row["cursor"], row["count"], row["resumes"]) == (
+            old["started_at"],
+            '{"i": 9}',
+            9,
+            2,
+        ), sql
+        assert row["finding_counts"] == old["finding_counts"]
+        assert answer[runs["recoverable"]]["cursor"] == '{"i": 9}'
+        assert after[runs["plain"]]["started_at"] == now
+        assert after[runs["plain"]]["resumes"] == 0
+        # The old handler's findings go with the restart; a resume keeps its own.
+        assert findings == {runs["recoverable"]}, sql
