@@ -574,8 +574,10 @@ async def test_define_job_refuses_a_commands_params_no_environment_variable_hold
         overhead = params_env_size(fitting)
         per_char = params_env_size({"k": filler}) - params_env_size({"k": ""})
         fitting["k"] = filler * ((ENV_STRING_MAX - overhead) // per_char)
-        assert params_env_size(fitting) <= ENV_STRING_MAX < params_env_size(
-            {**fitting, "k": fitting["k"] + filler}
+        assert (
+            params_env_size(fitting)
+            <= ENV_STRING_MAX
+            < params_env_size({**fitting, "k": fitting["k"] + filler})
         )
         await _define(conn, name="fits", params=json.dumps(fitting))
         error = await refused(
