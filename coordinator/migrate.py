@@ -132,11 +132,14 @@ async def migrate(conn: Connection, migrations: list[Migration] | None = None) -
 
 
 def _lost(conn: Connection, exc: BaseException) -> bool:
-    """``exc`` is the connection going away (not a statement's error): the server or the
-    session gone (SQLSTATE classes 08 and 57, e.g. ``pg_terminate_backend``), the socket
-    broken, or asyncpg's refusal to go on with a closed connection."""
+    """``exc`` is the connection going away (not a statement's error): the connection
+    broken (SQLSTATE class 08), the server shutting down or the session terminated
+    (57P01-57P03, e.g. ``pg_terminate_backend``), the socket broken, or asyncpg's
+    refusal to go on with a closed connection. Not a statement cancelled (57014: a
+    ``statement_timeout``, which running it again would meet again)."""
     if isinstance(exc, asyncpg.PostgresError):
-        return str(exc.sqlstate or "")[:2] in ("08", "57")
+        state = str(exc.sqlstate or "")
+        return state[:2] == "08" or state in ("57P01", "57P02", "57P03") or conn.is_closed()
     if isinstance(exc, (OSError, asyncpg.ConnectionDoesNotExistError)):
         return True
     return isinstance(exc, asyncpg.InterfaceError) and conn.is_closed()

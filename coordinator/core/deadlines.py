@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 #: Below this many heap entries, stale ones are never worth a rebuild.
 _COMPACT_FLOOR = 64
+#: Entries :meth:`DeadlineSet.first_where` walks best-first before it scans instead.
+_WALK_BUDGET = 256
 
 
 @attrs.define(eq=False)
@@ -139,24 +141,37 @@ class DeadlineSet:
 
     def first_where(self, accept: Callable[[int], bool]) -> tuple[float, int] | None:
         """``(at, job_id)`` of the earliest deadline whose job ``accept`` takes, or
-        ``None``. The heap is walked best-first (a second, small heap of the nodes
-        reached), so the cost grows with the deadlines ahead of the answer, not with
-        all of them: a scoped token's status asks for its namespaces' next deadline
-        among a million armed (it scanned them all, one request at a time)."""
+        ``None``: a scoped token's status asks for its namespaces' next deadline among
+        a million armed.
+
+        The heap is walked best-first (a second, small heap of the nodes reached) for
+        at most :data:`_WALK_BUDGET` entries, so an answer near the top costs that walk
+        and not a scan; past the budget (the answer is late, or there is none) one
+        linear pass over the live deadlines finishes it. A best-first walk of the whole
+        heap, stale copies included, cost 23 s at a million where the pass takes 0.3 s
+        (the review of 02f7bd5 measured it)."""
         heap = self._heap
         live = self._live
         if not heap:
             return None
         frontier: list[tuple[tuple[float, int], int]] = [(heap[0], 0)]
         size = len(heap)
-        while frontier:
+        for _ in range(_WALK_BUDGET):
+            if not frontier:
+                return None
             entry, index = heapq.heappop(frontier)
             if live.get(entry[1]) is entry and accept(entry[1]):
                 return entry
             for child in (2 * index + 1, 2 * index + 2):
                 if child < size:
                     heapq.heappush(frontier, (heap[child], child))
-        return None
+        if not frontier:
+            return None
+        best: tuple[float, int] | None = None
+        for entry in live.values():
+            if (best is None or entry < best) and accept(entry[1]):
+                best = entry
+        return best
 
     def items(self) -> Iterator[tuple[int, float]]:
         """``(job_id, at)`` pairs in no particular order; do not mutate while iterating."""

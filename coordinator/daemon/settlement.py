@@ -217,9 +217,11 @@ class Settlement:
                 self._failed(entry, exc, event="settle.retry_failed", say=say, pause=FLUSH_PAUSE)
                 entry.flush_said = entry.error
             else:
-                # A background retry's failure once the flush has begun is the stop
-                # cutting it short (the flush tries and says for itself).
-                self._failed(entry, exc, event="settle.retry_failed", say=not self._flushing)
+                # A background retry's failure during a flush, or after one that saved or
+                # spooled the result, is the stop cutting it short (the flush tries and
+                # says for itself).
+                mine = not self._flushing and self._held.get(entry.result.run_id) is entry
+                self._failed(entry, exc, event="settle.retry_failed", say=mine)
             return None
         self._release(entry.result)
         result = entry.result
@@ -270,9 +272,17 @@ class Settlement:
         came before the spool write (a tester's stop took 91 s under a 3 s stop
         timeout). A try cut short may still land; the spooled copy is then found
         already saved at the next start."""
-        self._flushing = True
         if not self._held:
             return FlushReport()
+        self._flushing = True
+        try:
+            return await self._flush(deadline)
+        finally:
+            # (A result held after this flush, by a settlement still in flight, is
+            # retried in the background again until the stop's last flush.)
+            self._flushing = False
+
+    async def _flush(self, deadline: float) -> FlushReport:
         first = True
         spool_said: str | None = None
         while self._held:

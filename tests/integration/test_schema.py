@@ -441,3 +441,25 @@ async def test_a_migrate_whose_connection_is_lost_says_which_file_and_what_to_do
     finally:
         await aio(admin.execute)(f"DROP DATABASE {name} WITH (FORCE)")
         await aio(admin.close)()
+
+
+async def test_a_migrate_cut_by_statement_timeout_is_not_called_a_lost_connection(
+    pg_server: Any, aio_loop: Any
+) -> None:
+    """A statement_timeout (57014) leaves the connection alive, and running the migrate
+    again would meet it again: it is not "connection lost ... run it again"."""
+    name = pg_server.new_database_name()
+    admin = await _connect(pg_server.admin_dsn)
+    await aio(admin.execute)(f"CREATE DATABASE {name}")
+    try:
+        c = await aio(asyncpg.connect)(
+            pg_server.dsn(name), server_settings={"statement_timeout": "200ms"}
+        )
+        files = [migrate_mod.Migration(name="0001_slow.sql", sql="SELECT pg_sleep(2)")]
+        with pytest.raises(asyncpg.QueryCanceledError):
+            await migrate_mod.migrate(c, files)
+        assert await aio(c.fetchval)("SELECT 1") == 1
+        await aio(c.close)()
+    finally:
+        await aio(admin.execute)(f"DROP DATABASE {name} WITH (FORCE)")
+        await aio(admin.close)()
