@@ -323,6 +323,10 @@ class _Conn:
     scope: TokenScope | None = None
     #: Declarations being synced for it (cancelled when it goes).
     declaring: set[trio.CancelScope] = attrs.field(factory=set)
+    #: Declarations waiting for the one being synced: applied one at a time, in the
+    #: order they came, each answered in that order (two synced at once each missed the
+    #: other's rows; a tester's finding).
+    declares: collections.deque[Declare] = attrs.field(factory=collections.deque)
     #: run id -> call in flight (its slot is taken until the result).
     calls: dict[int, _Call] = attrs.field(factory=dict)
     finished: collections.OrderedDict[int, None] = attrs.field(factory=collections.OrderedDict)
@@ -1115,23 +1119,32 @@ class WorkerExecutor:
         if self.hooks is None or self._nursery is None:
             conn.send(Declared(namespace=namespace, ok=False, error="the daemon is starting"))
             return
+        conn.declares.append(declare)
+        if conn.declaring:
+            return  # (its task takes this one after the ones before it)
         scope = trio.CancelScope()
         conn.declaring.add(scope)
-        self._nursery.start_soon(self._declare, conn, declare, scope)
+        self._nursery.start_soon(self._declare, conn, scope)
 
-    async def _declare(self, conn: _Conn, declare: Declare, scope: trio.CancelScope) -> None:
+    async def _declare(self, conn: _Conn, scope: trio.CancelScope) -> None:
+        """Sync the connection's declarations one after the other, in order."""
         assert self.hooks is not None
         assert conn.worker is not None
         try:
             with scope:
-                try:
-                    reply = await self.hooks.declare(declare, conn.worker)
-                except Exception as exc:  # the daemon's bug; keep serving
-                    self.events.log.error(
-                        "worker.declare_failed", worker=conn.worker, error=repr(exc)
-                    )
-                    reply = Declared(namespace=declare.namespace, ok=False, error="internal error")
-                conn.send(reply)
+                while conn.declares:
+                    declare = conn.declares[0]
+                    try:
+                        reply = await self.hooks.declare(declare, conn.worker)
+                    except Exception as exc:  # the daemon's bug; keep serving
+                        self.events.log.error(
+                            "worker.declare_failed", worker=conn.worker, error=repr(exc)
+                        )
+                        reply = Declared(
+                            namespace=declare.namespace, ok=False, error="internal error"
+                        )
+                    conn.declares.popleft()
+                    conn.send(reply)
         finally:
             conn.declaring.discard(scope)
 

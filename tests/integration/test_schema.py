@@ -463,3 +463,43 @@ async def test_a_migrate_cut_by_statement_timeout_is_not_called_a_lost_connectio
     finally:
         await aio(admin.execute)(f"DROP DATABASE {name} WITH (FORCE)")
         await aio(admin.close)()
+
+
+async def test_two_syncs_of_one_namespace_go_one_after_the_other(
+    conn: asyncpg.Connection, database: str
+) -> None:
+    """The second sync waits for the first to commit and applies its whole set over it:
+    overlapping syncs each missed the other's rows (the namespace ended with both sets
+    active)."""
+    target = json.loads(EXEC)
+    first = json.dumps([{"name": "a", "schedule_kind": "manual", "target": target}])
+    second = json.dumps([{"name": "b", "schedule_kind": "manual", "target": target}])
+    other = await _connect(database, app="tests-second-sync")
+    done = trio.Event()
+
+    async def later() -> None:
+        await aio(other.fetch)("SELECT * FROM coordinator.sync('both', $1::jsonb)", second)
+        done.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            async with transaction(conn):
+                await aio(conn.fetch)("SELECT * FROM coordinator.sync('both', $1::jsonb)", first)
+                nursery.start_soon(later)
+                with trio.fail_after(10):
+                    while not await aio(conn.fetchval)(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE application_name = 'tests-second-sync'"
+                        " AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+                    ):
+                        await trio.sleep(0.02)
+                assert not done.is_set()
+            # The first committed: the second goes now.
+            with trio.fail_after(10):
+                await done.wait()
+    finally:
+        await aio(other.close)()
+    rows = await aio(conn.fetch)(
+        "SELECT name, paused FROM coordinator.jobs WHERE namespace = 'both' ORDER BY name"
+    )
+    assert [(r["name"], r["paused"]) for r in rows] == [("a", True), ("b", False)]

@@ -747,3 +747,41 @@ def test_the_sdk_checks_what_it_can_before_connecting() -> None:
     run: Callable[..., Any] = worker.run
     with pytest.raises(ValueError, match=r"Worker\(namespace=\.\.\.\)"):
         trio.run(run, "/nonexistent.sock")
+
+
+async def test_declarations_in_a_row_are_applied_in_order_the_last_one_whole(
+    start_daemon: StartDaemon, conn: asyncpg.Connection
+) -> None:
+    """A raw worker that declares twice in a row (its configuration reloaded) ends with
+    its second set: the two were synced at once, and the namespace ended with the union
+    of both or the older set active (a tester's finding, 5 runs of 5)."""
+    harness = await start_daemon()
+    where = harness.daemon.executors["worker"].socket_path  # type: ignore[attr-defined]
+    hello = Hello(worker="reloader", types=("x.a", "x.b"), capacity=1)
+    first = tuple(
+        DeclaredJob(name=f"a{i}", job_type="x.a", schedule="every", expression="1h")
+        for i in range(200)
+    )
+    second = (DeclaredJob(name="b", job_type="x.b", schedule="manual"),)
+    answers: list[Any] = []
+    async with await trio.open_unix_socket(str(where)) as stream:
+        await stream.send_all(
+            encode(hello)
+            + encode(Declare(namespace="reload", jobs=first))
+            + encode(Declare(namespace="reload", jobs=second))
+        )
+        buffer = b""
+        with trio.fail_after(30):
+            while sum(type(a).__name__ == "Declared" for a in answers) < 2:
+                data = await stream.receive_some(65536)
+                assert data, answers
+                buffer += data
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    answers.append(parse_from_daemon(line))
+    declared = [a for a in answers if type(a).__name__ == "Declared"]
+    # Answered in the order they came.
+    assert [(d.ok, d.created, d.paused) for d in declared] == [(True, 200, 0), (True, 1, 200)]
+    jobs = await jobs_of(conn, "reload")
+    assert sorted(n for n, j in jobs.items() if not j["paused"]) == ["b"]
+    assert len(jobs) == 201
