@@ -445,9 +445,52 @@ async def trio_asyncio_loop() -> AsyncIterator[Any]:
 def _tune(loop: Any) -> None:
     """Spare trio-asyncio's loop task the steps it takes for asyncpg: the callbacks that
     may run as they are scheduled do (:func:`_call_at_once`), and I/O tasks watch again
-    as soon as their callback ran (:func:`_watch_at_once`). Idempotent."""
+    as soon as their callback ran (:func:`_watch_at_once`); and have asyncpg's abandoned
+    TLS negotiations leave no unread failure behind (:func:`_read_abandoned_ssl_answers`).
+    Idempotent."""
     _call_at_once(loop)
     _watch_at_once(loop)
+    _read_abandoned_ssl_answers()
+
+
+def _read_abandoned_ssl_answers() -> None:
+    """Have asyncpg's ``TLSUpgradeProto`` read its own failure when nobody else will.
+
+    Over TCP (``sslmode`` ``prefer``, the default, and up) asyncpg opens every connection
+    -- ours, and the side connection that carries a statement's CancelRequest -- with a
+    protocol whose ``on_data`` future is failed by ``connection_lost()`` ("unexpected
+    connection_lost() call") if the server has not answered the SSLRequest yet. The
+    opening coroutine awaits that future only once ``loop.create_connection()`` has
+    returned: cancelled in the rounds before that, its transport is closed, the future
+    fails, and nobody ever reads it. Two things cancel it there: our own cancellations
+    of a connect (a stop, a deadline: the daemon's stop cancelling the lock session's
+    reconnection after a server restart, seen in a test), and asyncpg itself, which
+    cancels a connection's CancelRequest task when that connection is lost (a server
+    stop, a terminated backend) or closed. The future's garbage collection then reports
+    "Future exception was never retrieved", which trio-asyncio's loop raises into its own
+    nursery: the daemon (or a test) failed for a connection nobody was waiting for.
+
+    The subclass reads the failure as it sets it (``exception()`` only marks it read; a
+    coroutine still waiting for the future gets it as before). Process-wide, once:
+    asyncpg looks the class up by name when it connects."""
+    from asyncpg import connect_utils
+
+    base = getattr(connect_utils, "TLSUpgradeProto", None)
+    if not isinstance(base, type) or getattr(base, "_reads_abandoned_answer", False):
+        return  # (done already, or an asyncpg whose negotiation this does not know)
+
+    class TLSUpgradeProto(base):  # type: ignore[misc,valid-type]
+        _reads_abandoned_answer = True
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            on_data = getattr(self, "on_data", None)
+            if isinstance(on_data, asyncio.Future) and on_data.done() and not on_data.cancelled():
+                on_data.exception()
+
+    TLSUpgradeProto.__qualname__ = base.__qualname__
+    TLSUpgradeProto.__module__ = base.__module__
+    connect_utils.TLSUpgradeProto = TLSUpgradeProto
 
 
 def transaction(conn: Connection, **kwargs: Any) -> Any:
