@@ -1029,12 +1029,17 @@ def _read_progress(obj: dict[str, Any]) -> Progress:
         raise ProtocolError(
             f"progress: 'mode' must be one of {', '.join(PROGRESS_MODES)}, not {_shown(mode)}"
         )
+    # Progress is advisory: an over-long label or message is cut to its limit, as the
+    # SDK cuts it, not a protocol error that drops the connection and every call on it
+    # (a raw worker that put an exception's text there lost them all; a tester's finding).
+    label = _optional(obj, "progress", "label", str)
+    message = _optional(obj, "progress", "message", str)
     return Progress(
         run=_field(obj, "progress", "run", int),
         mode=mode,
         percent=_optional(obj, "progress", "percent", (int, float)),
-        label=_optional(obj, "progress", "label", str),
-        message=_optional(obj, "progress", "message", str),
+        label=None if label is None else label[:MAX_LABEL],
+        message=None if message is None else message[:MAX_MESSAGE],
     )
 
 

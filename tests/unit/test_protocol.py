@@ -12,6 +12,7 @@ from coordinator.protocol import (
     MAX_CAPACITY,
     MAX_CURSOR,
     MAX_FINDINGS,
+    MAX_LABEL,
     MAX_LINE,
     MAX_MESSAGE,
     NO_CURSOR,
@@ -501,3 +502,16 @@ def test_line_buffer_full_size_line() -> None:
     for chunk in chunks:
         out += buf.feed(chunk)
     assert out == [line[:-1]]
+
+
+def test_a_raw_workers_long_progress_text_is_cut_not_refused() -> None:
+    """Progress is advisory: a label or message over its limit is cut, as the SDK cuts
+    it; it was a protocol error that dropped the connection and every call on it."""
+    line = json.dumps(
+        {"v": 1, "type": "progress", "run": 7, "mode": "step", "label": "l" * 300,
+         "message": "m" * 600}
+    )  # fmt: skip
+    progress = parse(line)
+    assert isinstance(progress, Progress)
+    assert progress.label == "l" * MAX_LABEL
+    assert progress.message == "m" * MAX_MESSAGE
