@@ -72,6 +72,7 @@ from ..model import CheckpointWrite, Cursor
 from ..model import Finding as FindingRecord
 from ..protocol import (
     CATEGORIES,
+    MAX_CAPACITY,
     MAX_LINE,
     NO_CURSOR,
     Bye,
@@ -158,6 +159,11 @@ PROGRESS_LOG_LIMIT: Final = 50
 #: Finished run ids remembered per connection, so late messages about them are ignored
 #: rather than refused as "never given".
 FINISHED_MEMORY: Final = 4096
+#: Workers gone (disconnected, not replaced) whose last runs are remembered for the
+#: connection they come back on (:attr:`WorkerExecutor._gone`), and the finished runs
+#: kept for each beside the calls they had in flight.
+GONE_MEMORY: Final = 1024
+GONE_FINISHED: Final = 64
 #: Longest a single progress or checkpoint write may take before it is abandoned (seconds).
 SAVE_LIMIT: Final = 10.0
 #: Most findings one checkpoint write carries (a larger backlog takes several writes; the
@@ -467,6 +473,13 @@ class WorkerExecutor:
     _conns: dict[tuple[str | None, str], _Conn] = attrs.field(factory=dict, init=False)
     #: Connections that said ``bye`` and still have calls in flight.
     _draining: set[_Conn] = attrs.field(factory=set, init=False)
+    #: A gone connection's place -> the runs it had in flight or just finished: a worker
+    #: that comes back with the same id and delivers a result it finished meanwhile is
+    #: told nothing (the run ended ``crashed`` when it went), instead of being refused
+    #: "never given" and losing every call of its new connection (a tester's finding).
+    _gone: collections.OrderedDict[tuple[str | None, str], tuple[int, ...]] = attrs.field(
+        factory=collections.OrderedDict, init=False
+    )
     #: job type -> total capacity of the registered workers serving it.
     _capacity: dict[str, int] = attrs.field(factory=dict, init=False)
     #: What :meth:`capacities` reports: :attr:`_capacity`, but nothing once detached
@@ -1052,6 +1065,8 @@ class WorkerExecutor:
         # ids are listed to admin tokens, and a hello with another tenant's id replaced
         # that tenant's worker and failed its calls.
         old = self._conns.pop(_key(conn), None)
+        for run_id in self._gone.pop(_key(conn), ()):
+            conn.remember(run_id)  # (a connection that went before this one came)
         if old is not None:
             # Runs the old connection had (or just finished) are not "never given" here.
             for run_id in [*old.finished, *old.calls]:
@@ -1291,6 +1306,14 @@ class WorkerExecutor:
         registered = conn.worker is not None and self._conns.get(_key(conn)) is conn
         if registered:
             del self._conns[_key(conn)]
+        if conn.worker is not None and reason != "replaced":
+            # (A replaced one's runs went to its replacement at its hello.)
+            finished = list(conn.finished)[-GONE_FINISHED:]
+            self._gone[_key(conn)] = (*self._gone.pop(_key(conn), ()), *finished, *conn.calls)[
+                -(GONE_FINISHED + MAX_CAPACITY) :
+            ]
+            while len(self._gone) > GONE_MEMORY:
+                self._gone.popitem(last=False)
         calls = list(conn.calls.values())
         conn.calls.clear()
         if lost is None and error is not None and reason == "rejected":

@@ -632,3 +632,54 @@ async def test_a_stop_during_the_wait_for_a_busy_worker_socket_stops_at_once(
         squatter.close()
     assert not harness.daemon.ready.is_set()
     assert harness.named("stopped")
+
+
+async def test_a_result_delivered_on_the_connection_a_worker_came_back_on_is_ignored(
+    start_daemon: StartDaemon, conn: asyncpg.Connection
+) -> None:
+    """A raw worker that lost its connection mid-call, came back with the same id and
+    delivered the result it finished meanwhile was refused ("result for run N, which this
+    connection was never given") and lost every call of its new connection."""
+    from coordinator import client
+
+    await define(conn, "raw", target={"kind": "worker", "type": "raw"})
+    harness = await start_daemon()
+
+    async def connect() -> trio.SocketStream:
+        stream = await trio.open_unix_socket(str(socket_of(harness)))
+        hello = {"v": 1, "type": "hello", "worker": "raw-1", "types": ["raw"], "capacity": 1}
+        await stream.send_all(json.dumps(hello).encode() + b"\n")
+        return stream
+
+    async def next_call(stream: trio.SocketStream) -> dict[str, Any]:
+        received = b""
+        with trio.fail_after(10):
+            while True:
+                for line in received.split(b"\n")[:-1]:
+                    message = json.loads(line)
+                    if message["type"] == "call":
+                        return message  # type: ignore[no-any-return]
+                    assert message["type"] == "welcome", message
+                data = await stream.receive_some(65536)
+                assert data, received
+                received += data
+
+    first = await connect()
+    run_id = await aio(client.trigger)(conn, "raw")
+    assert (await next_call(first))["run"] == run_id
+    await first.aclose()  # gone mid-call: the run ends crashed
+    event = (await harness.wait_event("job.run", run=run_id))[0]
+    assert event["outcome"] == "failed"
+    second = await connect()
+    await harness.wait_event("worker.connected", worker="raw-1", count=2)
+    late = {"v": 1, "type": "result", "run": run_id, "ok": True}
+    await second.send_all(json.dumps(late).encode() + b"\n")
+    # The new connection goes on: its next call comes, and its result is saved.
+    again = await aio(client.trigger)(conn, "raw")
+    assert (await next_call(second))["run"] == again
+    await second.send_all(json.dumps({**late, "run": again}).encode() + b"\n")
+    event = (await harness.wait_event("job.run", run=again))[0]
+    assert event["outcome"] == "succeeded"
+    assert harness.named("worker.rejected") == []
+    assert harness.named("worker.late_message", run=run_id)
+    await second.aclose()
