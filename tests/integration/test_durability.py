@@ -333,3 +333,40 @@ async def test_requeueing_skips_a_job_triggered_meanwhile_and_a_lost_lead(
         "ON j.id = r.job_id WHERE r.status = 'queued' ORDER BY j.name"
     )
     assert [(r["name"], r["trigger"]) for r in queued] == [("a", "retry"), ("b", "manual")]
+
+
+async def test_a_database_restart_leaves_a_live_leader_leading_beside_its_standby(
+    start_daemon: StartDaemon, private_cluster: Cluster, fault_db: str, tmp_path: Path
+) -> None:
+    """A restart ends every session at once: the standby, back first, took the lock
+    (3 times of 3 for a tester), the healthy leader stepped down and its running command
+    was stopped. The standby now lets the leader try first."""
+    started = tmp_path / "started"
+    conn = await _connect(fault_db)
+    await define(
+        conn,
+        "slow",
+        target={"kind": "exec", "argv": ["sh", "-c", f"touch {started}; sleep 6"]},
+    )
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'slow')")
+    await aio(conn.close)()
+    # (The standby retries every half second, the leader on the default backoff: the
+    # standby is back first unless it lets the leader try.)
+    leader = await start_daemon(dsn=fault_db)
+    standby = await start_daemon(dsn=fault_db, retry_cap=0.5, wait_ready=False)
+    await standby.wait_event("standby")
+    with trio.fail_after(15):
+        while not started.exists():
+            await trio.sleep(0.05)
+    await trio.to_thread.run_sync(private_cluster.stop, "fast")
+    await trio.sleep(2.5)  # (the leader's backoff grows meanwhile)
+    await trio.to_thread.run_sync(private_cluster.start)
+    await leader.wait_event("leadership.regained", timeout=20)
+    await standby.wait_event("standby", count=2, timeout=20)
+    await leader.wait_event("job.run", run=run_id, outcome="succeeded", timeout=20)
+    assert leader.named("leadership.lost") == []
+    assert not leader.done.is_set()
+    assert standby.named("standby.yielding")
+    assert not standby.daemon.ready.is_set()
+    rows = await _query(fault_db, "SELECT status FROM coordinator.runs WHERE id = $1", run_id)
+    assert rows[0]["status"] == "succeeded"
