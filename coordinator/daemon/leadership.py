@@ -34,7 +34,7 @@ from ..log import EventLog
 from ..store import Store
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
 
 def _nothing() -> None:
@@ -104,10 +104,13 @@ class Leadership:
         *,
         on_standby: Callable[[], None] = _nothing,
         on_unavailable: Callable[[BaseException, float], None] | None = None,
+        standing_by: Callable[[], Awaitable[None]] | None = None,
     ) -> bool:
         """Take the lock, standing by silently while another daemon holds it and retrying
         with backoff while the database is unreachable. ``False`` if ``stop`` was set
-        first."""
+        first. ``standing_by`` runs beside the wait each time this daemon stands by, and
+        is cancelled when the lock is taken (the daemon's spool replay: its results are
+        saved while it waits, not only once it leads)."""
         attempt = 0
         #: The last waiting session ended: a leader may be taking its lock back.
         yielding = False
@@ -138,6 +141,8 @@ class Leadership:
                 with trio.CancelScope() as scope:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(_cancel_when_set, stop, scope)
+                        if standing_by is not None:
+                            nursery.start_soon(standing_by)
                         try:
                             await self.store.wait_lead(self.conn)
                         except CoordinatorError as exc:

@@ -486,7 +486,10 @@ class Daemon:
         while True:
             try:
                 acquired = await self.leadership.acquire(
-                    self._stop, on_standby=self._on_standby, on_unavailable=self._on_unavailable
+                    self._stop,
+                    on_standby=self._on_standby,
+                    on_unavailable=self._on_unavailable,
+                    standing_by=self._replay_standing_by,
                 )
             except ConfigError as exc:  # a DSN no connection can be made with
                 self.log.error("startup.refused", error=str(exc))
@@ -1094,6 +1097,21 @@ class Daemon:
     def _on_standby(self) -> None:
         self._set_phase("standby")
         self.log.info("standby", instance=self.instance)
+
+    async def _replay_standing_by(self) -> None:
+        """A standby with a spool saves it while it waits: results a daemon spooled at
+        its stop were seen only once it led again, and their runs, swept ``unresolved``
+        by the leader meanwhile, were alerted as crashes and might be retried by hand
+        (a tester's finding). Each is saved over that mark (``settle.late``: the leader
+        is woken and re-arms the job) or said ``settle.superseded``, as an old leader's
+        late result is. Nothing is sent without a spool (a standby stays silent)."""
+        if not self.settlement.spool.path.exists():
+            return
+        self.log.info("standby.spool", spool=str(self.settlement.spool.path))
+        try:
+            await self.settlement.replay()
+        except CoordinatorError as exc:  # the next stand-by (or the start) tries again
+            self.log.warning("standby.spool_failed", error=one_line(exc))
 
     def _on_unavailable(self, exc: BaseException, delay: float) -> None:
         self.log.warning("startup.database_unavailable", error=one_line(exc), retry_s=delay)

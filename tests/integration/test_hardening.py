@@ -480,3 +480,42 @@ async def test_the_daemons_sessions_ask_the_server_to_probe_them_too(
     finally:
         await close_quietly(daemon)
         await close_quietly(cli)
+
+
+async def test_a_standby_saves_its_spool_while_it_waits(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, database: str, tmp_path: Path
+) -> None:
+    """A daemon that spooled a result at its stop and came back as a standby kept it
+    unseen until it led again, while the leader's sweep had marked the run unresolved
+    and alerted a crash (a tester's finding). It is saved over that mark now, while the
+    standby waits; a standby without a spool stays silent."""
+    from coordinator.store import LOCK_CLASS, LOCK_OBJECT
+
+    held = await _running_result(conn, "spooled")
+    # The leader's sweep marked it (the daemon that spooled it was gone).
+    await aio(conn.execute)(
+        "UPDATE coordinator.runs SET status = 'unresolved', finished_at = now(),"
+        " error_message = 'lost: swept' WHERE id = $1",
+        held.run_id,
+    )
+    spool_path = tmp_path / "state" / "spool.jsonl"
+    Spool(spool_path).append([held])
+    holder = await aio(asyncpg.connect)(database)
+    try:
+        await aio(holder.fetchval)("SELECT pg_advisory_lock($1, $2)", LOCK_CLASS, LOCK_OBJECT)
+        standby = await start_daemon(spool_path=spool_path, wait_ready=False)
+        await standby.wait_event("standby")
+        await standby.wait_event("spool.replayed", timeout=15)
+        assert standby.named("settle.late", run=held.run_id)
+        row = await aio(conn.fetchrow)(
+            "SELECT status FROM coordinator.runs WHERE id = $1", held.run_id
+        )
+        assert row["status"] == "succeeded"
+        assert not spool_path.exists()
+        assert not standby.daemon.ready.is_set()
+        # Without a spool, standing by again says and sends nothing more.
+        other = await start_daemon(spool_path=tmp_path / "none.jsonl", wait_ready=False)
+        await other.wait_event("standby")
+        assert other.named("standby.spool") == []
+    finally:
+        await aio(holder.close)()
