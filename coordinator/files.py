@@ -12,6 +12,7 @@ Layering: stdlib only.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
 from typing import TYPE_CHECKING
@@ -23,6 +24,40 @@ if TYPE_CHECKING:
 #: The mode of a state directory made here: others may pass through it (the embedded
 #: PostgreSQL's user reaches its data below it), not list or write it.
 STATE_DIR_MODE = 0o711
+#: In a state directory: the ``flock`` its daemon holds, with that daemon's pid.
+DAEMON_LOCK = "daemon.lock"
+
+
+class StateDirInUse(Exception):
+    """Another daemon holds the state directory (:func:`hold_state_dir`)."""
+
+
+def hold_state_dir(state_dir: Path) -> int:
+    """Hold ``state_dir`` for this daemon for as long as the returned descriptor is open
+    (an exclusive ``flock`` on its :data:`DAEMON_LOCK`, which the kernel drops however
+    the process ends), or raise :class:`StateDirInUse` naming the daemon that holds it.
+
+    Two daemons sharing one state directory share its spool, alert outbox and command
+    ledger: a tester's same-host pair sent an alert twice (both resumed one outbox), and
+    either could clear the other's spool."""
+    make_state_dir(state_dir)
+    path = state_dir / DAEMON_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StateDirInUse(
+            f"state directory {state_dir} is in use by another daemon (pid {holder}): give "
+            "each daemon a state directory of its own (state_dir, COORDINATOR_STATE_DIR)"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def make_state_dir(path: Path) -> None:

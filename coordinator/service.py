@@ -31,6 +31,7 @@ from .events import EventBus
 from .executors import ExecExecutor
 from .executors.ledger import CommandLedger
 from .executors.worker import WorkerExecutor, default_socket_path
+from .files import StateDirInUse, hold_state_dir
 from .log import EventLog, Level
 from .protocol import is_loopback
 from .schedule import parse_prune_at
@@ -357,6 +358,25 @@ async def serve(
     redact.install(config.redactor())  # before anything is logged, stored or served
     log = log if log is not None else event_log(config)
     preflight(config)
+    try:
+        held = hold_state_dir(config.state_dir)
+    except StateDirInUse as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        return await _serve_held(config, dsn=dsn, notify=notify, migrate=migrate, log=log)
+    finally:
+        os.close(held)
+
+
+async def _serve_held(
+    config: Config,
+    *,
+    dsn: str,
+    notify: Callable[[str], None] | None,
+    migrate: bool,
+    log: EventLog,
+) -> int:
+    """:func:`serve` once its state directory is held."""
     for caution in cautions(config):
         log.warning("startup.caution", reason=caution)
     daemon = build_daemon(

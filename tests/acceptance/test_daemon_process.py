@@ -487,3 +487,21 @@ def test_systemd_notify_ready_status_stopping(database: str, tmp_path: Path) -> 
         receiver.close()
     # Without WATCHDOG_USEC there is no watchdog ping: nothing periodic at all.
     assert not any(m.startswith("WATCHDOG") for m in messages)
+
+
+def test_a_second_daemon_on_the_same_state_directory_is_refused(
+    daemons: Any, tmp_path: Path
+) -> None:
+    """Two daemons sharing a state directory share its spool and alert outbox: a
+    tester's same-host pair sent an alert twice. The second is refused before it
+    connects (exit 2, one line naming the first); a standby needs its own."""
+    state = ["--state-dir", str(tmp_path / "state")]
+    first = daemons("d1", *state)
+    first.wait_event("ready")
+    second = daemons("d2", *state)
+    assert second.proc.wait(20) == 2
+    said = second.log_path.read_text()
+    assert (
+        f"state directory {tmp_path / 'state'} is in use by another daemon (pid {first.proc.pid})"
+    ) in said, said
+    assert first.proc.poll() is None

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from coordinator.files import private_text, write_private
+import pytest
+
+from coordinator.files import StateDirInUse, hold_state_dir, private_text, write_private
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -39,3 +41,21 @@ def test_a_shared_file_or_a_link_is_not_read_as_private(tmp_path: Path) -> None:
 def test_a_fifo_in_its_place_is_not_waited_on(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo", 0o600)
     assert private_text(tmp_path / "fifo") is None  # (opening it blocked, without a writer)
+
+
+def test_a_state_directory_is_held_by_one_daemon_at_a_time(tmp_path: Path) -> None:
+    """Two daemons sharing one state directory share its spool and alert outbox (a
+    tester's same-host pair sent an alert twice): the second is refused, naming the
+    first, and the directory is free again once the first lets go."""
+    state = tmp_path / "new" / "state"
+    first = hold_state_dir(state)
+    try:
+        with pytest.raises(StateDirInUse) as refused:
+            hold_state_dir(state)
+        assert str(refused.value) == (
+            f"state directory {state} is in use by another daemon (pid {os.getpid()}): give "
+            "each daemon a state directory of its own (state_dir, COORDINATOR_STATE_DIR)"
+        )
+    finally:
+        os.close(first)
+    os.close(hold_state_dir(state))
