@@ -178,8 +178,9 @@ FOUND_LIMIT: Final = 10_000
 
 @attrs.define(eq=False)
 class Alerter:
-    """Alerts for failures (see the module docstring). A daemon companion: it runs
-    while the daemon leads, and gets a bounded time to deliver what is pending at stop."""
+    """Alerts for failures (see the module docstring). A daemon companion: it runs from
+    the daemon's start (a standby delivers its outbox) and gets a bounded time to deliver
+    what is pending at stop."""
 
     store: WindowStore
     events: EventBus

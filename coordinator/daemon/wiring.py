@@ -141,9 +141,9 @@ class DaemonSettings:
 
 
 class Companion(Protocol):
-    """A task that lives while the daemon leads, beside the loop (alert delivery):
-    started once the daemon is ready, given until a deadline to finish its work at stop,
-    then cancelled before the daemon's connections close."""
+    """A task that lives beside the loop (alert delivery): started before the daemon
+    seeks the lock (a standby delivers what its outbox kept), given until a deadline to
+    finish its work at stop, then cancelled before the daemon's connections close."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled."""
@@ -482,6 +482,16 @@ class Daemon:
         return status
 
     async def _lead_and_serve(self, nursery: trio.Nursery) -> int:
+        # The companions start before the lock is sought: a standby delivers the alerts
+        # its last run left in its outbox (a tester's failover lost a webhook retrying at
+        # the leader's death: the new leader, with its own state directory, never saw
+        # it, and its open window kept that job's next alerts quiet for hours). A
+        # standby has no runs: nothing else wakes them, and nothing is sent without an
+        # outbox.
+        if not self._companions_started:
+            self._companions_started = True
+            for companion in self.companions:
+                await nursery.start(companion.run)
         attempt = 0
         while True:
             try:
@@ -496,7 +506,10 @@ class Daemon:
                 self._last_words.append(str(exc))
                 return EXIT_CONFIG
             if not acquired:
-                return EXIT_OK  # stopped while standing by (or before the database answered)
+                # Stopped while standing by (or before the database answered): the
+                # outbox's deliveries get their time, as at a leader's stop.
+                await self._finish_companions()
+                return EXIT_OK
             try:
                 await self._start_up(nursery)
                 break
@@ -520,10 +533,6 @@ class Daemon:
                 if self._stop.is_set():
                     return EXIT_OK
         nursery.start_soon(self._keep_lead)
-        if not self._companions_started:
-            self._companions_started = True
-            for companion in self.companions:
-                await nursery.start(companion.run)
         self.pruner.arm()
         self._set_phase("ready")
         self.ready.set()

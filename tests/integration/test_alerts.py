@@ -433,3 +433,54 @@ async def test_an_alert_a_stop_abandons_is_sent_by_the_next_start(
         f"default/flaky run {run_id} failed (email: its sink is no longer configured)"
     )
     assert not outbox.exists()
+
+
+async def test_a_standby_sends_what_its_outbox_kept(
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    database: str,
+    smtp: SmtpServer,
+    receiver: HttpReceiver,
+    tmp_path: Any,
+) -> None:
+    """At a failover the new leader keeps its own outbox: an email still retrying when
+    the old leader stopped was sent only once that daemon led again (and the open window
+    kept the job's next alerts quiet meanwhile; a tester's finding). The old one, back
+    as a standby, sends it."""
+    import asyncpg
+
+    from coordinator.store import LOCK_CLASS, LOCK_OBJECT
+
+    await define(conn, "flaky", target=FAIL)
+    outbox = tmp_path / "state" / "alerts-outbox.jsonl"
+    smtp.stop()
+    first = await start_daemon(
+        alert_sinks=sinks(smtp, receiver),
+        alert_window=WINDOW,
+        stop_timeout=1.0,
+        build={"alert_outbox": outbox},
+    )
+    alerter(first).retry_first = 60.0
+    run_id = await fail_once(conn, first)
+    await first.wait_event("alert.failed", sink="email", run=run_id)
+    await first.stop()
+    assert outbox.exists()
+    smtp.start()
+    holder = await aio(asyncpg.connect)(database)  # another daemon leads
+    try:
+        await aio(holder.fetchval)("SELECT pg_advisory_lock($1, $2)", LOCK_CLASS, LOCK_OBJECT)
+        standby = await start_daemon(
+            alert_sinks=sinks(smtp, receiver),
+            alert_window=WINDOW,
+            build={"alert_outbox": outbox},
+            wait_ready=False,
+        )
+        await standby.wait_event("standby")
+        await standby.wait_event("alert.sent", sink="email", run=run_id)
+        assert not outbox.exists()
+        assert not standby.daemon.ready.is_set()
+        (mail,) = smtp.messages
+        assert mail["X-Coordinator-Run"] == str(run_id)
+        await standby.stop()
+    finally:
+        await aio(holder.close)()
