@@ -79,6 +79,7 @@ from .protocol import (
     MAX_LABEL,
     MAX_LINE,
     MAX_MESSAGE,
+    MAX_NAME,
     NO_CURSOR,
     Bye,
     Call,
@@ -768,6 +769,13 @@ class Worker:
         """
         if not isinstance(job_type, str) or not job_type.strip():
             raise ValueError("a job type must be a non-empty string")
+        if len(job_type) > MAX_NAME:
+            # (Here, where the decorator names it: it passed every check before, and the
+            # daemon's hello refused it at the first connect, in a traceback.)
+            raise ValueError(
+                f"job type {job_type[:40]!r}... is {len(job_type)} characters long; the "
+                f"limit is {MAX_NAME}"
+            )
         declared = _declared(
             job_type,
             name=name,
@@ -815,6 +823,18 @@ class Worker:
         before its trio run, where the error would come wrapped in an exception group.)"""
         if not self._handlers:
             raise ValueError("no job types: register handlers with @worker.job(TYPE)")
+        # What the daemon's hello would refuse, refused here: it passed, and the first
+        # connect failed in a traceback of 38 lines (exit 1, not 2).
+        if not self.worker_id.strip():
+            raise ValueError("the worker id must not be empty")
+        if len(self.worker_id) > MAX_NAME:
+            raise ValueError(
+                f"the worker id is {len(self.worker_id)} characters long; the limit is {MAX_NAME}"
+            )
+        try:
+            Hello(worker=self.worker_id, types=self.types, capacity=self.capacity)
+        except ProtocolError as exc:  # (more types than a hello may list, say)
+            raise ValueError(str(exc)) from None
         if self._declared and self.namespace is None:
             raise ValueError(
                 "handlers declare schedules ("

@@ -1116,6 +1116,51 @@ def test_the_command_says_in_one_line_why_the_worker_cannot_serve(
     sys.modules.pop("cw_app_scheduled", None)
 
 
+LONG_TYPE_MODULE = """
+from coordinator.worker import Worker
+
+worker = Worker("cli-worker")
+
+
+@worker.job("reports." + "x" * 193)
+async def long_type(ctx):
+    return None
+"""
+
+
+def test_a_worker_id_or_job_type_the_hello_would_refuse_is_one_line_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An id or a type over 200 characters passed the start-up checks, and the first
+    connect ended the command with a 38-line exception-group traceback, exit 1 (a bad
+    capacity: one line, exit 2). Refused before anything connects, as a capacity is."""
+    (tmp_path / "cw_app_ids.py").write_text(textwrap.dedent(WORKER_MODULE))
+    (tmp_path / "cw_app_long_type.py").write_text(textwrap.dedent(LONG_TYPE_MODULE))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert main(["cw_app_ids:worker", "--socket", "/nonexistent", "--id", "x" * 201]) == 2
+    assert capsys.readouterr().err == (
+        "coordinator worker: the worker id is 201 characters long; the limit is 200\n"
+    )
+    assert main(["cw_app_long_type:worker", "--socket", "/nonexistent"]) == 2
+    assert capsys.readouterr().err == (
+        "coordinator worker: job type 'reports.xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... is 201 "
+        "characters long; the limit is 200\n"
+    )
+    embedded = Worker(" ")
+    embedded.job("t")(echo_handler)
+    with pytest.raises(ValueError, match=r"^the worker id must not be empty$"):
+        embedded._check()
+    embedded.worker_id = "x" * 200  # (the limit itself is fine)
+    embedded._check()
+    for module in ("cw_app_ids", "cw_app_long_type"):
+        sys.modules.pop(module, None)
+
+
+async def echo_handler(ctx: Context) -> None:
+    return None
+
+
 def test_a_demo_s_directory_names_its_worker_socket(tmp_path: Path) -> None:
     from coordinator.worker import _address, build_parser
 
