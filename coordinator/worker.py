@@ -714,6 +714,8 @@ class Worker:
     _handlers: dict[str, Handler] = attrs.field(factory=dict, init=False)
     _declared: dict[str, DeclaredJob] = attrs.field(factory=dict, init=False)
     _stop: trio.Event | None = attrs.field(default=None, init=False)
+    #: :meth:`stop` was called while no :meth:`run` served: the next one returns at once.
+    _stop_early: bool = attrs.field(default=False, init=False)
     #: The daemon's last refusal of this worker, said once at ERROR until it changes or
     #: the worker is welcomed (it retried every 30 s, an ERROR line each time, forever).
     _refused: str | None = attrs.field(default=None, init=False)
@@ -846,9 +848,14 @@ class Worker:
 
     def stop(self) -> None:
         """Leave cleanly: say ``bye`` (no new calls), let running calls finish and send
-        their results, then make :meth:`run` return."""
+        their results, then make :meth:`run` return. Called while no :meth:`run` serves
+        (a shutdown asked for during start-up), it makes the next :meth:`run` return at
+        once, without connecting."""
         if self._stop is not None:
             self._stop.set()
+        else:
+            # (It did nothing: the run that followed served for good.)
+            self._stop_early = True
 
     async def run(
         self,
@@ -859,7 +866,8 @@ class Worker:
         server_hostname: str | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Serve until :meth:`stop` (or cancellation): a path is the daemon's Unix
+        """Serve until :meth:`stop` (or cancellation; a :meth:`stop` before it makes it
+        return at once, without connecting): a path is the daemon's Unix
         socket, ``(host, port)`` its TCP listener (which needs ``token``), over TLS with
         ``tls`` (a client context: :func:`tls_context`; the certificate must name
         ``server_hostname``, default the host). ``task_status.started()`` once the
@@ -872,6 +880,25 @@ class Worker:
                 self.namespace,
             )
         stop = self._stop = trio.Event()
+        if self._stop_early:
+            self._stop_early = False
+            stop.set()
+        try:
+            await self._serve(address, stop, token, tls, server_hostname, task_status)
+        finally:
+            self._stop = None  # (a stop() from now on is for the next run)
+        logger.info("worker %s stopped", self.worker_id)
+
+    async def _serve(
+        self,
+        address: str | os.PathLike[str] | tuple[str, int],
+        stop: trio.Event,
+        token: str | None,
+        tls: ssl.SSLContext | None,
+        server_hostname: str | None,
+        task_status: trio.TaskStatus[None],
+    ) -> None:
+        """Connect, serve, and reconnect with backoff, until ``stop`` is set."""
         attempt = 0
         started = False
         where = address if isinstance(address, tuple) else os.fspath(address)
@@ -898,7 +925,6 @@ class Worker:
             logger.info("reconnecting in %gs", delay)
             with trio.move_on_after(delay):
                 await stop.wait()
-        logger.info("worker %s stopped", self.worker_id)
 
     # -- one connection ------------------------------------------------------------------
 

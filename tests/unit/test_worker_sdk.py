@@ -992,6 +992,30 @@ async def test_stop_before_welcome_returns(sock_path: Path) -> None:
             assert await peer.recv() is None
 
 
+async def test_a_stop_before_the_run_makes_it_return_at_once(sock_path: Path) -> None:
+    """A program that handled a shutdown during its start-up, calling stop() before
+    run(), got a worker that served for good: the stop was lost."""
+    worker = echo_worker()
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon:
+            worker.stop()
+            await worker.run(sock_path)  # returns, without connecting
+            with trio.move_on_after(0.2):
+                await daemon.accept()
+                pytest.fail("run() connected after stop()")
+            # A run after that serves again, until its own stop.
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(worker.run, sock_path)
+                peer = await daemon.accept()
+                await peer.welcome()
+                worker.stop()
+                assert await peer.recv() == {"type": "bye"}
+                await peer.stream.aclose()
+            # A stop between two runs is the next run's, as before the first.
+            worker.stop()
+            await worker.run(sock_path)
+
+
 async def test_started_after_the_first_welcome(sock_path: Path) -> None:
     events = io.StringIO()
     with trio.fail_after(GUARD):
