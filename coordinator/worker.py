@@ -346,7 +346,8 @@ class Context:
         checkpoint. A recoverable run saves both (at most one write every couple of
         seconds: a crash replays at most that much); the findings reported before it are
         sent first. Raises ``ValueError`` if the cursor is not JSON or too large, or the
-        count not an integer."""
+        count not an integer or negative (the counter only grows)."""
+        _check_delta(count, "checkpoint")
         message = Checkpoint(run=self.run_id, cursor=cursor, count=count)
         async with self._send_lock:
             await self._send_findings()
@@ -369,8 +370,13 @@ class Context:
         id (reporting it again, as a resumed run replaying its last batch does, changes
         nothing). Batched: sent with others at most :data:`FINDINGS_SPACING` later, and
         always before the next checkpoint and the result. Raises ``ValueError`` for an
-        unknown severity, an empty or too long kind or resource id, or a detail that is
+        unknown severity, an empty or too long kind, a resource id that is not a string or
+        an integer (``None``: not ``"None"``) or is empty or too long, or a detail that is
         not a JSON object of at most 16 KiB."""
+        if not isinstance(resource_id, str | int) or isinstance(resource_id, bool):
+            # (str() made None "None": every row whose id a typo lost became one finding.)
+            shown = repr(resource_id)[:100]
+            raise ValueError(f"finding: 'resource_id' must be a string or an integer, not {shown}")
         item = FindingItem(
             kind=kind,
             resource_id=str(resource_id),
@@ -460,6 +466,16 @@ class Context:
                 await self._send_findings()
         finally:
             self._findings_flushing = False
+
+
+def _check_delta(count: object, what: str) -> None:
+    """A recoverable run's counter only grows: a delta may not be negative (the protocol
+    takes one, and the counter went down)."""
+    if isinstance(count, int) and not isinstance(count, bool) and count < 0:
+        raise ValueError(
+            f"{what}: 'count' is {count}: it says how much the run's counter grew, and the "
+            "counter only grows (0 or more)"
+        )
 
 
 def _check_capacity(_inst: object, _attr: object, value: object) -> None:
@@ -1168,7 +1184,7 @@ class Worker:
             elif isinstance(value, Paused):
                 result = _paused(ctx.run_id, value)
             else:
-                result = _result(ctx.run_id, value)
+                result = _result(ctx.run_id, value, delta=ctx.recoverable)
         except Paused as paused:
             result = _paused(ctx.run_id, paused)
         except BaseException as exc:
@@ -1257,9 +1273,10 @@ def tls_context(
     return context
 
 
-def _result(run_id: int, value: object) -> Result | bytes:
+def _result(run_id: int, value: object, *, delta: bool = False) -> Result | bytes:
     """The result for what a handler returned (a bad value is a failure): a success as
-    its line, encoded once to check its size and sent as it is."""
+    its line, encoded once to check its size and sent as it is. ``delta``: the count is
+    a last delta of a recoverable run's counter, which only grows."""
     try:
         count: Any = None
         extra: Any = None
@@ -1286,6 +1303,8 @@ def _result(run_id: int, value: object) -> Result | bytes:
                 "a handler returns None, a count, (count, extra) or a dict, "
                 f"not {type(value).__name__}"
             )
+        if delta:
+            _check_delta(count, "result")
         # Anything JSON cannot say (datetimes, decimals, ...) in extra becomes its str().
         line = encode_success(run_id, count, extra)
         size = len(line) - 1
@@ -1304,6 +1323,7 @@ def _result(run_id: int, value: object) -> Result | bytes:
 def _paused(run_id: int, paused: Paused) -> Result:
     """The result of a handler that paused (at its cursor, or at its last checkpoint)."""
     try:
+        _check_delta(paused.count, "pause")
         return Result(run=run_id, ok=True, paused=True, cursor=paused.cursor, count=paused.count)
     except ValueError as exc:  # a cursor that is not JSON or too large, a bad count
         return Result(run=run_id, ok=False, error=_clip(f"bad pause: {exc}"))

@@ -1485,11 +1485,19 @@ async def test_bad_findings_and_checkpoints_raise_value_errors(sock_path: Path) 
             lambda: ctx.finding("k", "r", detail=[1]),  # type: ignore[arg-type]
             lambda: ctx.checkpoint({"big": "z" * 16384}),
             lambda: ctx.checkpoint(1, count=2**63),
+            # Recorded as resource "None" (rows whose id a typo lost became one finding),
+            # and the counter that "only grows" went down.
+            lambda: ctx.finding("k", None),  # type: ignore[arg-type]
+            lambda: ctx.finding("k", 1.5),  # type: ignore[arg-type]
+            lambda: ctx.finding("k", True),
+            lambda: ctx.checkpoint(1, count=-25),
         ):
             try:
                 await bad()
             except ValueError as exc:
                 errors.append(str(exc))
+        await ctx.finding("k", 7)  # an int is fine: sent as a string
+        await ctx.checkpoint(1, count=0)
         return len(errors)
 
     with trio.fail_after(GUARD):
@@ -1498,7 +1506,11 @@ async def test_bad_findings_and_checkpoints_raise_value_errors(sock_path: Path) 
             peer = await daemon.accept()
             await peer.welcome()
             await peer.call(5, recoverable=True)
-            assert await peer.recv() == {"type": "result", "run": 5, "ok": True, "count": 7}
+            assert (await peer.recv() or {})["findings"] == [
+                {"kind": "k", "resource_id": "7", "severity": "info"}
+            ]
+            assert await peer.recv() == {"type": "checkpoint", "run": 5, "cursor": 1, "count": 0}
+            assert await peer.recv() == {"type": "result", "run": 5, "ok": True, "count": 11}
             assert errors == [
                 "finding: 'severity' must be one of info, warning, error, data_loss, not 'fatal'",
                 "finding: 'kind' is longer than 200 characters",
@@ -1507,7 +1519,51 @@ async def test_bad_findings_and_checkpoints_raise_value_errors(sock_path: Path) 
                 "finding: 'detail' must be a JSON object, not [1]",
                 "checkpoint: 'cursor' is 16394 bytes as JSON; the limit is 16384",
                 "checkpoint: 'count' must be a 64-bit integer, not 9223372036854775808",
+                "finding: 'resource_id' must be a string or an integer, not None",
+                "finding: 'resource_id' must be a string or an integer, not 1.5",
+                "finding: 'resource_id' must be a string or an integer, not True",
+                "checkpoint: 'count' is -25: it says how much the run's counter grew, and the "
+                "counter only grows (0 or more)",
             ]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_recoverable_runs_last_delta_may_not_be_negative(sock_path: Path) -> None:
+    """A recoverable job's returned count and a Paused count are last deltas of its
+    counter, which only grows; a plain job's count is its own number, negative or not."""
+    from coordinator.worker import Paused
+
+    worker = Worker("w")
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> Any:
+        if ctx.run_id == 2:
+            raise Paused(count=-2)
+        return -3
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1, recoverable=True)
+            returned = await peer.recv_type("result")
+            assert (returned["ok"], returned["error"]) == (
+                False,
+                "bad return value: result: 'count' is -3: it says how much the run's counter "
+                "grew, and the counter only grows (0 or more)",
+            )
+            await peer.call(2, recoverable=True)
+            paused = await peer.recv_type("result")
+            assert (paused["ok"], paused["error"]) == (
+                False,
+                "bad pause: pause: 'count' is -2: it says how much the run's counter grew, "
+                "and the counter only grows (0 or more)",
+            )
+            await peer.call(3)
+            assert await peer.recv_type("result") == {
+                "type": "result", "run": 3, "ok": True, "count": -3,
+            }  # fmt: skip
             nursery.cancel_scope.cancel()
 
 
