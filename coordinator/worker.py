@@ -1308,14 +1308,28 @@ def _result(run_id: int, value: object, *, delta: bool = False) -> Result | byte
         # Anything JSON cannot say (datetimes, decimals, ...) in extra becomes its str().
         line = encode_success(run_id, count, extra)
         size = len(line) - 1
+    # The handler did its work; only its answer cannot go on the wire, and a retry would
+    # do the work again to end the same: not retried, as the daemon's call whose args do
+    # not fit (it was, with the job's retries: the work done three times for --retries 2).
     except (TypeError, ValueError, RecursionError) as exc:
-        return Result(run=run_id, ok=False, error=_clip(f"bad return value: {exc}"))
+        return Result(
+            run=run_id,
+            ok=False,
+            error=_clip(f"bad return value: {exc}; not retried"),
+            retryable=False,
+            category="invalid-input",
+        )
     if size > MAX_LINE:
         return Result(
             run=run_id,
             ok=False,
             count=count,
-            error=f"result of {size} bytes exceeds the {MAX_LINE}-byte limit",
+            error=(
+                f"result of {size} bytes exceeds the {MAX_LINE}-byte limit (return large "
+                "output by reference); not retried"
+            ),
+            retryable=False,
+            category="invalid-input",
         )
     return line
 

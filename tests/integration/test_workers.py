@@ -683,3 +683,54 @@ async def test_a_result_delivered_on_the_connection_a_worker_came_back_on_is_ign
     assert harness.named("worker.rejected") == []
     assert harness.named("worker.late_message", run=run_id)
     await second.aclose()
+
+
+async def test_a_result_that_cannot_be_sent_is_not_retried(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """A handler that did its work but returns more than a line holds, or a value JSON
+    cannot encode, failed as any failure does: with --retries 2 its work was done three
+    times, to end the same each time. Not retried, as a call whose args do not fit; a
+    plain failure beside them still is."""
+    retry = {"retries": 2, "retry_backoff": timedelta(milliseconds=50)}
+    ids = {
+        name: await define(conn, name, target={"kind": "worker", "type": name}, **retry)
+        for name in ("big", "badkey", "flaky")
+    }
+    harness = await start_daemon(jitter=lambda: 0.0)
+    worker = Worker(worker_id="answers", capacity=4)
+    calls: list[str] = []
+
+    @worker.job("big")
+    async def big(ctx: Context) -> dict[str, Any]:
+        calls.append(ctx.job)
+        return {"blob": "x" * 70_000}
+
+    @worker.job("badkey")
+    async def badkey(ctx: Context) -> dict[Any, Any]:
+        calls.append(ctx.job)
+        return {(1, 2): "a tuple key"}
+
+    @worker.job("flaky")
+    async def flaky(ctx: Context) -> None:
+        calls.append(ctx.job)
+        if ctx.attempt == 1:
+            raise RuntimeError("try again")
+
+    await run_worker(nursery, worker, harness)
+    for name in ids:
+        await aio(conn.fetchval)("SELECT coordinator.trigger('default', $1)", name)
+    # The plain failure's retry, due as soon as any retry of the others would be.
+    await harness.wait_event("job.run", job="default/flaky", outcome="succeeded")
+    await harness.wait_event("job.run", count=4)
+    for name in ("big", "badkey"):
+        [row] = await runs_of(conn, ids[name])
+        assert (row["status"], row["category"], row["retryable"]) == (
+            "failed",
+            "invalid-input",
+            False,
+        )
+        assert row["error_message"].endswith("; not retried")
+        assert row["error_message"].startswith("result of 700" if name == "big" else "bad")
+    assert sorted(calls) == ["badkey", "big", "flaky", "flaky"]
+    worker.stop()

@@ -231,6 +231,8 @@ async def test_bad_return_values_are_failures(sock_path: Path, value: Any, expec
             result = await peer.recv_type("result")
             assert result["ok"] is False
             assert expected in result["error"]
+            # The handler's work is done; a retry would do it again to end the same.
+            assert (result["retryable"], result["category"]) == (False, "invalid-input")
             nursery.cancel_scope.cancel()
 
 
@@ -1551,7 +1553,7 @@ async def test_a_recoverable_runs_last_delta_may_not_be_negative(sock_path: Path
             assert (returned["ok"], returned["error"]) == (
                 False,
                 "bad return value: result: 'count' is -3: it says how much the run's counter "
-                "grew, and the counter only grows (0 or more)",
+                "grew, and the counter only grows (0 or more); not retried",
             )
             await peer.call(2, recoverable=True)
             paused = await peer.recv_type("result")
