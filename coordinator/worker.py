@@ -225,6 +225,11 @@ class _Session:
     #: The socket's descriptor when lines may be written to it directly (a plain
     #: socket, not TLS).
     fd: int | None = None
+    #: The worker declares its jobs on this connection: it is accepted once the daemon
+    #: answered the declaration, not at its welcome (a refusal comes after that).
+    declaring: bool = False
+    #: The id the daemon welcomed, until the worker is accepted (then ``None``).
+    welcomed_as: str | None = None
 
     @property
     def welcomed(self) -> bool:
@@ -733,7 +738,8 @@ class Worker:
     #: :meth:`stop` was called while no :meth:`run` served: the next one returns at once.
     _stop_early: bool = attrs.field(default=False, init=False)
     #: The daemon's last refusal of this worker, said once at ERROR until it changes or
-    #: the worker is welcomed (it retried every 30 s, an ERROR line each time, forever).
+    #: the worker is accepted (welcomed, and its declaration answered); it retried every
+    #: 30 s, an ERROR line each time, forever.
     _refused: str | None = attrs.field(default=None, init=False)
     #: SIGINT arrives as a signal here (``coordinator worker`` receives it), never as a
     #: ``KeyboardInterrupt``: one a handler raises is then its own, one call's failure.
@@ -966,6 +972,7 @@ class Worker:
                 # a declaration that every job of the namespace is gone: a worker given
                 # its namespace for no schedule paused every job of it, SQL-defined
                 # commands included (a helper's finding, 2026-12-02).
+                session.declaring = True
                 await session.send(Declare(namespace=self.namespace, jobs=self.declared))
             try:
                 try:
@@ -1031,23 +1038,36 @@ class Worker:
                 message = parse_from_daemon(line)
                 if isinstance(message, Welcome):
                     session.welcomed_at = trio.current_time()
-                    self._refused = None
-                    logger.info(
-                        "connected as %s: %s (capacity %d)",
-                        message.worker,
-                        ", ".join(self.types),
-                        self.capacity,
-                    )
+                    session.welcomed_as = message.worker
+                    if not session.declaring:
+                        self._accepted(session)
                     welcomed()
                 elif isinstance(message, Call):
                     self._on_call(session, message, nursery)
                 elif isinstance(message, Cancel):
                     self._on_cancel(session, message, nursery)
                 elif isinstance(message, Declared):
+                    self._accepted(session)
                     self._on_declared(message)
                 elif isinstance(message, Error):
                     self._say_error(message.message)
                     return
+
+    def _accepted(self, session: _Session) -> None:
+        """The daemon welcomed this worker and, if it declares, answered the declaration:
+        connected. (Said at the welcome alone, a worker whose declaration the daemon then
+        refused said "connected as" at every retry, and the refusal at ERROR each time:
+        the welcome forgot it just before it came again.)"""
+        if session.welcomed_as is None:
+            return
+        logger.info(
+            "connected as %s: %s (capacity %d)",
+            session.welcomed_as,
+            ", ".join(self.types),
+            self.capacity,
+        )
+        session.welcomed_as = None
+        self._refused = None
 
     def _say_error(self, said: str) -> None:
         """Log why the daemon ended the connection, as what it is: not every ``error``

@@ -920,6 +920,56 @@ async def test_the_same_refusal_is_an_error_once(
     ]
 
 
+async def test_a_refused_declaration_is_an_error_once_and_no_connection(
+    sock_path: Path, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The daemon welcomes a declaring worker, then refuses its declaration: the welcome
+    forgot the refusal just before it came again, so every retry said "connected as"
+    and the refusal at ERROR, each time promising info level from then on. Once at
+    ERROR, then info, and "connected as" only once the declaration is answered."""
+    caplog.set_level(logging.INFO, logger="coordinator.worker")
+    worker = Worker("w", namespace="reports")
+
+    @worker.job("reports.daily", every="1h")
+    async def daily(ctx: Context) -> None:
+        return None
+
+    refusal = REFUSALS[0]
+    async with fake_daemon(sock_path) as daemon:
+        with trio.fail_after(120):  # (trio's clock: the mock one here)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(worker.run, sock_path)
+                for _ in range(3):
+                    peer = await daemon.accept()
+                    await peer.welcome()
+                    assert (await peer.recv() or {})["type"] == "declare"
+                    await peer.send({"type": "error", "message": refusal})
+                    assert await peer.recv() is None
+                peer = await daemon.accept()  # the daemon's configuration allows it now
+                await peer.welcome()
+                assert (await peer.recv() or {})["type"] == "declare"
+                answer = {"created": 1, "updated": 0, "paused": 0, "unchanged": False}
+                await peer.send({"type": "declared", "namespace": "reports", "ok": True, **answer})
+                await trio.sleep(1)
+                await peer.send({"type": "error", "message": refusal})  # refused anew
+                assert await peer.recv() is None
+                nursery.cancel_scope.cancel()
+    said = [
+        (r.levelname, r.getMessage().split(":")[0])
+        for r in caplog.records
+        if "refused" in r.getMessage() or "connected as" in r.getMessage()
+    ]
+    assert said == [
+        ("ERROR", "the daemon refused this worker"),
+        ("INFO", "the daemon refused this worker again"),
+        ("INFO", "the daemon refused this worker again"),
+        ("INFO", "connected as w"),
+        ("ERROR", "the daemon refused this worker"),  # after it was accepted
+    ]
+    promises = [r for r in caplog.records if "from now on" in r.getMessage()]
+    assert len(promises) == 2
+
+
 async def test_error_from_the_daemon_means_reconnect(sock_path: Path) -> None:
     with trio.fail_after(GUARD):
         async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
