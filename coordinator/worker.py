@@ -230,6 +230,9 @@ class _Session:
     declaring: bool = False
     #: The id the daemon welcomed, until the worker is accepted (then ``None``).
     welcomed_as: str | None = None
+    #: The worker said ``bye``: a recoverable call is asked to pause, even one that
+    #: arrives after it (sent before the daemon read the ``bye``).
+    leaving: bool = False
 
     @property
     def welcomed(self) -> bool:
@@ -288,12 +291,15 @@ class Context:
     #: The run's counter so far (recoverable jobs; continued across pauses), updated by
     #: :meth:`checkpoint`; ``None`` until something was counted.
     count: int | None = None
-    #: Set when the daemon cancels the call (timeout, stop, or an operator's pause); the
-    #: handler is then cancelled too (after the worker's ``cancel_delay``; for a
-    #: recoverable job after ``pause_grace``, so it can end with :class:`Paused`).
+    #: Set when the daemon cancels the call (timeout, stop, or an operator's pause), and
+    #: for a recoverable job when the worker stops (:meth:`Worker.stop`); the handler is
+    #: then cancelled too (after the worker's ``cancel_delay``; for a recoverable job
+    #: after ``pause_grace``, so it can end with :class:`Paused`).
     cancelled: trio.Event = attrs.field(factory=trio.Event)
     #: Why the call was cancelled (``timeout``, ``stopping`` or ``pause``), once it was.
     cancel_reason: str | None = None
+    #: What the result of a call the worker's own stop cancelled says (else the reason).
+    _cancelled_because: str | None = attrs.field(default=None, repr=False)
     _session: _Session | None = attrs.field(default=None, repr=False)
     #: Orders findings before the checkpoint and the result that follow them.
     _send_lock: trio.Lock = attrs.field(factory=trio.Lock, repr=False)
@@ -627,6 +633,9 @@ class _Policies:
 ORPHAN_EXIT: Final = 70
 #: The limit ``coordinator worker`` sets.
 ORPHAN_LIMIT: Final = 10.0
+#: Seconds ``coordinator worker`` gives the calls a second signal cancelled to send their
+#: results before it drops the connection (a third signal drops it at once).
+HARD_STOP: Final = 2.0
 
 
 def _is_eof(cause: BaseException | None) -> bool:
@@ -737,6 +746,8 @@ class Worker:
     _stop: trio.Event | None = attrs.field(default=None, init=False)
     #: :meth:`stop` was called while no :meth:`run` served: the next one returns at once.
     _stop_early: bool = attrs.field(default=False, init=False)
+    #: The connection being served, if any.
+    _current: _Session | None = attrs.field(default=None, init=False)
     #: The daemon's last refusal of this worker, said once at ERROR until it changes or
     #: the worker is accepted (welcomed, and its declaration answered); it retried every
     #: 30 s, an ERROR line each time, forever.
@@ -869,10 +880,11 @@ class Worker:
             Declare(namespace=self.namespace, jobs=self.declared)  # checks the names
 
     def stop(self) -> None:
-        """Leave cleanly: say ``bye`` (no new calls), let running calls finish and send
-        their results, then make :meth:`run` return. Called while no :meth:`run` serves
-        (a shutdown asked for during start-up), it makes the next :meth:`run` return at
-        once, without connecting."""
+        """Leave cleanly: say ``bye`` (no new calls), ask recoverable calls to pause
+        (``ctx.cancelled``, reason ``stopping``, as a daemon stop does), let the others
+        finish and every call send its result, then make :meth:`run` return. Called
+        while no :meth:`run` serves (a shutdown asked for during start-up), it makes the
+        next :meth:`run` return at once, without connecting."""
         if self._stop is not None:
             self._stop.set()
         else:
@@ -955,14 +967,28 @@ class Worker:
     ) -> _Session:
         """Serve one connection until it closes; return it, to say how it went."""
         send, recv = trio.open_memory_channel[bytes](_OUTBOX)
-        session = _Session(
+        session = self._current = _Session(
             outbox=send,
             fd=stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None,
         )
+        try:
+            await self._serve_session(stream, token, welcomed, session, recv)
+        finally:
+            self._current = None
+        return session
+
+    async def _serve_session(
+        self,
+        stream: trio.abc.Stream,
+        token: str | None,
+        welcomed: Callable[[], None],
+        session: _Session,
+        recv: trio.MemoryReceiveChannel[bytes],
+    ) -> None:
         # (The orphans' watch ends after the nursery, once the cancelled calls ended.)
         async with _Orphans(self.orphan_limit) as orphans, stream, trio.open_nursery() as nursery:
             nursery.start_soon(_write_loop, stream, recv, nursery.cancel_scope)
-            nursery.start_soon(self._on_stop, session, nursery.cancel_scope)
+            nursery.start_soon(self._on_stop, session, nursery)
             hello = Hello(
                 worker=self.worker_id, types=self.types, capacity=self.capacity, token=token
             )
@@ -1009,7 +1035,6 @@ class Worker:
                 # and a cancel from outside alike.
                 orphans.arm(session.running)
             nursery.cancel_scope.cancel()
-        return session
 
     async def _read_loop(
         self,
@@ -1118,30 +1143,64 @@ class Worker:
         if declared.conflict is not None:
             logger.warning("schedules of %s: %s", declared.namespace, declared.conflict)
 
-    async def _on_stop(self, session: _Session, connection: trio.CancelScope) -> None:
+    async def _on_stop(self, session: _Session, nursery: trio.Nursery) -> None:
         """On :meth:`stop`: say ``bye`` and let the daemon close the connection once the
-        running calls have sent their results (or just hang up if not welcomed yet)."""
+        running calls have sent their results (or just hang up if not welcomed yet).
+        Recoverable calls are asked to pause, as the daemon's own stop does: a scan of
+        hours ran on, and kept the stopping worker up, until a second signal broke the
+        connection (``paused: worker W disconnected``, not at a boundary of its own)."""
         assert self._stop is not None
         await self._stop.wait()
         if not session.welcomed:
-            connection.cancel()
+            nursery.cancel_scope.cancel()
             return
-        logger.info("stopping: %d call(s) to finish", len(session.running))
+        session.leaving = True
+        pausing = [ctx.run_id for ctx, _ in session.running.values() if ctx.recoverable]
+        logger.info(
+            "stopping: %d call(s) to finish%s",
+            len(session.running),
+            f" (run(s) {', '.join(map(str, pausing))} asked to pause)" if pausing else "",
+        )
         await session.send(Bye())
+        for ctx, scope in list(session.running.values()):
+            if ctx.recoverable:
+                self._cancel_call(ctx, scope, nursery, "stopping")
 
     def _on_cancel(self, session: _Session, cancel: Cancel, nursery: trio.Nursery) -> None:
         running = session.running.get(cancel.run)
         if running is None:
             return  # finished meanwhile
         ctx, scope = running
+        self._cancel_call(ctx, scope, nursery, cancel.reason or "cancelled")
+
+    def _cancel_call(
+        self, ctx: Context, scope: trio.CancelScope, nursery: trio.Nursery, reason: str
+    ) -> None:
+        """Set ``ctx.cancelled`` and cancel the handler after its delay (a recoverable
+        one's ``pause_grace``, to pause by itself at a boundary)."""
         if ctx.cancelled.is_set():
             return  # asked before: its clock runs already
-        ctx.cancel_reason = cancel.reason or "cancelled"
+        ctx.cancel_reason = reason
         ctx.cancelled.set()
         delay = max(self.cancel_delay, self.pause_grace) if ctx.recoverable else self.cancel_delay
         if delay > 0:
             nursery.start_soon(_cancel_after, scope, delay)
         else:
+            scope.cancel()
+
+    def _cancel_running(self, why: str) -> None:
+        """Cancel every running call at once (a second signal), each to send its result
+        before the connection closes: a recoverable one pauses at its last checkpoint,
+        another fails saying ``why`` (category ``cancellation``). Dropping the
+        connection instead recorded them ``crashed``, ``worker W disconnected``."""
+        session = self._current
+        if session is None:
+            return
+        for ctx, scope in list(session.running.values()):
+            if not ctx.cancelled.is_set():
+                ctx.cancel_reason = "stopping"
+                ctx.cancelled.set()
+            ctx._cancelled_because = why
             scope.cancel()
 
     def _on_call(self, session: _Session, call: Call, nursery: trio.Nursery) -> None:
@@ -1175,6 +1234,8 @@ class Worker:
         ctx._nursery = nursery  # (the connection's: the call's delayed sends start there)
         scope = trio.CancelScope()
         session.running[call.run] = (ctx, scope)
+        if session.leaving and ctx.recoverable:
+            self._cancel_call(ctx, scope, nursery, "stopping")  # (sent before our bye)
         nursery.start_soon(self._serve_call, session, handler, ctx, scope)
 
     async def _serve_call(
@@ -1200,7 +1261,8 @@ class Worker:
                 # It did not pause by itself in time: paused at its last checkpoint.
                 result = Result(run=ctx.run_id, ok=True, paused=True)
             elif scope.cancelled_caught:
-                result = Result(run=ctx.run_id, ok=False, error=f"cancelled ({ctx.cancel_reason})")
+                said = ctx._cancelled_because or f"cancelled ({ctx.cancel_reason})"
+                result = Result(run=ctx.run_id, ok=False, error=said, category="cancellation")
             elif isinstance(value, Paused):
                 result = _paused(ctx.run_id, value)
             else:
@@ -1543,8 +1605,9 @@ class _Prepared:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``coordinator worker MODULE:OBJECT [--socket PATH | --tcp HOST:PORT]``: run the
-    worker until SIGINT/SIGTERM/SIGHUP (the first leaves cleanly, letting running calls finish;
-    a second one cancels them). Returns the exit status. Starts its own trio run; from
+    worker until SIGINT/SIGTERM/SIGHUP (the first leaves cleanly: recoverable calls are
+    asked to pause, the others finish; a second one cancels them, each sending its result;
+    a third drops the connection). Returns the exit status. Starts its own trio run; from
     inside one (trio or trio-asyncio) use :func:`amain`."""
     prepared = _prepare(argv)
     if isinstance(prepared, int):
@@ -1718,11 +1781,19 @@ async def _watch_signals(worker: Worker, everything: trio.CancelScope) -> None:
         count = 0
         async for signum in signals:
             count += 1
+            name = signal.Signals(signum).name
             if count == 1:
-                logger.info("%s: leaving cleanly", signal.Signals(signum).name)
+                logger.info("%s: leaving cleanly", name)
                 worker.stop()
+            elif count == 2:
+                # Each call sends its result before the connection closes, saying why.
+                logger.warning("%s again: cancelling running calls", name)
+                worker._cancel_running(
+                    f"cancelled: worker {worker.worker_id} was stopped by a second signal ({name})"
+                )
+                everything.deadline = min(everything.deadline, trio.current_time() + HARD_STOP)
             else:
-                logger.warning("%s again: cancelling running calls", signal.Signals(signum).name)
+                logger.warning("%s a third time: leaving at once", name)
                 everything.cancel()
 
 

@@ -333,6 +333,50 @@ async def test_graceful_stop_pauses_and_the_next_start_resumes_on_trigger(
     assert final["finding_counts"] == {"warning": SEVENS}
 
 
+async def test_a_worker_s_own_stop_pauses_its_recoverable_calls_at_their_boundary(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """The daemon's stop asks recoverable calls to pause; the worker's own stop (its
+    SIGTERM) did not: an hours-long scan ran on, and the stopping worker with it, until a
+    second signal broke the connection. It asks them too: the handler sees
+    ``ctx.cancelled`` (``stopping``), pauses at its boundary, and the worker leaves."""
+    await recoverable(conn)
+    harness = await start_daemon()
+    tune(harness, checkpoint_interval=0.1)
+    reasons: list[str | None] = []
+    worker = Worker(worker_id="leaving", capacity=2, pause_grace=60)  # (no grace runs out)
+
+    @worker.job("scan")
+    async def scan(ctx: Context) -> None:
+        position = ctx.cursor or 0
+        while position < ITEMS:
+            if position == 4 * BATCH:
+                await ctx.cancelled.wait()  # a long stretch of work, until asked
+            if ctx.cancelled.is_set():
+                reasons.append(ctx.cancel_reason)
+                raise Paused()
+            position += BATCH
+            await ctx.checkpoint(position, count=BATCH)
+
+    left = trio.Event()
+
+    async def serve(task_status: trio.TaskStatus[None]) -> None:
+        await worker.run(socket_of(harness), task_status=task_status)
+        left.set()
+
+    await nursery.start(serve)
+    run_id = await aio(client.trigger)(conn, "scan")
+    await wait_run(conn, run_id, lambda r: r["cursor"] == 4 * BATCH)
+    worker.stop()
+    event = (await harness.wait_event("job.run", run=run_id))[0]
+    assert (event["outcome"], event["error"]) == ("paused", "paused by the worker")
+    with trio.fail_after(10):
+        await left.wait()  # the daemon closed the connection once the result was in
+    assert reasons == ["stopping"]
+    row = await run_row(conn, run_id)
+    assert (row["status"], row["cursor"], row["count"]) == ("paused", 4 * BATCH, 4 * BATCH)
+
+
 async def test_a_worker_killed_mid_call_pauses_the_run_at_its_last_cursor(
     start_daemon: StartDaemon, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:

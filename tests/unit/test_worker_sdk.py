@@ -659,6 +659,7 @@ async def test_cancel_sets_the_event_and_cancels_the_handler(sock_path: Path) ->
                 "run": 1,
                 "ok": False,
                 "error": "cancelled (timeout)",
+                "category": "cancellation",  # (the daemon keeps its own word after its cancel)
             }
             assert seen == [True]
             await peer.send({"type": "cancel", "run": 99, "reason": "timeout"})  # unknown: ignored
@@ -1026,6 +1027,42 @@ async def test_stop_says_bye_and_finishes_running_calls(sock_path: Path) -> None
             await done.wait()
 
 
+async def test_stop_asks_recoverable_calls_to_pause_even_one_sent_before_the_bye(
+    sock_path: Path,
+) -> None:
+    """A recoverable call is asked to pause by the worker's stop, as by the daemon's; one
+    the daemon sent before it read the bye too. Other calls are left to finish."""
+    from coordinator.worker import Paused
+
+    worker = Worker("w", pause_grace=60)
+    reasons: dict[int, str | None] = {}
+
+    @worker.job("echo")
+    async def handler(ctx: Context) -> Any:
+        if not ctx.recoverable:
+            return 5
+        await ctx.cancelled.wait()
+        reasons[ctx.run_id] = ctx.cancel_reason
+        return Paused()
+
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            peer = await daemon.accept()
+            await peer.welcome()
+            await peer.call(1, recoverable=True)
+            await trio.sleep(0.05)
+            worker.stop()
+            assert await peer.recv() == {"type": "bye"}
+            assert await peer.recv() == {"type": "result", "run": 1, "ok": True, "paused": True}
+            await peer.call(2, recoverable=True)  # (crossed the bye)
+            assert await peer.recv() == {"type": "result", "run": 2, "ok": True, "paused": True}
+            await peer.call(3)
+            assert await peer.recv() == {"type": "result", "run": 3, "ok": True, "count": 5}
+            assert reasons == {1: "stopping", 2: "stopping"}
+            await peer.stream.aclose()
+
+
 async def test_stop_before_welcome_returns(sock_path: Path) -> None:
     worker = echo_worker()
     with trio.fail_after(GUARD):
@@ -1328,6 +1365,112 @@ async def test_command_serves_and_stops_cleanly_on_sigterm(
             assert f"{signum.name}: leaving cleanly".encode() in stderr
             assert [e["reason"] for e in events if e["event"] == "worker.disconnected"] == ["bye"]
             nursery.cancel_scope.cancel()
+
+
+STOPPING_MODULE = """
+import trio
+from coordinator.worker import Paused, Worker
+
+worker = Worker("cli-worker", capacity=2, pause_grace=60)
+
+
+@worker.job("scan")
+async def scan(ctx):
+    await ctx.checkpoint({"at": 1}, count=1)
+    open("scan-started", "w").close()
+    await ctx.cancelled.wait()  # an hours-long scan, until asked to pause
+    open("asked", "w").write(ctx.cancel_reason)
+    raise Paused()
+
+
+@worker.job("long")
+async def long(ctx):
+    open("long-started", "w").close()
+    await trio.sleep_forever()
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="signals and sockets: Linux")
+async def test_the_command_s_first_signal_pauses_recoverable_calls_the_second_cancels(
+    sock_path: Path, tmp_path: Path
+) -> None:
+    """The first SIGTERM said bye and waited for every call: a recoverable one was never
+    asked to pause, so a scan of hours kept the worker up for hours. It is asked, as the
+    daemon's own stop asks it. The second dropped the connection, and the calls still
+    running were recorded crashed, "worker W disconnected" (provider-failure): each now
+    sends its result, saying the worker's stop cancelled it."""
+    (tmp_path / "cw_app_stopping.py").write_text(textwrap.dedent(STOPPING_MODULE))
+    served = trio.Event()
+    executor = WorkerExecutor(
+        clock=SystemWallClock(), events=EventBus(log=EventLog(stream=io.StringIO())),
+        socket_path=sock_path,
+    )  # fmt: skip
+    executor.attach(ExecutorHooks(changed=served.set))
+
+    def claim(run_id: int, job_type: str, *, recoverable: bool) -> Claim:
+        job = Job(
+            id=run_id, namespace="ns", name=job_type, schedule=Schedule(kind="manual"),
+            target=Target(kind="worker", worker_type=job_type), recoverable=recoverable,
+        )  # fmt: skip
+        return Claim(
+            run_id=run_id, job=job, trigger="manual", scheduled_for=None,
+            claimed_at=datetime.now(UTC),
+        )  # fmt: skip
+
+    outcomes: dict[str, Any] = {}
+
+    async def call(run_id: int, name: str, recoverable: bool, done: trio.Event) -> None:
+        outcomes[name] = await executor.call(
+            claim(run_id, name, recoverable=recoverable), abandon=trio.Event()
+        )
+        done.set()
+
+    async def appears(path: Path) -> None:
+        while not await trio.Path(path).exists():
+            await trio.sleep(0.01)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(executor.serve)
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "coordinator.worker", "cw_app_stopping:worker"],
+                cwd=tmp_path,
+                env={**os.environ, "COORDINATOR_WORKER_SOCKET": str(sock_path)},
+                stderr=subprocess.PIPE,
+            )
+            try:
+                await served.wait()
+                paused, cancelled = trio.Event(), trio.Event()
+                nursery.start_soon(call, 10, "scan", True, paused)
+                nursery.start_soon(call, 11, "long", False, cancelled)
+                await appears(tmp_path / "long-started")
+                await appears(tmp_path / "scan-started")
+                proc.send_signal(signal.SIGTERM)
+                await paused.wait()
+                assert (tmp_path / "asked").read_text() == "stopping"
+                scan = outcomes["scan"]
+                assert (scan.status, scan.error_message, scan.count) == (
+                    "paused",
+                    "paused by the worker",
+                    1,
+                )
+                assert proc.returncode is None  # "long" runs on
+                assert not cancelled.is_set()
+                proc.send_signal(signal.SIGTERM)
+                await cancelled.wait()
+                assert await proc.wait() == 0
+            finally:
+                stderr = await _reap(proc)
+            long = outcomes["long"]
+            assert (long.status, long.error_cause, long.category, long.error_message) == (
+                "failed",
+                "handler",
+                "cancellation",
+                "cancelled: worker cli-worker was stopped by a second signal (SIGTERM)",
+            )
+            assert b"Traceback" not in stderr
+            nursery.cancel_scope.cancel()
+    sys.modules.pop("cw_app_stopping", None)
 
 
 async def test_the_command_line_sets_the_orphan_limit_a_program_may_leave_unset(
