@@ -1618,6 +1618,26 @@ class WorkerExecutor:
         if call.recoverable:
             return self._recoverable_outcome(call, started_at, ending, timeout, extra)
         findings = tuple(call.findings)
+        if ending != "done":
+            # Stopped by the daemon (its timeout, a stop): the status is the daemon's,
+            # but what the worker answered on its way out -- a handler wrapping up within
+            # cancel_delay -- is kept: its count and extra, and the words of a failure
+            # (a tester's handler returned a partial count and raised a JobError with a
+            # category: the run had neither).
+            said = ""
+            count = None
+            if result is not None:
+                extra = {**(result.extra or {}), **extra}
+                count = result.count
+                words = (result.error or "").strip()
+                # (Not the acknowledgment of the cancel itself: the SDK's "cancelled
+                # (timeout)", a raw worker's "cancelled", category cancellation.)
+                if (
+                    not result.ok
+                    and result.category != "cancellation"
+                    and not words.lower().startswith("cancelled")
+                ):
+                    said = f"; the worker said: {words or 'failed'}"
         if ending == "timeout":
             assert timeout is not None
             message = timed_out_message(timeout)
@@ -1626,13 +1646,20 @@ class WorkerExecutor:
             elif result is None and call.lost is not None:
                 message += f"; then {call.lost}"
             return ended(
-                self.clock, started_at, "timed_out", "timeout", message, extra, findings=findings
-            )
+                self.clock, started_at, "timed_out", "timeout", message + said, extra,
+                count=count, findings=findings,
+            )  # fmt: skip
         if ending in ("abandon", "stop"):
-            message = CANCELLED_MESSAGE if ending == "abandon" else f"cancelled: {call.stop_reason}"
+            # (An abandoned call's message stays exactly CANCELLED_MESSAGE: the stop
+            # queues an idempotent job's run again by it.)
+            if ending == "abandon":
+                message = CANCELLED_MESSAGE
+            else:
+                message = f"cancelled: {call.stop_reason}{said}"
             return ended(
-                self.clock, started_at, "cancelled", None, message, extra, findings=findings
-            )
+                self.clock, started_at, "cancelled", None, message, extra,
+                count=count, findings=findings,
+            )  # fmt: skip
         if result is None:
             lost = call.lost or "worker lost"
             return ended(

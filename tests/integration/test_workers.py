@@ -734,3 +734,46 @@ async def test_a_result_that_cannot_be_sent_is_not_retried(
         assert row["error_message"].startswith("result of 700" if name == "big" else "bad")
     assert sorted(calls) == ["badkey", "big", "flaky", "flaky"]
     worker.stop()
+
+
+async def test_what_a_handler_says_as_it_wraps_up_after_a_timeout_is_kept(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """A handler given cancel_delay to wrap up returned a partial count and extra, or
+    raised a JobError saying why: the timed-out run had count null, extra {} and none
+    of its words (a tester's finding). The status stays the daemon's."""
+    from coordinator.worker import JobError
+
+    partial = await define(
+        conn, "partial", target={"kind": "worker", "type": "wrap.partial"},
+        timeout=timedelta(seconds=1),
+    )  # fmt: skip
+    failing = await define(
+        conn, "failing", target={"kind": "worker", "type": "wrap.failing"},
+        timeout=timedelta(seconds=1),
+    )  # fmt: skip
+    harness = await start_daemon()
+    worker = Worker(worker_id="wrapper", capacity=2, cancel_delay=5.0)
+
+    @worker.job("wrap.partial")
+    async def wrap_partial(ctx: Context) -> dict[str, Any]:
+        await ctx.cancelled.wait()
+        return {"count": 5, "extra": {"partial": True}}
+
+    @worker.job("wrap.failing")
+    async def wrap_failing(ctx: Context) -> None:
+        await ctx.cancelled.wait()
+        raise JobError("upstream gave up", category="external-dependency")
+
+    await run_worker(nursery, worker, harness)
+    first = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'partial')")
+    second = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'failing')")
+    await harness.wait_event("job.run", run=first)
+    await harness.wait_event("job.run", run=second)
+    [p] = await runs_of(conn, partial)
+    assert (p["status"], p["count"]) == ("timed_out", 5)
+    assert json.loads(p["extra"])["partial"] is True
+    [f] = await runs_of(conn, failing)
+    assert f["status"] == "timed_out"
+    assert f["error_message"] == "timed out after 1s; the worker said: upstream gave up"
+    worker.stop()
