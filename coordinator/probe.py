@@ -71,10 +71,22 @@ class Facts:
         return None
 
     @property
+    def _workers_known(self) -> bool:
+        """The API's answer says which workers serve the database: it came from a daemon
+        that serves workers, not one standing by (or starting), whose empty list a
+        command took for the leader's ("none does now", while the leader on another host
+        ran those jobs; a tester's finding)."""
+        return self.status is not None and self.status.get("state") not in (
+            "standby",
+            "starting",
+        )
+
+    @property
     def served(self) -> frozenset[str] | None:
         """Worker types the daemon serves, or ``None`` when only the API could tell and
-        it did not answer."""
-        if self.status is not None:
+        it did not answer (or answered standing by)."""
+        if self._workers_known:
+            assert self.status is not None
             return frozenset(str(t) for t in self.status.get("workers") or ())
         if self.daemon_running is False:
             return frozenset()  # no daemon: no worker is connected to anything
@@ -85,7 +97,7 @@ class Facts:
         ``namespace`` (its token's scope); ``None`` when only the API could tell and it
         did not answer, or answered without its workers' entries. (A daemon older than
         the ``namespaces`` of those entries: every namespace.)"""
-        if self.status is None:
+        if self.status is None or not self._workers_known:
             return False if self.daemon_running is False else None
         workers = self.status.get("worker_connections")
         if workers is None:

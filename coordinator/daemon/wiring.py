@@ -56,6 +56,7 @@ from ..events import (
     StateChanged,
 )
 from ..executors import Executor, ExecutorHooks
+from ..executors.worker import WorkerSocketError
 from ..listener import Listener
 from ..migrate import load_migrations
 from ..model import Schedule
@@ -227,6 +228,8 @@ class Daemon:
     _declarers: dict[str, dict[str, frozenset[str]]] = attrs.field(factory=dict, init=False)
     #: The companions were started (once: a re-taken lead keeps them).
     _companions_started: bool = attrs.field(default=False, init=False)
+    #: This daemon stood by before it took the lock (a takeover, not a first start).
+    _stood_by: bool = attrs.field(default=False, init=False)
     #: Schedule -> its typical gap between deadlines (seconds), for the metrics.
     _gaps: dict[Schedule, float | None] = attrs.field(factory=dict, init=False)
 
@@ -518,6 +521,13 @@ class Daemon:
             except ConfigError as exc:
                 self.log.error("startup.refused", error=str(exc))
                 self._last_words.append(str(exc))
+                if isinstance(exc, WorkerSocketError) and self._stood_by:
+                    # A standby taking over found the worker socket still served: most
+                    # likely by the leader it replaces, cut off from the database but
+                    # alive, which takes the lock back. Not a configuration to fix: exit
+                    # 1, which the shipped unit restarts (as a standby again), where exit
+                    # 2 left the pair a single daemon for good (a tester's finding).
+                    return EXIT_FAILED
                 return EXIT_CONFIG
             except CoordinatorError as exc:
                 # The database went away between two startup steps: give the lock back and
@@ -1104,6 +1114,7 @@ class Daemon:
     # -- state ----------------------------------------------------------------------------
 
     def _on_standby(self) -> None:
+        self._stood_by = True
         self._set_phase("standby")
         self.log.info("standby", instance=self.instance)
 

@@ -875,7 +875,9 @@ class WorkerExecutor:
             if trio.current_time() >= deadline:
                 raise WorkerSocketError(
                     f"worker_socket: {path} is in use: another process listens there "
-                    "(a daemon of another database? give each daemon its own worker_socket)"
+                    "(this database's last leader, cut off from it but alive? it takes the "
+                    "lock back; or a daemon of another database: give each daemon its own "
+                    "worker_socket)"
                 )
             if not said:
                 said = True

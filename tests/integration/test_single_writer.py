@@ -451,3 +451,36 @@ async def test_a_leader_cut_off_ends_its_own_lingering_session_and_leads_on(
         assert await leader.stop() == 0
     finally:
         await proxy.aclose()
+
+
+async def test_a_takeover_that_finds_the_worker_socket_served_exits_1_not_2(
+    conn: asyncpg.Connection, database: str, start_daemon: Any
+) -> None:
+    """A same-host standby taking over from a leader cut off from the database but
+    alive finds the worker socket still served by it: it refused with exit 2, which the
+    shipped unit never restarts (the pair was a single daemon for good), blaming "a
+    daemon of another database" (a tester's finding). Exit 1 now, the words fitting."""
+    import socket as stdlib_socket
+
+    holder = await _connect(database)
+    standby: Any = None
+    listener = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
+    try:
+        await aio(holder.fetchval)("SELECT pg_advisory_lock($1, $2)", LOCK_CLASS, LOCK_OBJECT)
+        standby = await start_daemon(wait_ready=False)
+        await standby.wait_event("standby")
+        executor = standby.daemon.executors["worker"]
+        executor.socket_busy_grace = 0.5
+        # The old leader still serves the socket.
+        listener.bind(str(executor.socket_path))
+        listener.listen()
+    finally:
+        await aio(holder.close)()  # its lock session ends: the standby takes over
+    try:
+        with trio.fail_after(20):
+            await standby.done.wait()
+    finally:
+        listener.close()
+    assert standby.status == 1
+    [refused] = standby.named("startup.refused")
+    assert "this database's last leader, cut off from it but alive?" in refused["error"]

@@ -348,3 +348,24 @@ def test_the_demo_prints_a_run_s_output_escaped() -> None:
         "  ! bell\\x07",
     ]
     assert not any(ch < " " for line in lines for ch in line)
+
+
+def test_a_standbys_empty_worker_list_is_not_taken_for_the_leaders() -> None:
+    """The CLI asked the admin API of a daemon standing by (the configured address,
+    after a failover) and said "waiting for a worker serving w.quick ... none does now"
+    while the leader elsewhere ran those jobs (a tester's finding): a standby's answer
+    says nothing of workers."""
+    standby = Facts(
+        leader=LEADER,
+        leader_known=True,
+        api=ApiAnswer(
+            status={"state": "standby", "workers": [], "worker_connections": []},
+            label="the API",
+        ),
+    )
+    assert standby.served is None
+    assert standby.may_run("images", "default") is None
+    assert why.job_state(job(target=WORKER), standby) == "active"
+    assert not why.still_waiting(job(target=WORKER), run(), standby, now=NOW).startswith(
+        "no worker serves images"
+    )
