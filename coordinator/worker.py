@@ -218,6 +218,9 @@ class _Session:
     """One connection to the daemon."""
 
     outbox: trio.MemorySendChannel[bytes]
+    #: Calls this connection takes at once: the worker's capacity less the calls still
+    #: running from a closed connection when it connected (said in its ``hello``).
+    capacity: int
     #: run id -> (context, the handler's cancel scope)
     running: dict[int, tuple[Context, trio.CancelScope]] = attrs.field(factory=dict)
     #: When the daemon welcomed this worker (trio's clock), if it did.
@@ -233,6 +236,13 @@ class _Session:
     #: The worker said ``bye``: a recoverable call is asked to pause, even one that
     #: arrives after it (sent before the daemon read the ``bye``).
     leaving: bool = False
+    #: The connection closed: nothing more is sent on it (a call still running, an
+    #: orphan, drops its messages and its result: the daemon ended its run).
+    closed: bool = False
+    #: Set once it closed and its last call ended.
+    drained: trio.Event = attrs.field(factory=trio.Event)
+    #: The watch over its calls that run on after it closed.
+    orphans: _Orphans | None = None
 
     @property
     def welcomed(self) -> bool:
@@ -250,6 +260,11 @@ class _Session:
         what the socket takes at once if nothing is queued or being written before it (a
         lone result then leaves without waiting a scheduler round for the writer task;
         under load the writer sends the lines of one round in one write)."""
+        if self.closed:
+            # (Never on another connection: the daemon ended this call's run when this
+            # one closed, and a descriptor written to directly may be a new socket's.)
+            await trio.lowlevel.checkpoint()
+            return
         data = message if isinstance(message, bytes) else encode(message)
         if now:
             data = write_ahead(self.fd, data, self.outbox)
@@ -651,11 +666,13 @@ class _Orphans:
     """Watches the calls cancelled because their connection closed: if any still runs
     ``limit`` seconds later, the process exits (:data:`ORPHAN_EXIT`), or with no limit
     (embedded) it is logged once. A thread's timer, not trio's: a handler that blocks
-    without checkpoints stops trio's loop too. Disarmed when the connection's calls
-    have ended (the ``async with`` around them exits)."""
+    without checkpoints stops trio's loop too. Disarmed when the connection's last call
+    has ended."""
 
     limit: float | None
     _timer: threading.Timer | None = None
+    #: The time was up with calls still running (the line was said).
+    expired: bool = False
 
     def arm(self, running: Mapping[int, object]) -> None:
         """Watch the calls in ``running`` (the session's, which drops each as it ends):
@@ -675,6 +692,7 @@ class _Orphans:
             return ", ".join(str(r) for r in first)
 
         def expired() -> None:
+            self.expired = True
             ids = still_running()
             if limit is None:
                 logger.error(
@@ -702,10 +720,7 @@ class _Orphans:
         self._timer.daemon = True
         self._timer.start()
 
-    async def __aenter__(self) -> _Orphans:
-        return self
-
-    async def __aexit__(self, *_exc: object) -> None:
+    def disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
 
@@ -733,7 +748,12 @@ class Worker:
     #: call was cancelled, and the daemon, which counts it as ended, may start the
     #: run's retry or resume elsewhere. Past this the process exits (status 70) rather
     #: than run beside it; ``coordinator worker`` sets 10 s (its service manager starts
-    #: it again). ``None`` (embedded in a program of yours): it is logged, not enforced.
+    #: it again), and reconnects only once such calls have ended. ``None`` (embedded in
+    #: a program of yours): it is logged, not enforced, and the worker reconnects at once
+    #: to serve its types with the slots such calls leave free (its capacity less
+    #: them; none free: once one ends); what they return is dropped, never sent on the
+    #: new connection (the daemon ended their runs when the old one closed). It waited
+    #: for them before: one hung thread kept every type the worker serves unserved.
     orphan_limit: float | None = attrs.field(
         default=None,
         kw_only=True,
@@ -755,6 +775,12 @@ class Worker:
     #: SIGINT arrives as a signal here (``coordinator worker`` receives it), never as a
     #: ``KeyboardInterrupt``: one a handler raises is then its own, one call's failure.
     _sigint_received: bool = attrs.field(default=False, init=False)
+    #: Where calls run (:meth:`run`'s): they may outlive their connection.
+    _calls: trio.Nursery | None = attrs.field(default=None, init=False)
+    #: Closed connections whose calls still run (orphans), holding slots.
+    _orphaned: set[_Session] = attrs.field(factory=set, init=False)
+    #: Set (and replaced) whenever an orphan ends: a slot is free again.
+    _orphan_ended: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     @property
     def types(self) -> list[str]:
@@ -918,9 +944,15 @@ class Worker:
             self._stop_early = False
             stop.set()
         try:
-            await self._serve(address, stop, token, tls, server_hostname, task_status)
+            # Calls run here, not in their connection's nursery: a call that runs on
+            # after its connection closed (a thread) must not hold the next connection
+            # back (run() still returns only once every call has ended).
+            async with trio.open_nursery() as calls:
+                self._calls = calls
+                await self._serve(address, stop, token, tls, server_hostname, task_status)
         finally:
             self._stop = None  # (a stop() from now on is for the next run)
+            self._calls = None
         logger.info("worker %s stopped", self.worker_id)
 
     async def _serve(
@@ -944,6 +976,8 @@ class Worker:
                 task_status.started()
 
         while not stop.is_set():
+            if not await self._free_slot(stop):
+                break
             try:
                 stream = await _connect(address, tls, server_hostname)
             except OSError as exc:
@@ -960,6 +994,33 @@ class Worker:
             with trio.move_on_after(delay):
                 await stop.wait()
 
+    def _held(self) -> int:
+        """Slots held by calls still running from closed connections."""
+        return sum(len(session.running) for session in self._orphaned)
+
+    async def _free_slot(self, stop: trio.Event) -> bool:
+        """Wait until a call may run (every slot held by an orphan: until one ends), or
+        ``stop``; whether one may."""
+        said = False
+        while not stop.is_set() and self._held() >= self.capacity:
+            if not said:
+                said = True
+                logger.warning(
+                    "all %d slot(s) are held by calls still running after their connection "
+                    "closed; connecting again once one of them ends",
+                    self.capacity,
+                )
+            ended = self._orphan_ended
+            async with trio.open_nursery() as waiting:
+
+                async def first(event: trio.Event) -> None:
+                    await event.wait()
+                    waiting.cancel_scope.cancel()
+
+                waiting.start_soon(first, ended)
+                waiting.start_soon(first, stop)
+        return not stop.is_set()
+
     # -- one connection ------------------------------------------------------------------
 
     async def _session(
@@ -969,6 +1030,7 @@ class Worker:
         send, recv = trio.open_memory_channel[bytes](_OUTBOX)
         session = self._current = _Session(
             outbox=send,
+            capacity=self.capacity - self._held(),
             fd=stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None,
         )
         try:
@@ -985,12 +1047,11 @@ class Worker:
         session: _Session,
         recv: trio.MemoryReceiveChannel[bytes],
     ) -> None:
-        # (The orphans' watch ends after the nursery, once the cancelled calls ended.)
-        async with _Orphans(self.orphan_limit) as orphans, stream, trio.open_nursery() as nursery:
+        async with stream, trio.open_nursery() as nursery:
             nursery.start_soon(_write_loop, stream, recv, nursery.cancel_scope)
             nursery.start_soon(self._on_stop, session, nursery)
             hello = Hello(
-                worker=self.worker_id, types=self.types, capacity=self.capacity, token=token
+                worker=self.worker_id, types=self.types, capacity=session.capacity, token=token
             )
             await session.send(hello)
             if self.namespace is not None and self._declared:
@@ -1030,11 +1091,50 @@ class Worker:
                         len(session.running),
                     )
             finally:
-                # Every way out with calls running arms the watch: the read side's end,
-                # the write side's failure (it cancels this scope, the read loop with it)
-                # and a cancel from outside alike.
-                orphans.arm(session.running)
+                # Every way out with calls running cancels them and arms the watch: the
+                # read side's end, the write side's failure (it cancels this scope, the
+                # read loop with it) and a cancel from outside alike.
+                self._close(session)
             nursery.cancel_scope.cancel()
+        if self.orphan_limit is not None:
+            # Not connected again before they end (or the limit ends the process): calls
+            # of a new connection would crash with it.
+            await session.drained.wait()
+
+    def _close(self, session: _Session) -> None:
+        """The connection is closing: nothing more is sent on it; its calls are
+        cancelled, and those that run on (orphans) hold their slots until they end,
+        watched (:class:`_Orphans`)."""
+        session.closed = True
+        with contextlib.suppress(trio.ClosedResourceError):
+            session.outbox.close()
+        if not session.running:
+            session.drained.set()
+            return
+        session.orphans = _Orphans(self.orphan_limit)
+        session.orphans.arm(session.running)
+        self._orphaned.add(session)
+        for ctx, scope in session.running.values():
+            ctx._nursery = None  # (the connection's, about to close: nothing delayed)
+            scope.cancel()
+
+    def _orphan_done(self, session: _Session, ctx: Context) -> None:
+        """A call of a closed connection ended: its slot is free; its result dropped."""
+        if session.orphans is not None and session.orphans.expired:
+            logger.warning(
+                "run %d ended after all (its connection had closed): its result is "
+                "dropped, the daemon having ended the run; its slot is free again",
+                ctx.run_id,
+            )
+        else:
+            logger.debug("run %d ended after its connection closed: result dropped", ctx.run_id)
+        if not session.running:
+            if session.orphans is not None:
+                session.orphans.disarm()
+            self._orphaned.discard(session)
+            session.drained.set()
+        self._orphan_ended.set()
+        self._orphan_ended = trio.Event()
 
     async def _read_loop(
         self,
@@ -1085,11 +1185,16 @@ class Worker:
         the welcome forgot it just before it came again.)"""
         if session.welcomed_as is None:
             return
+        held = self.capacity - session.capacity
         logger.info(
-            "connected as %s: %s (capacity %d)",
+            "connected as %s: %s (capacity %d%s)",
             session.welcomed_as,
             ", ".join(self.types),
-            self.capacity,
+            session.capacity,
+            f" of {self.capacity}: {held} held by call(s) still running after their "
+            "connection closed"
+            if held
+            else "",
         )
         session.welcomed_as = None
         self._refused = None
@@ -1210,8 +1315,8 @@ class Worker:
         error = None
         if handler is None:
             error = f"worker {self.worker_id} does not serve {call.job_type!r}"
-        elif len(session.running) >= self.capacity or call.run in session.running:
-            error = f"worker {self.worker_id} is at capacity ({self.capacity})"
+        elif len(session.running) >= session.capacity or call.run in session.running:
+            error = f"worker {self.worker_id} is at capacity ({session.capacity})"
         if handler is None or error is not None:
             nursery.start_soon(session.send, Result(run=call.run, ok=False, error=error))
             return
@@ -1236,7 +1341,8 @@ class Worker:
         session.running[call.run] = (ctx, scope)
         if session.leaving and ctx.recoverable:
             self._cancel_call(ctx, scope, nursery, "stopping")  # (sent before our bye)
-        nursery.start_soon(self._serve_call, session, handler, ctx, scope)
+        assert self._calls is not None
+        self._calls.start_soon(self._serve_call, session, handler, ctx, scope)
 
     async def _serve_call(
         self, session: _Session, handler: Handler, ctx: Context, scope: trio.CancelScope
@@ -1246,7 +1352,9 @@ class Worker:
             await ctx._flush()
         finally:
             del session.running[ctx.run_id]
-        await session.send(result, now=not session.running)
+            if session.closed:
+                self._orphan_done(session, ctx)
+        await session.send(result, now=not session.running)  # (closed: dropped)
 
     async def _invoke(
         self, handler: Handler, ctx: Context, scope: trio.CancelScope

@@ -776,4 +776,79 @@ async def test_what_a_handler_says_as_it_wraps_up_after_a_timeout_is_kept(
     [f] = await runs_of(conn, failing)
     assert f["status"] == "timed_out"
     assert f["error_message"] == "timed out after 1s; the worker said: upstream gave up"
+
+
+async def test_a_call_running_on_after_its_connection_closed_does_not_keep_the_worker_away(
+    start_daemon: StartDaemon, conn: asyncpg.Connection, nursery: trio.Nursery
+) -> None:
+    """An embedded worker (no orphan limit) whose call runs on in a thread after the
+    daemon dropped the connection (here for ignoring its timeout's cancel) stayed away
+    until the thread returned: every other type it serves went unserved (39 s in a
+    tester's run; a thread of an hour, an hour). It connects again at once, with the
+    slot the thread holds taken off its capacity, and drops the thread's late result."""
+    import threading
+
+    from coordinator.executors.worker import WorkerExecutor
+
+    blocking = await define(
+        conn,
+        "blocking",
+        target={"kind": "worker", "type": "blocking"},
+        timeout=timedelta(seconds=1),
+    )
+    quick = await define(conn, "quick", target={"kind": "worker", "type": "quick"})
+    harness = await start_daemon()
+    executor = harness.daemon.executors["worker"]
+    assert isinstance(executor, WorkerExecutor)
+    executor.cancel_grace = 0.5
+    release = threading.Event()
+    in_thread = trio.Event()
+    ended: list[int] = []
+    worker = Worker(worker_id="embedded", capacity=2)
+    assert worker.orphan_limit is None
+
+    @worker.job("blocking")
+    async def block(ctx: Context) -> int:
+        in_thread.set()
+        try:
+            # A blocking library call: trio cannot cancel the thread.
+            await trio.to_thread.run_sync(release.wait, 60)
+        finally:
+            ended.append(ctx.run_id)
+        return 1
+
+    @worker.job("quick")
+    async def handle(ctx: Context) -> int:
+        return 7
+
+    try:
+        await run_worker(nursery, worker, harness)
+        stuck = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'blocking')")
+        with trio.fail_after(10):
+            await in_thread.wait()
+        await harness.wait_event("worker.cancel_ignored", run=stuck)
+        event = (await harness.wait_event("job.run", run=stuck))[0]
+        assert event["outcome"] == "timed_out"
+        # Back while the thread still runs, with one slot: the thread holds the other.
+        [first, again] = await harness.wait_event("worker.connected", worker="embedded", count=2)
+        assert (first["capacity"], again["capacity"]) == (2, 1)
+        assert ended == []
+        served = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'quick')")
+        event = (await harness.wait_event("job.run", run=served))[0]
+        assert event["outcome"] == "succeeded"
+        assert ended == []
+    finally:
+        release.set()
+    # Its late result is dropped, not sent on the new connection as a live call's.
+    with trio.fail_after(10):
+        while not ended:
+            await trio.sleep(0.01)
+    again_served = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'quick')")
+    await harness.wait_event("job.run", run=again_served)
+    assert harness.named("worker.late_message", run=stuck) == []
+    assert harness.named("worker.rejected") == []
+    [row] = await runs_of(conn, blocking)
+    assert row["status"] == "timed_out"
+    assert [r["status"] for r in await runs_of(conn, quick)] == ["succeeded", "succeeded"]
+    assert len(harness.named("worker.connected", worker="embedded")) == 2
     worker.stop()

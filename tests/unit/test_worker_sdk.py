@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
@@ -1591,6 +1592,103 @@ def test_the_orphan_watch_names_only_the_calls_still_running(
         watch._timer.join(5)
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("run(s) 309 still running 0.05s after their connection closed")
+
+
+def thread_worker(capacity: int) -> tuple[Worker, threading.Event, list[int], trio.Event]:
+    """A worker whose ``slow`` calls block in a thread (which trio cannot cancel) until
+    released, and whose ``echo`` calls wait to be cancelled."""
+    worker = Worker("w", capacity=capacity)
+    release = threading.Event()
+    ended: list[int] = []
+    in_thread = trio.Event()
+
+    @worker.job("slow")
+    async def slow(ctx: Context) -> int:
+        in_thread.set()
+        try:
+            await trio.to_thread.run_sync(release.wait, 30)
+            await ctx.progress(50)  # (its connection closed: dropped)
+        finally:
+            ended.append(ctx.run_id)
+        return 1
+
+    @worker.job("echo")
+    async def echo(ctx: Context) -> int:
+        if ctx.args.get("wait"):
+            try:
+                await trio.sleep_forever()
+            finally:
+                ended.append(ctx.run_id)
+        return 2
+
+    return worker, release, ended, in_thread
+
+
+async def test_a_call_running_on_after_its_connection_closed_leaves_its_slot_taken(
+    sock_path: Path,
+) -> None:
+    """Embedded (no orphan limit), the worker waited for a call that ran on in a thread
+    before it connected again: every type it serves went unserved meanwhile. It connects
+    at once, its capacity less the call's slot, and what the call returns is sent on no
+    connection (the daemon ended its run when the old one closed)."""
+    worker, release, ended, in_thread = thread_worker(capacity=2)
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            try:
+                peer = await daemon.accept()
+                assert (await peer.welcome())["capacity"] == 2
+                await peer.call(1, "slow")
+                await peer.call(2, args={"wait": True})  # ends at its cancel
+                await in_thread.wait()
+                await peer.stream.aclose()  # the daemon goes away
+                peer = await daemon.accept()
+                assert (await peer.welcome())["capacity"] == 1  # run 1 holds a slot
+                assert ended == [2]
+                await peer.call(3)
+                assert await peer.recv_type("result") == {
+                    "type": "result", "run": 3, "ok": True, "count": 2,
+                }  # fmt: skip
+            finally:
+                release.set()
+            while len(ended) < 2:
+                await trio.sleep(0.01)
+            await peer.call(4)
+            # Not run 1's result (nor its progress): run 4's is the next line.
+            assert await peer.recv() == {"type": "result", "run": 4, "ok": True, "count": 2}
+            nursery.cancel_scope.cancel()
+
+
+async def test_with_every_slot_held_by_such_a_call_the_worker_connects_once_it_ends(
+    sock_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="coordinator.worker")
+    worker, release, ended, in_thread = thread_worker(capacity=1)
+    with trio.fail_after(GUARD):
+        async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, sock_path)
+            try:
+                peer = await daemon.accept()
+                await peer.welcome()
+                await peer.call(1, "slow")
+                await in_thread.wait()
+                await peer.stream.aclose()
+                while not any("slot(s) are held" in r.getMessage() for r in caplog.records):
+                    await trio.sleep(0.01)
+                assert ended == []
+            finally:
+                release.set()
+            peer = await daemon.accept()  # once the thread returned
+            assert ended == [1]
+            assert (await peer.welcome())["capacity"] == 1
+            await peer.call(2)
+            assert await peer.recv() == {"type": "result", "run": 2, "ok": True, "count": 2}
+            nursery.cancel_scope.cancel()
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        "all 1 slot(s) are held by calls still running after their connection closed; "
+        "connecting again once one of them ends"
+    ) in said
 
 
 # -- recoverable jobs: cursor, counter, findings, pausing -------------------------------------
