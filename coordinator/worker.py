@@ -243,6 +243,13 @@ class _Session:
     drained: trio.Event = attrs.field(factory=trio.Event)
     #: The watch over its calls that run on after it closed.
     orphans: _Orphans | None = None
+    #: Set (and replaced) whenever one of its calls ends.
+    call_ended: trio.Event = attrs.field(factory=trio.Event)
+    #: It said ``bye`` to be replaced by a connection of more capacity (the calls that
+    #: held slots when it connected have ended).
+    renewing: bool = False
+    #: Set once the daemon welcomed it and, if it declares, answered the declaration.
+    accepted: trio.Event = attrs.field(factory=trio.Event)
 
     @property
     def welcomed(self) -> bool:
@@ -751,9 +758,11 @@ class Worker:
     #: it again), and reconnects only once such calls have ended. ``None`` (embedded in
     #: a program of yours): it is logged, not enforced, and the worker reconnects at once
     #: to serve its types with the slots such calls leave free (its capacity less
-    #: them; none free: once one ends); what they return is dropped, never sent on the
-    #: new connection (the daemon ended their runs when the old one closed). It waited
-    #: for them before: one hung thread kept every type the worker serves unserved.
+    #: them; none free: once one ends; once they ended, that connection says ``bye``
+    #: when idle and the worker connects again with them); what they return is
+    #: dropped, never sent on the new connection (the daemon ended their runs when the
+    #: old one closed). It waited for them before: one hung thread kept every type the
+    #: worker serves unserved.
     orphan_limit: float | None = attrs.field(
         default=None,
         kw_only=True,
@@ -986,6 +995,9 @@ class Worker:
                 session = await self._session(stream, token, welcomed)
                 if session.proven():
                     attempt = 0  # (a daemon restart: back at once)
+                if session.renewing and not stop.is_set():
+                    attempt = 0
+                    continue  # (at once: left on purpose, for its slots)
             if stop.is_set():
                 break
             attempt += 1
@@ -1050,6 +1062,8 @@ class Worker:
         async with stream, trio.open_nursery() as nursery:
             nursery.start_soon(_write_loop, stream, recv, nursery.cancel_scope)
             nursery.start_soon(self._on_stop, session, nursery)
+            if session.capacity < self.capacity:
+                nursery.start_soon(self._renew, session)
             hello = Hello(
                 worker=self.worker_id, types=self.types, capacity=session.capacity, token=token
             )
@@ -1071,7 +1085,7 @@ class Worker:
                         # A TLS connection the daemon closed without close_notify, as a
                         # stop, a kill or a failover does (and our own `bye` ends with):
                         # a lost connection, as on the Unix socket, not a TLS failure.
-                        if self._stop is not None and self._stop.is_set():
+                        if session.renewing or (self._stop is not None and self._stop.is_set()):
                             logger.info("connection to the daemon closed")
                         else:
                             logger.warning("connection to the daemon lost")
@@ -1100,6 +1114,31 @@ class Worker:
             # Not connected again before they end (or the limit ends the process): calls
             # of a new connection would crash with it.
             await session.drained.wait()
+
+    async def _renew(self, session: _Session) -> None:
+        """A connection made while orphans held slots takes fewer calls (the protocol
+        has no way to raise a connection's capacity): once some of them have ended and
+        it has no call running, it says ``bye`` to connect again at once with the
+        slots now free. (Idle, so that no call waits on it; a call the daemon sent
+        before it read the ``bye`` runs, and the daemon closes after its result.)"""
+        while True:
+            ended = self._orphan_ended
+            if session.capacity < self.capacity - self._held():
+                break
+            await ended.wait()
+        await session.accepted.wait()
+        while session.running:
+            await session.call_ended.wait()
+        if session.leaving or session.closed:
+            return
+        session.renewing = True
+        logger.info(
+            "the calls that held slots have ended: leaving this connection (capacity %d) "
+            "to connect again with capacity %d",
+            session.capacity,
+            self.capacity - self._held(),
+        )
+        await session.send(Bye())
 
     def _close(self, session: _Session) -> None:
         """The connection is closing: nothing more is sent on it; its calls are
@@ -1149,6 +1188,9 @@ class Worker:
             if not data:
                 if self._stop is not None and self._stop.is_set():
                     return
+                if session.renewing:
+                    logger.info("connection closed after its bye: connecting again")
+                    return
                 if session.welcomed:
                     logger.warning("the daemon closed the connection")
                 else:
@@ -1197,6 +1239,7 @@ class Worker:
             else "",
         )
         session.welcomed_as = None
+        session.accepted.set()
         self._refused = None
 
     def _say_error(self, said: str) -> None:
@@ -1352,6 +1395,8 @@ class Worker:
             await ctx._flush()
         finally:
             del session.running[ctx.run_id]
+            session.call_ended.set()
+            session.call_ended = trio.Event()
             if session.closed:
                 self._orphan_done(session, ctx)
         await session.send(result, now=not session.running)  # (closed: dropped)

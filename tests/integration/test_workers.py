@@ -785,7 +785,8 @@ async def test_a_call_running_on_after_its_connection_closed_does_not_keep_the_w
     daemon dropped the connection (here for ignoring its timeout's cancel) stayed away
     until the thread returned: every other type it serves went unserved (39 s in a
     tester's run; a thread of an hour, an hour). It connects again at once, with the
-    slot the thread holds taken off its capacity, and drops the thread's late result."""
+    slot the thread holds taken off its capacity, drops the thread's late result, and
+    once the thread ended (and the connection is idle) comes back with its capacity."""
     import threading
 
     from coordinator.executors.worker import WorkerExecutor
@@ -843,6 +844,10 @@ async def test_a_call_running_on_after_its_connection_closed_does_not_keep_the_w
     with trio.fail_after(10):
         while not ended:
             await trio.sleep(0.01)
+    # Its slot free again: the idle connection makes way for one of the full capacity.
+    await harness.wait_event("worker.bye", worker="embedded")
+    third = (await harness.wait_event("worker.connected", worker="embedded", count=3))[2]
+    assert third["capacity"] == 2
     again_served = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'quick')")
     await harness.wait_event("job.run", run=again_served)
     assert harness.named("worker.late_message", run=stuck) == []
@@ -850,5 +855,5 @@ async def test_a_call_running_on_after_its_connection_closed_does_not_keep_the_w
     [row] = await runs_of(conn, blocking)
     assert row["status"] == "timed_out"
     assert [r["status"] for r in await runs_of(conn, quick)] == ["succeeded", "succeeded"]
-    assert len(harness.named("worker.connected", worker="embedded")) == 2
+    assert len(harness.named("worker.connected", worker="embedded")) == 3
     worker.stop()

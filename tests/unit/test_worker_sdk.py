@@ -1594,11 +1594,15 @@ def test_the_orphan_watch_names_only_the_calls_still_running(
     assert line.startswith("run(s) 309 still running 0.05s after their connection closed")
 
 
-def thread_worker(capacity: int) -> tuple[Worker, threading.Event, list[int], trio.Event]:
+def thread_worker(
+    capacity: int, gate: trio.Event | None = None
+) -> tuple[Worker, threading.Event, list[int], trio.Event]:
     """A worker whose ``slow`` calls block in a thread (which trio cannot cancel) until
-    released, and whose ``echo`` calls wait to be cancelled."""
+    released, and whose ``echo`` calls wait to be cancelled (``wait``) or for ``gate``
+    (``gate``)."""
     worker = Worker("w", capacity=capacity)
     release = threading.Event()
+    gated = trio.Event() if gate is None else gate
     ended: list[int] = []
     in_thread = trio.Event()
 
@@ -1619,6 +1623,8 @@ def thread_worker(capacity: int) -> tuple[Worker, threading.Event, list[int], tr
                 await trio.sleep_forever()
             finally:
                 ended.append(ctx.run_id)
+        if ctx.args.get("gate"):
+            await gated.wait()
         return 2
 
     return worker, release, ended, in_thread
@@ -1630,8 +1636,10 @@ async def test_a_call_running_on_after_its_connection_closed_leaves_its_slot_tak
     """Embedded (no orphan limit), the worker waited for a call that ran on in a thread
     before it connected again: every type it serves went unserved meanwhile. It connects
     at once, its capacity less the call's slot, and what the call returns is sent on no
-    connection (the daemon ended its run when the old one closed)."""
-    worker, release, ended, in_thread = thread_worker(capacity=2)
+    connection (the daemon ended its run when the old one closed). Once it ended, the
+    connection, when idle, makes way for one with the full capacity."""
+    gate = trio.Event()
+    worker, release, ended, in_thread = thread_worker(capacity=2, gate=gate)
     with trio.fail_after(GUARD):
         async with fake_daemon(sock_path) as daemon, trio.open_nursery() as nursery:
             nursery.start_soon(worker.run, sock_path)
@@ -1649,13 +1657,22 @@ async def test_a_call_running_on_after_its_connection_closed_leaves_its_slot_tak
                 assert await peer.recv_type("result") == {
                     "type": "result", "run": 3, "ok": True, "count": 2,
                 }  # fmt: skip
+                await peer.call(4, args={"gate": True})
             finally:
                 release.set()
             while len(ended) < 2:
                 await trio.sleep(0.01)
-            await peer.call(4)
-            # Not run 1's result (nor its progress): run 4's is the next line.
+            gate.set()
+            # Not run 1's result (nor its progress): run 4's is the next line, and only
+            # then, the connection idle, its bye.
             assert await peer.recv() == {"type": "result", "run": 4, "ok": True, "count": 2}
+            assert await peer.recv() == {"type": "bye"}
+            await peer.stream.aclose()  # (the daemon closes a connection that said bye)
+            peer = await daemon.accept()
+            assert (await peer.welcome())["capacity"] == 2
+            await peer.call(5)
+            await peer.call(6)
+            assert {(await peer.recv_type("result"))["run"] for _ in range(2)} == {5, 6}
             nursery.cancel_scope.cancel()
 
 
