@@ -146,7 +146,8 @@ class DaemonStatus:
     degraded: tuple[str, ...] = ()
     #: Statements the daemon has sent (its own count; proofs use the server's).
     sql_statements: int = 0
-    #: Jobs blocked by an unresolved run (as of the last refresh).
+    #: Jobs blocked by an unresolved run (as of the last refresh), paused and invalid
+    #: ones too.
     unresolved: int = 0
     #: When the next retention prune is armed for (``None``: pruning is off or running).
     next_prune: datetime | None = None

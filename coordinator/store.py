@@ -261,6 +261,9 @@ class LostRun:
 # (exact): decoding a million timestamps into datetimes costs the daemon more than
 # reading the rows (about 1.8 us each against 0.4 us for an integer, measured), and jobs
 # share deadlines, so each distinct one becomes a datetime once (_Shared.entries).
+# A paused or invalid job is read only while an unresolved run blocks it (``parked``):
+# not loaded, only counted, since that run waits for an operator whatever the job's
+# state (coordinator_unresolved_jobs).
 _REFRESH = """
 SELECT j.id, j.namespace || '/' || j.name AS key,
        j.schedule_kind, j.schedule, j.timezone, j.priority,
@@ -270,15 +273,17 @@ SELECT j.id, j.namespace || '/' || j.name AS key,
        r.id AS run_id, r.status AS run_status, r.created_at AS run_created_at,
        r.due_at AS run_due_at,
        CASE WHEN j.next_run_at IS NULL
-            THEN (extract(epoch FROM j.updated_at) * 1000000)::bigint END AS defined_us
+            THEN (extract(epoch FROM j.updated_at) * 1000000)::bigint END AS defined_us,
+       j.paused OR j.invalid_reason IS NOT NULL AS parked
   FROM coordinator.jobs j
   LEFT JOIN coordinator.runs r
          ON r.job_id = j.id
         AND r.status IN ('queued', 'pending', 'running', 'unresolved', 'cancel_requested',
                          'paused')
- WHERE NOT j.paused AND j.invalid_reason IS NULL
-   AND (j.schedule_kind IN ('cron', 'interval') OR j.next_run_at IS NOT NULL
-        OR (r.id IS NOT NULL AND r.status <> 'paused'))
+ WHERE (NOT j.paused AND j.invalid_reason IS NULL
+        AND (j.schedule_kind IN ('cron', 'interval') OR j.next_run_at IS NOT NULL
+             OR (r.id IS NOT NULL AND r.status <> 'paused'))
+        OR r.status = 'unresolved')
 """
 
 # A full refresh reads the table a page at a time, in id order (the primary key's
@@ -751,11 +756,16 @@ class _Shared:
         schedules, texts, times = self.schedules, self.texts, self.times
         entries: list[JobEntry] = []
         defined: dict[int, int] = {}
+        parked: list[int] = []
         append = entries.append
         for (
             job_id, key, kind, expression, timezone, priority, worker_type, next_run_us,
             schedule_version, run_id, run_status, run_created_at, run_due_at, defined_us,
+            is_parked,
         ) in rows:  # fmt: skip
+            if is_parked:
+                parked.append(job_id)
+                continue
             if defined_us is not None:
                 defined[job_id] = defined_us
             shape = (kind, expression, timezone)
@@ -785,7 +795,7 @@ class _Shared:
                     run_due_at,
                 )
             )
-        return RefreshPage(entries, defined)
+        return RefreshPage(entries, defined, parked)
 
 
 @attrs.frozen
@@ -795,6 +805,8 @@ class RefreshPage:
 
     entries: list[JobEntry]
     defined: dict[int, int]
+    #: Paused or invalid jobs blocked by an unresolved run: not loaded, only counted.
+    parked: list[int] = attrs.field(factory=list)
 
 
 @attrs.define(eq=False)

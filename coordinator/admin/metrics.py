@@ -41,7 +41,8 @@ event                      series
 From the snapshot: ``coordinator_armed_deadlines``, ``coordinator_running_calls``,
 ``coordinator_retained_results``, ``coordinator_degraded`` (1 while degraded; the
 reasons are in ``/api/status``), ``coordinator_leading`` (1 while this daemon holds the
-single-writer lock), ``coordinator_unresolved_jobs`` (jobs blocked by an unresolved run),
+single-writer lock), ``coordinator_unresolved_jobs`` (jobs blocked by an unresolved
+run, paused and invalid ones too: the run waits for an operator all the same),
 ``coordinator_workers_connected{type}``, ``coordinator_next_prune_timestamp_seconds``,
 per job ``coordinator_job_next_deadline_timestamp_seconds`` and
 ``coordinator_job_interval_seconds``, and ``coordinator_sql_statements_total`` (counted
@@ -123,7 +124,10 @@ _GAUGES: Final = (
     ("retained_results", "Results the database has not acknowledged yet."),
     ("degraded", "1 while the daemon is degraded (see /api/status for why)."),
     ("leading", "1 while this daemon holds the single-writer lock."),
-    ("unresolved_jobs", "Jobs blocked by an unresolved run (as of the last refresh)."),
+    (
+        "unresolved_jobs",
+        "Jobs blocked by an unresolved run, paused ones too (as of the last refresh).",
+    ),
 )
 #: The default bound on jobs with per-job series (the ``metrics_max_jobs`` setting).
 DEFAULT_MAX_JOBS: Final = 500

@@ -121,6 +121,9 @@ class Inventory:
     #: some slack.
     first_lookback: float = 90.0
     jobs: dict[int, JobEntry] = attrs.field(factory=dict)
+    #: Paused or invalid jobs (not loaded) that an unresolved run blocks: that run waits
+    #: for an operator whatever the job's state, so it is counted (:meth:`unresolved`).
+    parked: set[int] = attrs.field(factory=set)
     refreshes: int = 0
     #: When the last refresh ended (wall time).
     last_refresh: datetime | None = None
@@ -129,6 +132,12 @@ class Inventory:
     #: What the next refresh must read: the jobs wakes named, or everything.
     _dirty: set[int] = attrs.field(factory=set)
     _full: bool = True
+
+    def unresolved(self) -> int:
+        """Jobs blocked by an unresolved run, as of the last refresh (paused and invalid
+        ones too: the run waits for an operator all the same). No SQL."""
+        loaded = sum(1 for e in self.jobs.values() if e.run_status == "unresolved")
+        return loaded + len(self.parked)
 
     def key(self, job_id: int) -> str:
         """``namespace/name`` of a known job, ``#id`` otherwise."""
@@ -191,6 +200,9 @@ class Inventory:
         """Re-arm a job from the state its settlement returned, without a refresh."""
         job_id = job.id
         entry = self.jobs.get(job_id)
+        # (The job's one outstanding run was settled: whatever it was, it is not
+        # unresolved now.)
+        self.parked.discard(job_id)
         if state.outcome == "gone" or state.job_id is None:
             # Removed while the call ran: the run went with the job (remove cascades).
             self.events.log.warning("settle.orphaned", job=job.key, run=run_id)
@@ -353,6 +365,7 @@ class Inventory:
         the checks and the first deadline; once per job: a few lookups (a million jobs
         go through here on a first start)."""
         read.rows += len(page.entries)
+        read.parked.extend(page.parked)
         defined = page.defined
         recent = read.firsts.recent_us
         firsts = FirstDeadlines()
@@ -415,6 +428,7 @@ class Inventory:
             # Let the old inventory go before the new one is indexed.
             self.jobs = jobs = {}
             self.deadlines.clear()
+            self.parked = set(read.parked)
         else:
             # Only the named jobs are re-read: forget what we knew of them; a job not
             # returned is paused, removed, invalid or manual with nothing queued.
@@ -422,6 +436,8 @@ class Inventory:
             for job_id in ids:
                 jobs.pop(job_id, None)
                 self.deadlines.discard(job_id)
+            self.parked.difference_update(ids)
+            self.parked.update(read.parked)
         for entry in loaded:
             jobs[entry.id] = entry
             if entry.run_id is None:
@@ -483,6 +499,8 @@ class _Read:
     firsts: _Firsts
     #: Entries to load (usable schedules).
     loaded: list[JobEntry] = attrs.field(factory=list)
+    #: Paused or invalid jobs blocked by an unresolved run (not loaded).
+    parked: list[int] = attrs.field(factory=list)
     #: First deadlines sent to be saved.
     initialised: int = 0
     #: Pages of first deadlines saved, with the ids refused (not written), not yet applied

@@ -391,7 +391,7 @@ class Daemon:
             last_refresh=self.inventory.last_refresh,
             degraded=self._problems(),
             sql_statements=self.store.statements,
-            unresolved=sum(1 for e in self.inventory.jobs.values() if e.run_status == "unresolved"),
+            unresolved=self.inventory.unresolved(),
             next_prune=self.pruner.next_at,
             deadlines=self._deadlines(deadlines) if deadlines > 0 else (),
         )

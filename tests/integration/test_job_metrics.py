@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
+from coordinator import client
 from coordinator.admin.metrics import Metrics
 from coordinator.db import aio
 
@@ -52,3 +53,45 @@ async def test_metrics_move_with_runs_and_carry_job_labels(
     assert 'coordinator_job_interval_seconds{job="hourly",namespace="ops"} 3600.0' in text
     assert 'coordinator_job_next_deadline_timestamp_seconds{job="hourly",namespace="ops"}' in text
     assert sql_log.statements(app="coordinator", db=database_name) == []
+
+
+async def test_unresolved_jobs_count_a_paused_job_too(
+    start_daemon: StartDaemon,
+    conn: asyncpg.Connection,
+    sql_log: StatementLog,
+    database_name: str,
+) -> None:
+    """A run a crash left unresolved needs a person whatever its job's pause state: an
+    operator who pauses the blocked job (a paused job is not loaded) must not silence
+    CoordinatorUnresolvedRuns (tester-ha #9). Counted at a full refresh, after a pause
+    (the refresh that reads only the paused job), and no longer once resolved; read
+    from memory at scrape time, as before."""
+    stuck = await define(conn, "stuck")
+    parked = await define(conn, "parked", paused=True)
+    runs = {}
+    for job_id in (stuck, parked):
+        runs[job_id] = await aio(conn.fetchval)(
+            "INSERT INTO coordinator.runs (job_id, trigger, status, error_cause) "
+            "VALUES ($1, 'manual', 'unresolved', 'lost') RETURNING id",
+            job_id,
+        )
+    harness = await start_daemon(refresh_spacing=0.1)
+    metrics = Metrics(status=harness.daemon.status)
+    assert sample(metrics, "coordinator_unresolved_jobs") == 2
+
+    seen = len(harness.named("refresh"))
+    await aio(client.pause)(conn, "stuck")
+    await harness.wait_event("refresh", count=seen + 1)
+    assert harness.named("refresh")[-1].get("named") == 1  # the incremental refresh
+    sql_log.mark()
+    assert sample(metrics, "coordinator_unresolved_jobs") == 2
+    assert harness.daemon.status().unresolved == 2
+    assert sql_log.statements(app="coordinator", db=database_name) == []
+
+    seen = len(harness.named("refresh"))
+    await aio(client.resolve)(conn, runs[parked], "failed")
+    await harness.wait_event("refresh", count=seen + 1)
+    assert sample(metrics, "coordinator_unresolved_jobs") == 1
+    await aio(client.resume)(conn, "stuck")  # loaded again, still blocked
+    await harness.wait_event("refresh", count=seen + 2)
+    assert sample(metrics, "coordinator_unresolved_jobs") == 1
