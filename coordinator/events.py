@@ -107,6 +107,19 @@ class Refreshed(Event):
 
 
 @attrs.frozen(kw_only=True)
+class ClaimGranted(Event):
+    """The claim boundary granted a dispatch: its run is ``pending`` (then started, failed
+    without a call, or given back). Counted as a claim when it is answered, not when its
+    run ends (``coordinator_claims_total``)."""
+
+    NAME: ClassVar[str] = "claim.granted"
+    LEVEL: ClassVar[Level] = "debug"
+    job_id: int
+    run: int
+    trigger: str
+
+
+@attrs.frozen(kw_only=True)
 class ClaimRejected(Event):
     """The claim boundary refused a dispatch (see ``coordinator._claim`` for reasons)."""
 
@@ -326,6 +339,8 @@ class RunLost(Event):
     LEVEL: ClassVar[Level] = "warning"
     run: int
     job_id: int
+    #: ``namespace/name`` (``None``: not read, the job removed meanwhile).
+    job: str | None = None
     #: ``unresolved``, ``retried`` or ``paused``.
     action: str
     #: Which attempt of its chain the run was (unknown for a result the spool could not

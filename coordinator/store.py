@@ -253,6 +253,8 @@ class LostRun:
     action: str
     #: Which attempt of its chain it was (1: the first).
     attempt: int | None = None
+    #: The job's ``namespace/name`` (for its log line and per-job metrics).
+    job: str | None = None
 
 
 # A job without a saved deadline also says when it was last defined (``updated_at``: its
@@ -393,8 +395,13 @@ _SWEEP_LOST = "SELECT * FROM coordinator._sweep_lost($1, $2, $3)"
 # Which attempt each swept run was: the function does not return it, and a join in its
 # statement would read the rows as they were before its wait on the fence, missing the
 # runs a dead leader's claims committed meanwhile (found in review). The sweep does not
-# change the attempt: read after it, the lost runs only, and only when there are some.
-_LOST_ATTEMPTS = "SELECT id, attempt FROM coordinator.runs WHERE id = ANY ($1::text::bigint[])"
+# change the attempt: read after it, the lost runs only, and only when there are some
+# (with the job's name, for the log line and the per-job metrics).
+_LOST_ATTEMPTS = """
+SELECT r.id, r.attempt, j.namespace || '/' || j.name AS key
+  FROM coordinator.runs r JOIN coordinator.jobs j ON j.id = r.job_id
+ WHERE r.id = ANY ($1::text::bigint[])
+"""
 
 # The calls a stop abandoned, of idempotent jobs: queued again once (migrations/0034).
 _REQUEUE_ABANDONED = "SELECT * FROM coordinator._requeue_abandoned($1::text::bigint[], $2, $3, $4)"
@@ -1395,16 +1402,19 @@ class Store:
             "sweep_lost", "fetch", _SWEEP_LOST, self.instance, LOCK_CLASS, LOCK_OBJECT
         )
         attempts: dict[int, int] = {}
+        keys: dict[int, str] = {}
         if rows:
             ids = "{" + ",".join(str(int(r["run_id"])) for r in rows) + "}"
             read = await self._call("sweep_lost", "fetch", _LOST_ATTEMPTS, ids)
             attempts = {r["id"]: r["attempt"] for r in read}
+            keys = {r["id"]: r["key"] for r in read}
         return [
             LostRun(
                 run_id=r["run_id"],
                 job_id=r["job_id"],
                 action=r["action"],
                 attempt=attempts.get(r["run_id"]),
+                job=keys.get(r["run_id"]),
             )
             for r in rows
         ]

@@ -15,14 +15,17 @@ event                      series
 ``LifecycleWake``          ``coordinator_wakes_total{kind="lifecycle"}``
 ``Refreshed``              ``coordinator_refreshes_total``,
                            ``coordinator_refresh_duration_seconds``
-``RunFinished``            ``coordinator_claims_total`` (a granted claim, counted when
-                           its run ends), ``coordinator_runs_total{outcome,cause}``,
-                           ``coordinator_run_duration_seconds``,
-                           ``coordinator_dispatch_lateness_seconds`` (scheduled runs)
+``ClaimGranted``           ``coordinator_claims_total`` (counted when granted, not when
+                           its run ends)
 ``ClaimRejected``          ``coordinator_claims_total``,
                            ``coordinator_claim_rejections_total{reason}``
-``RunGivenBack``           ``coordinator_claims_total``,
-                           ``coordinator_runs_given_back_total`` (claimed, never sent)
+``RunFinished``            ``coordinator_runs_total{outcome,cause}``,
+                           ``coordinator_run_duration_seconds``,
+                           ``coordinator_dispatch_lateness_seconds`` (scheduled runs)
+``RunLost``                ``coordinator_runs_total{outcome,cause="lost"}`` (a run a
+                           crash left, as the start found it: ``unresolved``, ``failed``
+                           when retried, ``paused``; no duration: unknown)
+``RunGivenBack``           ``coordinator_runs_given_back_total`` (claimed, never sent)
 ``ResultHeld``             ``coordinator_results_retained_total``
 ``ResultSaved``            ``coordinator_results_saved_total``
 ``ResultSpooled``          ``coordinator_results_spooled_total``
@@ -31,6 +34,8 @@ event                      series
                            ``coordinator_job_last_failure_timestamp_seconds``,
                            ``coordinator_job_run_duration_seconds``,
                            ``coordinator_job_retries_total`` (runs that were retries)
+``RunLost`` (per job)      ``coordinator_job_runs_total{namespace,job,outcome}``,
+                           ``coordinator_job_last_failure_timestamp_seconds`` (retried)
 ``AlertSent``              ``coordinator_alerts_sent_total{namespace,job,kind,sink}``
 ``AlertSuppressed``        ``coordinator_alerts_suppressed_total{namespace,job,kind}``
 ``AlertFailed``            ``coordinator_alert_failures_total{sink}``
@@ -74,6 +79,7 @@ from ..events import (
     AlertFailed,
     AlertSent,
     AlertSuppressed,
+    ClaimGranted,
     ClaimRejected,
     DispatchWake,
     Event,
@@ -86,6 +92,7 @@ from ..events import (
     RetentionPruned,
     RunFinished,
     RunGivenBack,
+    RunLost,
 )
 
 if TYPE_CHECKING:
@@ -284,7 +291,10 @@ class Metrics:
             registry=r,
         )
         self.runs = Counter(
-            "runs", "Runs finished, by outcome and error cause.", ["outcome", "cause"],
+            "runs",
+            "Runs finished, by outcome and error cause (cause lost: found by the start after"
+            " a crash).",
+            ["outcome", "cause"],
             namespace=ns, registry=r,
         )  # fmt: skip
         self.run_duration = Histogram(
@@ -387,7 +397,6 @@ class Metrics:
     # -- event handlers -----------------------------------------------------------------
 
     def _run(self, event: RunFinished) -> None:
-        self.claims.inc()
         self.runs.labels(outcome=event.outcome, cause=event.cause or "none").inc()
         self.run_duration.observe(max(0.0, event.elapsed_s))
         if event.lateness_s is not None:
@@ -423,14 +432,25 @@ class Metrics:
         self.claims.inc()
         self.claim_rejections.labels(reason=event.reason).inc()
 
-    def _given_back(self, _event: RunGivenBack) -> None:
-        self.claims.inc()
-        self.given_back.inc()
+    def _lost(self, event: RunLost) -> None:
+        # As the start found it: unresolved (waits for an operator), failed (an
+        # idempotent job's, retried) or paused (a recoverable job's).
+        outcome = _LOST_OUTCOMES.get(event.action, event.action)
+        self.runs.labels(outcome=outcome, cause="lost").inc()
+        labels = self.job_labels(event.job) if event.job is not None else None
+        if labels is None:
+            return
+        self.job_runs.labels(*labels, outcome).inc()
+        if outcome == "failed":
+            self.job_last_failure.labels(*labels).set(self.clock.now().timestamp())
 
     def _refresh(self, event: Refreshed) -> None:
         self.refreshes.inc()
         self.refresh_duration.observe(event.elapsed_ms / 1000.0)
 
+
+#: What the start made of a run a crash left (``RunLost.action``), as a run's outcome.
+_LOST_OUTCOMES: Final = {"unresolved": "unresolved", "retried": "failed", "paused": "paused"}
 
 _HANDLERS: Final[dict[type[Event], Callable[[Metrics, Any], None]]] = {
     NotificationWake: lambda m, _e: m.wakes.labels(kind="notification").inc(),
@@ -439,7 +459,9 @@ _HANDLERS: Final[dict[type[Event], Callable[[Metrics, Any], None]]] = {
     Refreshed: Metrics._refresh,
     RunFinished: Metrics._run,
     ClaimRejected: Metrics._rejected,
-    RunGivenBack: Metrics._given_back,
+    ClaimGranted: lambda m, _e: m.claims.inc(),
+    RunGivenBack: lambda m, _e: m.given_back.inc(),
+    RunLost: Metrics._lost,
     ResultHeld: lambda m, _e: m.retained.inc(),
     ResultSaved: lambda m, _e: m.saved.inc(),
     ResultSpooled: lambda m, _e: m.spooled.inc(),

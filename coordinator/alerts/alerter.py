@@ -267,7 +267,7 @@ class Alerter:
                 _Candidate(
                     kind="unresolved",
                     job_id=event.job_id,
-                    job=self._keys.get(event.job_id),
+                    job=event.job or self._keys.get(event.job_id),
                     run=event.run,
                     attempt=event.attempt,
                     outcome="unresolved",

@@ -31,6 +31,7 @@ from ..clock import WallClock
 from ..core.admission import Admission, Coverage, Ticket
 from ..errors import CoordinatorError
 from ..events import (
+    ClaimGranted,
     ClaimRejected,
     EventBus,
     MisfireSkipped,
@@ -519,8 +520,15 @@ class Dispatcher:
         if self._claim_failures:
             self._claim_failures = 0
             self.policy.recovered("claim")
-        if result.claim is not None and result.target_error is not None:
-            self._turns.passed(result.place)  # granted, but nothing to start: next one
+        if result.claim is not None:
+            # (Counted as a claim now, not when its run ends: coordinator_claims_total.)
+            self.events.emit(
+                ClaimGranted(
+                    job_id=ticket.job_id, run=result.claim.run_id, trigger=result.claim.trigger
+                )
+            )
+            if result.target_error is not None:
+                self._turns.passed(result.place)  # granted, but nothing to start: next one
         if result.claim is None:
             reason = result.reason or "unknown"
             if reason == "misfire":

@@ -400,7 +400,12 @@ class Settlement:
                 log.error("spool.rejected", run=record.run_id, job=record.job_key, error=why)
                 if record.job_id is not None:  # left for an operator: alerted like a lost run
                     self.events.emit(
-                        RunLost(run=record.run_id, job_id=record.job_id, action="unresolved")
+                        RunLost(
+                            run=record.run_id,
+                            job_id=record.job_id,
+                            job=record.job_key,
+                            action="unresolved",
+                        )
                     )
         # (Set aside only now: a replay the database cut short reads the spool whole
         # again, and each attempt left a copy of its corrupt lines.)

@@ -612,7 +612,11 @@ class Daemon:
         for item in lost:
             self.events.emit(
                 RunLost(
-                    run=item.run_id, job_id=item.job_id, action=item.action, attempt=item.attempt
+                    run=item.run_id,
+                    job_id=item.job_id,
+                    job=item.job,
+                    action=item.action,
+                    attempt=item.attempt,
                 )
             )
         self.log.info("startup.sweep", lost=len(lost))

@@ -95,3 +95,40 @@ async def test_unresolved_jobs_count_a_paused_job_too(
     await aio(client.resume)(conn, "stuck")  # loaded again, still blocked
     await harness.wait_event("refresh", count=seen + 2)
     assert sample(metrics, "coordinator_unresolved_jobs") == 1
+
+
+async def test_runs_a_crash_left_are_counted_and_claims_when_granted(
+    start_daemon: StartDaemon, conn: asyncpg.Connection
+) -> None:
+    """Runs a dead daemon left ``running`` never finish anywhere: the daemon whose start
+    sweeps them counts them (cause ``lost``), per job too (tester-ha #10); and a claim is
+    counted once granted, while its call still runs, not when the run ends."""
+    kept = await define(conn, "kept")
+    again = await define(conn, "again", idempotent=True)
+    for job_id in (kept, again):
+        await aio(conn.execute)(
+            "INSERT INTO coordinator.runs (job_id, trigger, status, claimed_at, started_at,"
+            " instance) VALUES ($1, 'manual', 'running', now(), now(), 'dead:1:x')",
+            job_id,
+        )
+    await define(conn, "slow", target={"kind": "exec", "argv": ["sleep", "1"]})
+    harness = await start_daemon(wait_ready=False)
+    metrics = Metrics(status=harness.daemon.status)
+    harness.daemon.events.subscribe(metrics.observe)  # before the start's sweep
+    await harness.wait_event("ready")
+    assert sample(metrics, "coordinator_runs_total", outcome="unresolved", cause="lost") == 1
+    assert sample(metrics, "coordinator_runs_total", outcome="failed", cause="lost") == 1
+    job = {"namespace": "default", "job": "again"}
+    assert sample(metrics, "coordinator_job_runs_total", **job, outcome="failed") == 1
+    assert sample(metrics, "coordinator_job_last_failure_timestamp_seconds", **job) is not None
+    kept_runs = {"namespace": "default", "job": "kept", "outcome": "unresolved"}
+    assert sample(metrics, "coordinator_job_runs_total", **kept_runs) == 1
+
+    await harness.wait_event("job.run", job="default/again")  # its retry, claimed once
+    assert sample(metrics, "coordinator_claims_total") == 1
+    claims = 1
+    run_id = await aio(conn.fetchval)("SELECT coordinator.trigger('default', 'slow')")
+    await harness.wait_event("run.started", run=run_id)
+    assert sample(metrics, "coordinator_claims_total") == claims + 1  # still running
+    await harness.wait_event("job.run", run=run_id)
+    assert sample(metrics, "coordinator_claims_total") == claims + 1  # not again at its end

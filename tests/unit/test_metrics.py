@@ -14,6 +14,7 @@ from coordinator.events import (
     AlertFailed,
     AlertSent,
     AlertSuppressed,
+    ClaimGranted,
     ClaimRejected,
     DispatchWake,
     EventBus,
@@ -25,6 +26,8 @@ from coordinator.events import (
     ResultSpooled,
     RetentionPruned,
     RunFinished,
+    RunGivenBack,
+    RunLost,
     RunStarted,
 )
 from coordinator.log import EventLog
@@ -88,13 +91,51 @@ def test_run_finished_moves_runs_claims_duration_and_lateness() -> None:
     m.observe(run(run=2, outcome="failed", cause="handler", elapsed_ms=20.0))
     assert value(m, "coordinator_runs_total", outcome="succeeded", cause="none") == 1
     assert value(m, "coordinator_runs_total", outcome="failed", cause="handler") == 1
-    assert value(m, "coordinator_claims_total") == 2
     assert value(m, "coordinator_run_duration_seconds_count") == 2
     assert value(m, "coordinator_run_duration_seconds_sum") == pytest.approx(1.52)
     assert value(m, "coordinator_dispatch_lateness_seconds_count") == 1
     assert value(m, "coordinator_dispatch_lateness_seconds_sum") == pytest.approx(0.003)
     assert value(m, "coordinator_dispatch_lateness_seconds_bucket", le="0.0025") == 0
     assert value(m, "coordinator_dispatch_lateness_seconds_bucket", le="0.005") == 1
+
+
+def test_claims_are_counted_when_answered_not_when_their_run_ends() -> None:
+    """``coordinator_claims_total`` counted a granted claim at its run's end (and a
+    give-back again): a claim whose call still ran was not in it, and the rate lagged by
+    the calls' length (tester-ha #10). Now: granted or refused, when answered."""
+    m = Metrics()
+    m.observe(ClaimGranted(job_id=1, run=1, trigger="manual"))
+    assert value(m, "coordinator_claims_total") == 1  # running: counted
+    m.observe(run())
+    m.observe(RunGivenBack(job="default/a", job_id=1, run=1, trigger="manual", reason="x"))
+    assert value(m, "coordinator_claims_total") == 1  # its end counts no second claim
+    m.observe(ClaimRejected(job_id=1, run=None, reason="outstanding"))
+    assert value(m, "coordinator_claims_total") == 2
+    assert value(m, "coordinator_runs_given_back_total") == 1
+
+
+def test_runs_the_start_found_lost_are_counted_as_runs() -> None:
+    """A crash's runs never finished here: the daemon whose sweep finds them counts them
+    (cause ``lost``) as what the sweep made of them, per job too, and an idempotent job's
+    lost attempt is its last failure (tester-ha #10). No duration: it is unknown."""
+    m = Metrics(clock=FixedClock(datetime(2026, 1, 1, tzinfo=UTC)))
+    m.observe(RunLost(run=1, job_id=1, job="ops/a", action="unresolved"))
+    m.observe(RunLost(run=2, job_id=2, job="ops/b", action="retried"))
+    m.observe(RunLost(run=3, job_id=3, job="ops/c", action="paused"))
+    m.observe(RunLost(run=4, job_id=4, action="unresolved"))  # job unknown: all jobs only
+    assert value(m, "coordinator_runs_total", outcome="unresolved", cause="lost") == 2
+    assert value(m, "coordinator_runs_total", outcome="failed", cause="lost") == 1
+    assert value(m, "coordinator_runs_total", outcome="paused", cause="lost") == 1
+    per_job = "coordinator_job_runs_total"
+    assert value(m, per_job, namespace="ops", job="a", outcome="unresolved") == 1
+    assert value(m, per_job, namespace="ops", job="b", outcome="failed") == 1
+    assert value(m, per_job, namespace="ops", job="c", outcome="paused") == 1
+    failure = "coordinator_job_last_failure_timestamp_seconds"
+    at = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    assert value(m, failure, namespace="ops", job="b") == at
+    assert m.registry.get_sample_value(failure, {"namespace": "ops", "job": "a"}) is None
+    assert value(m, "coordinator_run_duration_seconds_count") == 0
+    assert value(m, "coordinator_claims_total") == 0
 
 
 def test_claim_rejections_by_reason() -> None:
