@@ -18,6 +18,7 @@ listener, spool, executors); nothing but :mod:`coordinator.service` imports the 
 
 from .wiring import EXIT_CONFIG as EXIT_CONFIG
 from .wiring import EXIT_FAILED as EXIT_FAILED
+from .wiring import EXIT_HANGUP as EXIT_HANGUP
 from .wiring import EXIT_LOST as EXIT_LOST
 from .wiring import EXIT_OK as EXIT_OK
 from .wiring import EXIT_SPOOLED as EXIT_SPOOLED
@@ -28,6 +29,7 @@ from .wiring import default_instance as default_instance
 __all__ = [
     "EXIT_CONFIG",
     "EXIT_FAILED",
+    "EXIT_HANGUP",
     "EXIT_LOST",
     "EXIT_OK",
     "EXIT_SPOOLED",

@@ -103,6 +103,10 @@ EXIT_CONFIG: Final = 2
 EXIT_SPOOLED: Final = 3
 #: Results could be neither saved nor spooled: the last line names their runs.
 EXIT_LOST: Final = 4
+#: Stopped by SIGHUP, as cleanly as by SIGTERM (128 + SIGHUP, a shell's status for a
+#: hangup). Not 0: a `kill -HUP` means "reload", and the daemon has no reload, so a
+#: service manager's Restart=on-failure starts it again (it rereads everything).
+EXIT_HANGUP: Final = 128 + signal.SIGHUP
 
 T = TypeVar("T")
 
@@ -203,6 +207,8 @@ class Daemon:
     # Starts that a stop cuts short (see _unless_stopped).
     _stoppable: set[trio.CancelScope] = attrs.field(factory=set, init=False)
     _abandon: trio.Event = attrs.field(factory=trio.Event, init=False)
+    #: The stop was asked by SIGHUP (exit :data:`EXIT_HANGUP` instead of 0).
+    _hangup: bool = attrs.field(default=False, init=False)
     _listener: Listener | None = attrs.field(default=None, init=False)
     _started_at: float | None = attrs.field(default=None, init=False)
     #: Trio time the stop sequence must be done by (set when it begins).
@@ -972,14 +978,17 @@ class Daemon:
 
     async def _watch_signals(self) -> None:
         try:
-            # SIGHUP (a closed terminal, a stray `kill -HUP`) stops as SIGTERM does: its
-            # default action ended the process at once, results held or not.
+            # SIGHUP (a closed terminal, an operator's `kill -HUP` meaning "reload")
+            # stops as SIGTERM does: its default action ended the process at once,
+            # results held or not. There is no reload: the stop exits EXIT_HANGUP, not
+            # 0, for Restart=on-failure to start the daemon again (a reload by restart).
             stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
             with trio.open_signal_receiver(*stops) as signals:
                 async for signum in signals:
                     name = signal.Signals(signum).name
                     self.log.info("signal", signal=name)
                     if not self._stop.is_set():
+                        self._hangup = signum == signal.SIGHUP
                         self.request_stop()
                         self._say_what_we_wait_for(signum)
                     elif signum == signal.SIGINT and not self._abandon.is_set():
@@ -1093,6 +1102,8 @@ class Daemon:
 
     def _stopped(self, report: FlushReport, status: int) -> int:
         """Log the last line and choose the exit status from what the flush kept."""
+        if status == EXIT_OK and self._hangup:
+            status = EXIT_HANGUP  # (a failure's status says more, and restarts too)
         if report.lost:
             self.log.error(
                 "stopped",
@@ -1238,6 +1249,7 @@ __all__ = [
     "COMPANION_FINISH",
     "EXIT_CONFIG",
     "EXIT_FAILED",
+    "EXIT_HANGUP",
     "EXIT_LOST",
     "EXIT_OK",
     "EXIT_SPOOLED",

@@ -124,15 +124,33 @@ def wait_until(predicate: Any, timeout: float = 20.0) -> None:
     raise AssertionError("condition not met in time")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_sigterm_stops_cleanly(daemons: Any, signum: signal.Signals) -> None:
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGTERM, 0), (signal.SIGHUP, 129)], ids=["SIGTERM", "SIGHUP"]
+)
+def test_sigterm_stops_cleanly(daemons: Any, signum: signal.Signals, status: int) -> None:
     # (SIGHUP's default action ended the process at once: no stop, no flush, no spool.)
+    # SIGHUP stops as cleanly, but exits 129 (128 + SIGHUP, as a shell reports a hangup):
+    # an operator's `kill -HUP` means "reload", and the daemon has no reload, so the
+    # shipped unit's Restart=on-failure must start it again (exit 0 left it stopped for
+    # good: tester-ha #13).
     d = daemons()
     d.wait_event("ready")
     d.proc.send_signal(signum)
-    assert d.proc.wait(30) == 0
+    assert d.proc.wait(30) == status
     assert d.wait_event("signal")["signal"] == signum.name
-    d.wait_event("stopped")
+    stopped = d.wait_event("stopped")
+    assert stopped.get("exit_code") == (status or None)
+
+
+def test_sighup_to_a_standby_exits_129_too(daemons: Any) -> None:
+    """The tester's case: a standby's `kill -HUP` left it stopped under Restart=on-failure."""
+    leader = daemons("d1")
+    leader.wait_event("ready")
+    standby = daemons("d2")
+    standby.wait_event("standby")
+    standby.proc.send_signal(signal.SIGHUP)
+    assert standby.proc.wait(30) == 129
+    assert leader.proc.poll() is None
 
 
 def test_killed_mid_run_leaves_an_unresolved_run_that_blocks_until_resolved(
