@@ -73,13 +73,11 @@ class Facts:
     @property
     def _workers_known(self) -> bool:
         """The API's answer says which workers serve the database: it came from a daemon
-        that serves workers, not one standing by (or starting), whose empty list a
+        that leads (``leading``), not one standing by, starting or degraded before it
+        ever led, whose empty list a
         command took for the leader's ("none does now", while the leader on another host
         ran those jobs; a tester's finding)."""
-        return self.status is not None and self.status.get("state") not in (
-            "standby",
-            "starting",
-        )
+        return self.status is not None and self.status.get("leading") is not False
 
     @property
     def served(self) -> frozenset[str] | None:

@@ -263,7 +263,8 @@ class LostRun:
 # (exact): decoding a million timestamps into datetimes costs the daemon more than
 # reading the rows (about 1.8 us each against 0.4 us for an integer, measured), and jobs
 # share deadlines, so each distinct one becomes a datetime once (_Shared.entries).
-# A paused or invalid job is read only while an unresolved run blocks it (``parked``):
+# A paused or invalid job (not a removed one, which is paused too and keeps its history)
+# is read only while an unresolved run blocks it (``parked``):
 # not loaded, only counted, since that run waits for an operator whatever the job's
 # state (coordinator_unresolved_jobs).
 _REFRESH = """
@@ -285,7 +286,7 @@ SELECT j.id, j.namespace || '/' || j.name AS key,
  WHERE (NOT j.paused AND j.invalid_reason IS NULL
         AND (j.schedule_kind IN ('cron', 'interval') OR j.next_run_at IS NOT NULL
              OR (r.id IS NOT NULL AND r.status <> 'paused'))
-        OR r.status = 'unresolved')
+        OR (r.status = 'unresolved' AND j.removed_at IS NULL))
 """
 
 # A full refresh reads the table a page at a time, in id order (the primary key's

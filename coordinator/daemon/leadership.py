@@ -47,6 +47,8 @@ NUDGE_FLOOR: Final = 1.0
 #: ended: short, so that a live leader is back before a standby that lost its waiting
 #: session in the same event (a database restart ends every session at once) tries.
 LEAD_RETRY_CAP: Final = 1.0
+#: For how long after its session ended (seconds) a leader keeps to that cadence.
+LEAD_RETRY_SPAN: Final = 60.0
 #: How long a standby whose waiting session ended lets the leader try first once it
 #: reaches the database again (a few of the leader's attempts): it took the lock first
 #: after a routine database restart, 3 times of 3, and the healthy leader stepped down,
@@ -208,7 +210,11 @@ class Leadership:
             tried_at = trio.current_time()
             while True:
                 attempt += 1
-                pause = backoff(attempt, cap=min(self.retry_cap, LEAD_RETRY_CAP))
+                # (A second apart for the first minute, when a live leader must be back
+                # before its standby; then the usual backoff, not a connection a second
+                # for as long as an outage lasts.)
+                early = trio.current_time() - self.lost_at < LEAD_RETRY_SPAN
+                pause = backoff(attempt, cap=LEAD_RETRY_CAP if early else self.retry_cap)
                 if attempt == 1:
                     await trio.sleep(pause)
                 else:

@@ -236,6 +236,8 @@ class Daemon:
     _companions_started: bool = attrs.field(default=False, init=False)
     #: This daemon stood by before it took the lock (a takeover, not a first start).
     _stood_by: bool = attrs.field(default=False, init=False)
+    #: Workers' declarations go to the database one at a time (:meth:`_declare`).
+    _declaring: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     #: Schedule -> its typical gap between deadlines (seconds), for the metrics.
     _gaps: dict[Schedule, float | None] = attrs.field(factory=dict, init=False)
 
@@ -523,6 +525,7 @@ class Daemon:
                 await self._start_up(nursery)
                 break
             except _Stopped:
+                await self._finish_companions()
                 return EXIT_OK
             except ConfigError as exc:
                 self.log.error("startup.refused", error=str(exc))
@@ -547,6 +550,7 @@ class Daemon:
                 with trio.move_on_after(delay):
                     await self._stop.wait()
                 if self._stop.is_set():
+                    await self._finish_companions()
                     return EXIT_OK
         nursery.start_soon(self._keep_lead)
         self.pruner.arm()
@@ -906,7 +910,11 @@ class Daemon:
             while True:
                 attempt += 1
                 try:
-                    result = await self.store.declare(namespace, reading.entries)
+                    # One declaration at a time: each may wait for another sync of its
+                    # namespace (migrations/0037's lock) holding a pooled connection, and
+                    # the claims and settlements share that pool (the review of 5306f72).
+                    async with self._declaring:
+                        result = await self.store.declare(namespace, reading.entries)
                 except Exception as exc:
                     delay = self.policy.failed("declare", exc, attempt, worker=worker)
                     failing = True
@@ -1144,8 +1152,13 @@ class Daemon:
             return
         self.log.info("standby.spool", spool=str(self.settlement.spool.path))
         try:
+            # (The schema first, as at a start: a newer daemon standing by beside an
+            # older schema would set its records aside as refused.)
+            await self._check_schema()
             await self.settlement.replay()
-        except CoordinatorError as exc:  # the next stand-by (or the start) tries again
+        except Exception as exc:  # the next stand-by, or the start, tries again
+            # (Not only the database's refusals: an unreadable spool file raised out of
+            # the standby's wait, and the daemon failed, restarted, failed.)
             self.log.warning("standby.spool_failed", error=one_line(exc))
 
     def _on_unavailable(self, exc: BaseException, delay: float) -> None:

@@ -15,7 +15,13 @@ import pytest
 import trio
 import trio.testing
 
-from coordinator.daemon.leadership import LEAD_RETRY_CAP, Leadership, sendable
+from coordinator.daemon.leadership import (
+    LEAD_RETRY_CAP,
+    LEAD_RETRY_SPAN,
+    STANDBY_YIELD,
+    Leadership,
+    sendable,
+)
 from coordinator.errors import DatabaseUnavailable
 from coordinator.log import EventLog
 
@@ -125,18 +131,31 @@ async def test_a_nudge_cuts_short_the_wait_to_take_the_lock_back(
     monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
 ) -> None:
     """After an outage the wait between attempts had grown to 30 s: the database was
-    back, every claim came back fenced, and nothing ran until the next attempt. (The
-    attempts are at most LEAD_RETRY_CAP apart now, so that a live leader is back before
-    its standby.)"""
+    back, every claim came back fenced, and nothing ran until the next attempt."""
     async with _keeping(monkeypatch, reachable=False) as k:
         k.first.end()
-        await trio.sleep(100.3)  # down for a while: the attempts are still a second apart
-        assert k.attempts[-1] - k.attempts[-2] == pytest.approx(LEAD_RETRY_CAP)
+        await trio.sleep(200)  # down for a while: the attempts are 30 s apart by now
+        assert k.attempts[-1] - k.attempts[-2] == pytest.approx(30.0)
         k.reachable = True
         back = trio.current_time()
         k.lead.nudge()  # a claim came back fenced
         await k.regained.wait()
-        assert trio.current_time() - back <= LEAD_RETRY_CAP
+        assert trio.current_time() - back < 0.01  # (it waited for the next attempt, ~30 s)
+
+
+async def test_a_leader_tries_every_second_for_the_first_minute(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A database restart ends the standby's session too: the live leader must be back
+    before the standby, which lets it try first for STANDBY_YIELD."""
+    async with _keeping(monkeypatch, reachable=False) as k:
+        k.first.end()
+        lost = trio.current_time()
+        await trio.sleep(LEAD_RETRY_SPAN - 5)
+        early = [b - a for a, b in itertools.pairwise(k.attempts) if b - lost > 2]
+        assert early
+        assert max(early) == pytest.approx(LEAD_RETRY_CAP)
+        assert LEAD_RETRY_CAP * 2 < STANDBY_YIELD
 
 
 async def test_the_first_attempt_after_a_loss_keeps_its_pause(

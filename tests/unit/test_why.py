@@ -359,7 +359,7 @@ def test_a_standbys_empty_worker_list_is_not_taken_for_the_leaders() -> None:
         leader=LEADER,
         leader_known=True,
         api=ApiAnswer(
-            status={"state": "standby", "workers": [], "worker_connections": []},
+            status={"state": "standby", "leading": False, "workers": [], "worker_connections": []},
             label="the API",
         ),
     )
